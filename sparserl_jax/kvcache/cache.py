@@ -1,0 +1,132 @@
+"""Fixed-slot KV cache: per layer [B, K, C, H] keys (after RoPE) and values, C slots that never grow.
+
+A dense cache is the same structure with C = max length and no eviction. A sparse cache has
+C = budget + buffer; an eviction policy periodically keeps `budget` slots ("score, then top-k
+into the same slots"). Every slot remembers the original position of its token, so kept
+entries keep their positions. All sequences have the same number of filled slots per layer
+and head (`fill` is per sequence), because every compression keeps the same count everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Float, Int
+
+
+@struct.dataclass
+class KVCache:
+    k: tuple[Float[Array, "B K C H"], ...]  # one per layer, after RoPE
+    v: tuple[Float[Array, "B K C H"], ...]
+    pos: tuple[Int[Array, "B K C"], ...]  # original token position of each slot, -1 when empty
+    fill: Int[Array, "B"]  # filled slots (same for every layer and KV head)
+    length: Int[Array, "B"]  # tokens seen so far = position of the next token
+    # Optional eviction-policy state (None when the policy does not need it):
+    mass: Optional[tuple[Float[Array, "B K C"], ...]] = None  # H2O accumulated attention
+    window_q: Optional[tuple[Float[Array, "B N W H"], ...]] = None  # last W queries (ring)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    def valid(self) -> Int[Array, "B C"]:
+        """Mask of filled slots, [B, C]."""
+        return jnp.arange(self.capacity)[None, :] < self.fill[:, None]
+
+    def nbytes(self) -> int:
+        """Bytes held by keys and values (the physical KV memory)."""
+        return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
+
+
+def init_cache(
+    batch: int,
+    n_layers: int,
+    n_kv_heads: int,
+    capacity: int,
+    head_dim: int,
+    dtype=jnp.float32,
+    *,
+    n_heads: int | None = None,
+    track_mass: bool = False,
+    window: int = 0,
+) -> KVCache:
+    """An empty cache. `track_mass` keeps H2O's attention mass; `window` > 0 keeps the last queries."""
+    shape = (batch, n_kv_heads, capacity, head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(n_layers))
+    pos = tuple(jnp.full(shape[:3], -1, jnp.int32) for _ in range(n_layers))
+    mass = (
+        tuple(jnp.zeros(shape[:3], jnp.float32) for _ in range(n_layers)) if track_mass else None
+    )
+    window_q = None
+    if window:
+        if n_heads is None:
+            raise ValueError("init_cache(window>0) needs n_heads")
+        wshape = (batch, n_heads, window, head_dim)
+        window_q = tuple(jnp.zeros(wshape, dtype) for _ in range(n_layers))
+    return KVCache(
+        k=zeros,
+        v=zeros,
+        pos=pos,
+        fill=jnp.zeros((batch,), jnp.int32),
+        length=jnp.zeros((batch,), jnp.int32),
+        mass=mass,
+        window_q=window_q,
+    )
+
+
+def write_prefill(
+    cache: KVCache,
+    k_layers: list[Float[Array, "B T K H"]],
+    v_layers: list[Float[Array, "B T K H"]],
+    lengths: Int[Array, "B"],
+) -> KVCache:
+    """Store right-padded prompt keys/values (T <= capacity) in slots [0, T); fill = lengths."""
+    B, T = k_layers[0].shape[:2]
+    if T > cache.capacity:
+        raise ValueError(
+            f"prompt length {T} exceeds the cache capacity {cache.capacity}; "
+            "compress the prompt (eviction policy) or raise the capacity"
+        )
+    k = tuple(
+        c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.k, k_layers)
+    )
+    v = tuple(
+        c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.v, v_layers)
+    )
+    pos_BxC = jnp.where(jnp.arange(T)[None, :] < lengths[:, None], jnp.arange(T)[None, :], -1)
+    pos = tuple(p.at[:, :, :T].set(pos_BxC[:, None, :]) for p in cache.pos)
+    lengths = lengths.astype(jnp.int32)
+    return cache.replace(k=k, v=v, pos=pos, fill=lengths, length=lengths)
+
+
+def write_token(
+    cache: KVCache, layer: int, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]
+) -> KVCache:
+    """Write one token's key/value for `layer` into slot `fill` of every sequence (in place)."""
+    b = jnp.arange(k_new.shape[0])
+    slot = cache.fill
+    k = list(cache.k)
+    v = list(cache.v)
+    pos = list(cache.pos)
+    k[layer] = k[layer].at[b, :, slot].set(k_new.astype(k[layer].dtype), mode="drop")
+    v[layer] = v[layer].at[b, :, slot].set(v_new.astype(v[layer].dtype), mode="drop")
+    pos[layer] = pos[layer].at[b, :, slot].set(cache.length[:, None], mode="drop")
+    return cache.replace(k=tuple(k), v=tuple(v), pos=tuple(pos))
+
+
+def advance(cache: KVCache) -> KVCache:
+    """After every layer has written the token: one more filled slot, one more token seen."""
+    return cache.replace(fill=cache.fill + 1, length=cache.length + 1)
+
+
+def gather_slots(x, idx):
+    """x[b, k, idx[b, k, j], ...] for every b, k, j: the kept slots, in order."""
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=2)
+

@@ -1,0 +1,100 @@
+"""Model hyper-parameters, shared by the transformer, HF import/export and sharding.
+
+Shape legend used in names across the package:
+  B batch, T tokens (query length), S key length, D model dim, N query heads,
+  K KV heads, G = N // K query heads per KV head, H head dim, F MLP hidden dim,
+  V vocabulary, L layers, C cache slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Family = Literal["qwen2", "llama", "qwen3"]
+FAMILIES: tuple[str, ...] = ("qwen2", "llama", "qwen3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 ("llama3") RoPE frequency scaling; see HF `_compute_llama3_parameters`."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer (Qwen2/Qwen2.5, Llama 3.x, Qwen3)."""
+
+    family: Family = "qwen2"
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    d_ff: int = 128
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2: True; Llama: `attention_bias`
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    max_seq_len: int = 2048
+    dtype: str = "float32"  # parameter and activation dtype: float32 or bfloat16
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"model.family={self.family!r}: supported families are {FAMILIES}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}"
+            )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def tiny(cls, family: Family = "qwen2", **overrides) -> "ModelConfig":
+        """A small model of the given family for CPU tests and the default experiment."""
+        base = dict(
+            family=family,
+            qkv_bias=family == "qwen2",
+            qk_norm=family == "qwen3",
+            rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64)
+            if family == "llama"
+            else None,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Closed-form parameter count (checked against jax.eval_shape in the tests)."""
+    D, N, K, H, F, V = (
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.d_ff,
+        cfg.vocab_size,
+    )
+    attn = D * N * H + 2 * D * K * H + N * H * D
+    if cfg.qkv_bias:
+        attn += N * H + 2 * K * H
+    if cfg.qk_norm:
+        attn += 2 * H
+    per_layer = attn + 3 * D * F + 2 * D
+    embed = V * D * (1 if cfg.tie_embeddings else 2)
+    return cfg.n_layers * per_layer + embed + D

@@ -1,0 +1,56 @@
+"""Stateless building blocks: RMSNorm, rotary embeddings (with Llama-3 scaling), SwiGLU MLP."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from sparserl_jax.model.config import ModelConfig
+
+
+def rms_norm(x: Float[Array, "... D"], weight: Float[Array, "D"], eps: float) -> Float[Array, "... D"]:
+    """RMSNorm computed in float32, cast back to the input dtype before the weight (as HF does)."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> Float[Array, "H2"]:
+    """Inverse frequencies (head_dim / 2 of them), with the "llama3" scaling when configured."""
+    H = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    sc = cfg.rope_scaling
+    if sc is None:
+        return inv_freq
+    low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
+    high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / sc.factor, inv_freq)
+    smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
+        sc.high_freq_factor - sc.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(
+    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: Float[Array, "H2"]
+) -> Float[Array, "B T N H"]:
+    """Rotate-half RoPE (HF convention: the two halves of the head dim form the pairs)."""
+    angles_BxTxH2 = positions[..., None].astype(jnp.float32) * inv_freq
+    cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
+    sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def swiglu_mlp(x: Float[Array, "B T D"], layer: dict) -> Float[Array, "B T D"]:
+    gate_BxTxF = x @ layer["gate"]
+    up_BxTxF = x @ layer["up"]
+    return (jax.nn.silu(gate_BxTxF) * up_BxTxF) @ layer["down"]

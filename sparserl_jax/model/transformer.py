@@ -1,0 +1,250 @@
+"""The decoder-only transformer as pure functions over a plain params pytree.
+
+params = {
+  "embed": [V, D],
+  "layers": [ {"attn_norm": [D], "q": [D, N, H], "k": [D, K, H], "v": [D, K, H], "o": [N, H, D],
+               ("q_bias": [N, H], "k_bias": [K, H], "v_bias": [K, H])   # Qwen2, Llama attention_bias
+               ("q_norm": [H], "k_norm": [H])                            # Qwen3
+               "mlp_norm": [D], "gate": [D, F], "up": [D, F], "down": [F, D]}, ... ],
+  "final_norm": [D],
+  ("lm_head": [D, V])                                                    # untied embeddings
+}
+
+Layers are a Python list (unrolled), so a decode step reads and writes each layer's cache buffer
+in place, with no slicing of stacked weights or caches.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from sparserl_jax import kernels
+from sparserl_jax.kvcache import cache as kvc
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
+
+Params = dict
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
+    """Random params (normal, std 0.02; norms at 1), in cfg.dtype."""
+    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    dtype = jnp.dtype(cfg.dtype)
+    keys = iter(jax.random.split(key, 4 + 10 * cfg.n_layers))
+
+    def normal(*shape):
+        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+    def ones(*shape):
+        return jnp.ones(shape, dtype)
+
+    layers = []
+    for _ in range(cfg.n_layers):
+        layer = {
+            "attn_norm": ones(D),
+            "q": normal(D, N, H),
+            "k": normal(D, K, H),
+            "v": normal(D, K, H),
+            "o": normal(N, H, D),
+            "mlp_norm": ones(D),
+            "gate": normal(D, F),
+            "up": normal(D, F),
+            "down": normal(F, D),
+        }
+        if cfg.qkv_bias:
+            layer.update(q_bias=normal(N, H), k_bias=normal(K, H), v_bias=normal(K, H))
+        if cfg.qk_norm:
+            layer.update(q_norm=ones(H), k_norm=ones(H))
+        layers.append(layer)
+    params = {"embed": normal(V, D), "layers": layers, "final_norm": ones(D)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal(D, V)
+    return params
+
+
+def head_weight(params: Params) -> Float[Array, "D V"]:
+    return params["lm_head"] if "lm_head" in params else params["embed"].T
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cfg: ModelConfig):
+    h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, layer["q"])
+    k = jnp.einsum("btd,dkh->btkh", h, layer["k"])
+    v = jnp.einsum("btd,dkh->btkh", h, layer["v"])
+    if "q_bias" in layer:
+        q, k, v = q + layer["q_bias"], k + layer["k_bias"], v + layer["v_bias"]
+    if cfg.qk_norm:
+        q = rms_norm(q, layer["q_norm"], cfg.norm_eps)
+        k = rms_norm(k, layer["k_norm"], cfg.norm_eps)
+    inv_freq = rope_inv_freq(cfg)
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N H"], cfg: ModelConfig):
+    x = x + jnp.einsum("btnh,nhd->btd", o, layer["o"])
+    return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
+
+
+def causal_attention(
+    q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"]
+) -> Float[Array, "B T N H"]:
+    """Causal self-attention through jax.nn.dot_product_attention (float32 softmax; cuDNN on GPU
+    when the shapes allow it). Right padding needs no mask: padded keys come after every real query."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+# ----------------------------------------------------------------------------- full sequences
+
+
+def forward(
+    params: Params,
+    cfg: ModelConfig,
+    tokens: Int[Array, "B T"],
+    *,
+    remat: bool = False,
+    return_kv: bool = False,
+):
+    """Teacher-forced pass over right-padded tokens. Returns final-normed hidden states [B, T, D]
+    (and, with return_kv, per-layer post-RoPE keys and values [B, T, K, H])."""
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    x = params["embed"][tokens]
+
+    def block(layer, x):
+        q, k, v = _qkv(layer, x, positions, cfg)
+        return _finish_block(layer, x, causal_attention(q, k, v), cfg), (k, v)
+
+    if remat:
+        block = jax.checkpoint(block)
+    ks, vs = [], []
+    for layer in params["layers"]:
+        x, (k, v) = block(layer, x)
+        if return_kv:
+            ks.append(k)
+            vs.append(v)
+    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    return (h, ks, vs) if return_kv else h
+
+
+def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
+    """Float32 logits (use only where [..., V] is small: decode steps, tests)."""
+    return jnp.einsum("...d,dv->...v", h, head_weight(params), preferred_element_type=jnp.float32)
+
+
+def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:
+    """Full float32 logits over [B, T] (tests and small vocabularies only)."""
+    return logits_from_hidden(params, forward(params, cfg, tokens))
+
+
+def chunked_logprobs(
+    h: Float[Array, "B T D"],
+    w: Float[Array, "D V"],
+    targets: Int[Array, "B T"],
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
+    holding [B, T, V] logits: tokens are processed `chunk_tokens` at a time, and each chunk's
+    logits are recomputed in the backward pass (jax.checkpoint) rather than stored."""
+    B, T, D = h.shape
+    n = B * T
+    n_chunks = -(-n // chunk_tokens)
+    pad = n_chunks * chunk_tokens - n
+    h_NxD = jnp.pad(h.reshape(n, D), ((0, pad), (0, 0)))
+    t_N = jnp.pad(targets.reshape(n), (0, pad))
+
+    @jax.checkpoint
+    def one_chunk(h_cxD, t_c):
+        logits_cxV = jnp.einsum("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
+        logits_cxV = logits_cxV / temperature
+        lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
+        picked_c = jnp.take_along_axis(logits_cxV, t_c[:, None], axis=-1)[:, 0]
+        p_cxV = jnp.exp(logits_cxV - lse_c[:, None])
+        entropy_c = lse_c - jnp.sum(p_cxV * logits_cxV, axis=-1)
+        return picked_c - lse_c, entropy_c
+
+    def body(_, xs):
+        return None, one_chunk(*xs)
+
+    _, (lp, ent) = jax.lax.scan(
+        body, None, (h_NxD.reshape(n_chunks, chunk_tokens, D), t_N.reshape(n_chunks, chunk_tokens))
+    )
+    return lp.reshape(-1)[:n].reshape(B, T), ent.reshape(-1)[:n].reshape(B, T)
+
+
+def token_logprobs(
+    params: Params,
+    cfg: ModelConfig,
+    tokens: Int[Array, "B T"],
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    remat: bool = False,
+) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
+    position scores token 0 and should be masked) and the entropy of each next-token distribution."""
+    h = forward(params, cfg, tokens, remat=remat)
+    targets = jnp.roll(tokens, -1, axis=1)
+    return chunked_logprobs(
+        h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens
+    )
+
+
+# ----------------------------------------------------------------------------- cached decoding
+
+
+def prefill(
+    params: Params,
+    cfg: ModelConfig,
+    tokens: Int[Array, "B T"],
+    lengths: Int[Array, "B"],
+    cache: kvc.KVCache,
+) -> tuple[Float[Array, "B V"], kvc.KVCache]:
+    """Run right-padded prompts, store their keys/values in `cache`, and return the float32 logits
+    of the next token after each prompt's last real token."""
+    h, ks, vs = forward(params, cfg, tokens, return_kv=True)
+    last_BxD = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    return logits_from_hidden(params, last_BxD), kvc.write_prefill(cache, ks, vs, lengths)
+
+
+AttendFn = Callable[..., tuple[Float[Array, "B N H"], Float[Array, "B N"]]]
+
+
+def decode_step(
+    params: Params,
+    cfg: ModelConfig,
+    cache: kvc.KVCache,
+    tokens: Int[Array, "B"],
+    *,
+    attn_impl: str = "auto",
+    observe: Callable | None = None,
+) -> tuple[Float[Array, "B V"], kvc.KVCache]:
+    """Feed one token per sequence at position cache.length; return next-token float32 logits.
+
+    `observe(cache, layer, q_BxNxH, lse_BxN) -> cache` lets an eviction policy record what it
+    needs (attention mass, recent queries) while the layer's query is at hand.
+    """
+    positions = cache.length[:, None]
+    x = params["embed"][tokens][:, None, :]
+    for i, layer in enumerate(params["layers"]):
+        q, k, v = _qkv(layer, x, positions, cfg)
+        cache = kvc.write_token(cache, i, k[:, 0], v[:, 0])
+        o, lse = kernels.decode_attention(
+            q[:, 0], cache.k[i], cache.v[i], cache.fill + 1, impl=attn_impl
+        )
+        if observe is not None:
+            cache = observe(cache, i, q[:, 0], lse)
+        x = _finish_block(layer, x, o[:, None], cfg)
+    h = rms_norm(x[:, 0], params["final_norm"], cfg.norm_eps)
+    return logits_from_hidden(params, h), kvc.advance(cache)
