@@ -112,28 +112,30 @@ def forward(
     tokens: Int[Array, "B T"],
     *,
     remat: bool = False,
-    return_kv: bool = False,
+    return_qkv: bool = False,
 ):
     """Teacher-forced pass over right-padded tokens. Returns final-normed hidden states [B, T, D]
-    (and, with return_kv, per-layer post-RoPE keys and values [B, T, K, H])."""
+    (and, with return_qkv, per-layer post-RoPE queries [B, T, N, H], keys and values [B, T, K, H])."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x = params["embed"][tokens]
 
     def block(layer, x):
         q, k, v = _qkv(layer, x, positions, cfg)
-        return _finish_block(layer, x, causal_attention(q, k, v), cfg), (k, v)
+        return _finish_block(layer, x, causal_attention(q, k, v), cfg), (q, k, v)
 
     if remat:
         block = jax.checkpoint(block)
-    ks, vs = [], []
+    qkv = []
     for layer in params["layers"]:
-        x, (k, v) = block(layer, x)
-        if return_kv:
-            ks.append(k)
-            vs.append(v)
+        x, layer_qkv = block(layer, x)
+        if return_qkv:
+            qkv.append(layer_qkv)
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
-    return (h, ks, vs) if return_kv else h
+    if not return_qkv:
+        return h
+    qs, ks, vs = (list(t) for t in zip(*qkv))
+    return h, qs, ks, vs
 
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
@@ -210,12 +212,21 @@ def prefill(
     tokens: Int[Array, "B T"],
     lengths: Int[Array, "B"],
     cache: kvc.KVCache,
+    *,
+    observe_prefill: Callable | None = None,
 ) -> tuple[Float[Array, "B V"], kvc.KVCache]:
     """Run right-padded prompts, store their keys/values in `cache`, and return the float32 logits
-    of the next token after each prompt's last real token."""
-    h, ks, vs = forward(params, cfg, tokens, return_kv=True)
+    of the next token after each prompt's last real token.
+
+    `observe_prefill(cache, qs, ks, lengths) -> cache` (per-layer [B, T, N, H] queries and
+    [B, T, K, H] keys) lets an eviction policy initialise its state from the prompt.
+    """
+    h, qs, ks, vs = forward(params, cfg, tokens, return_qkv=True)
     last_BxD = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
-    return logits_from_hidden(params, last_BxD), kvc.write_prefill(cache, ks, vs, lengths)
+    cache = kvc.write_prefill(cache, ks, vs, lengths)
+    if observe_prefill is not None:
+        cache = observe_prefill(cache, qs, ks, lengths)
+    return logits_from_hidden(params, last_BxD), cache
 
 
 AttendFn = Callable[..., tuple[Float[Array, "B N H"], Float[Array, "B N"]]]

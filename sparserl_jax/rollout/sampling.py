@@ -1,0 +1,65 @@
+"""Sampling distributions: temperature, top-k, top-p, and the log-prob of the distribution sampled.
+
+The recorded log-prob is that of the processed distribution (after temperature and filtering),
+so a learner that recomputes with the same temperature and filters sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature={self.temperature} must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k={self.top_k} must be >= 0 (0 disables it)")
+
+
+def processed_logprobs(logits: Float[Array, "B V"], cfg: SamplingConfig) -> Float[Array, "B V"]:
+    """Float32 log-probs of the distribution actually sampled from (-inf outside the filters).
+
+    Greedy (temperature 0) reports the plain softmax at temperature 1, unfiltered."""
+    logits = logits.astype(jnp.float32)
+    if cfg.temperature == 0:
+        return jax.nn.log_softmax(logits, axis=-1)
+    logits = logits / cfg.temperature
+    if cfg.top_k:
+        kth_B = jax.lax.top_k(logits, cfg.top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth_B, -jnp.inf, logits)
+    if cfg.top_p < 1.0:
+        sorted_BxV = jnp.sort(logits, axis=-1)[:, ::-1]
+        probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        mass_before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+        n_keep_B = jnp.sum(mass_before_BxV < cfg.top_p, axis=-1)
+        cutoff_B = jnp.take_along_axis(sorted_BxV, (n_keep_B - 1)[:, None], axis=-1)
+        logits = jnp.where(logits < cutoff_B, -jnp.inf, logits)
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+def sample(
+    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
+) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
+    """Draw one token per row; return it with its log-prob under the processed distribution."""
+    logp_BxV = processed_logprobs(logits, cfg)
+    if cfg.temperature == 0:
+        token_B = jnp.argmax(logits, axis=-1)
+    else:
+        token_B = jax.random.categorical(key, logp_BxV, axis=-1)
+    token_B = token_B.astype(jnp.int32)
+    return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
