@@ -1,0 +1,31 @@
+"""Registry of synthetic verifiable tasks (one file per task, one line here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sparserl_jax.data.tasks.arithmetic import ArithmeticTask
+from sparserl_jax.data.tasks.base import BoxedAnswerTask, Task
+from sparserl_jax.data.tasks.copy_digits import CopyDigitsTask
+from sparserl_jax.data.tasks.kv_recall import KVRecallTask
+
+TASKS: dict[str, type] = {
+    "arithmetic": ArithmeticTask,
+    "kv_recall": KVRecallTask,
+    "copy_digits": CopyDigitsTask,
+}
+
+
+def get_task(name: str, **options) -> Task:
+    """The task `name` with its difficulty options, e.g. get_task("kv_recall", max_pairs=20)."""
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is not registered; accepted: {sorted(TASKS)}")
+    cls = TASKS[name]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ValueError(f"task {name!r} has no option(s) {unknown}; accepted: {fields}")
+    return cls(**options)
+
+
+__all__ = ["TASKS", "Task", "BoxedAnswerTask", "get_task", "ArithmeticTask", "KVRecallTask", "CopyDigitsTask"]
