@@ -60,7 +60,7 @@ def test_both_formats(tmp_path):
         (["[1, 2]"], r"x\.jsonl:1: a row must be a JSON object"),
         ([{"messages": [{"content": "no role"}], "label": "1"}], r"x\.jsonl:1: a chat prompt must be"),
         ([{"question": "a", "label": [1]}], r"x\.jsonl:1: label must be"),
-        (["", "  "], r"has no rows"),
+        (["", "  "], r"is empty \(no rows\)"),
     ],
 )
 def test_row_errors_name_the_line(tmp_path, rows, match):
@@ -69,7 +69,7 @@ def test_row_errors_name_the_line(tmp_path, rows, match):
 
 
 def test_missing_file_and_bad_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data.path="):
+    with pytest.raises(FileNotFoundError, match="data.dataset="):
         D.load_jsonl(tmp_path / "absent.jsonl", TOK)
     with pytest.raises(ValueError, match=r"prompt_template=.*must contain '\{question\}'"):
         D.DatasetConfig(prompt_template="no placeholder")

@@ -129,7 +129,7 @@ def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig
     """Reads a jsonl prompt file (blank lines ignored) into PromptExamples."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.path={path!r} does not exist")
+        raise FileNotFoundError(f"data.dataset={path!r} does not exist")
     rows = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -142,10 +142,10 @@ def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig
                 raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
             rows.append((*parse_row(row, where), where))
     if not rows:
-        raise ValueError(f"data.path={path!r} has no rows")
+        raise ValueError(f"data.dataset={path!r} is empty (no rows)")
     examples = make_examples(rows, tokenizer, cfg)
     if not examples:
-        raise ValueError(f"data.path={path!r}: every prompt is longer than data.max_prompt_len={cfg.max_prompt_len}")
+        raise ValueError(f"data.dataset={path!r}: every prompt is longer than data.max_prompt_len={cfg.max_prompt_len}")
     return examples
 
 

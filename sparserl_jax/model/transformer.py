@@ -16,11 +16,12 @@ in place, with no slicing of stacked weights or caches.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
@@ -33,8 +34,9 @@ Params = dict
 # ----------------------------------------------------------------------------- init
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
-    """Random params (normal, std 0.02; norms at 1), in cfg.dtype."""
+    """Random params (normal, std 0.02; norms at 1), in cfg.dtype (one compiled program)."""
     D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
     dtype = jnp.dtype(cfg.dtype)
     keys = iter(jax.random.split(key, 4 + 10 * cfg.n_layers))
@@ -96,11 +98,14 @@ def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N 
 
 
 def causal_attention(
-    q: Float[Array, "B T N H"], k: Float[Array, "B T K H"], v: Float[Array, "B T K H"]
+    q: Float[Array, "B T N H"],
+    k: Float[Array, "B T K H"],
+    v: Float[Array, "B T K H"],
+    mask: Bool[Array, "B N T T"] | None = None,
 ) -> Float[Array, "B T N H"]:
     """Causal self-attention through jax.nn.dot_product_attention (float32 softmax; cuDNN on GPU
     when the shapes allow it). Right padding needs no mask: padded keys come after every real query."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
 
 
 # ----------------------------------------------------------------------------- full sequences
@@ -113,22 +118,26 @@ def forward(
     *,
     remat: bool = False,
     return_qkv: bool = False,
+    attn_masks: list[Bool[Array, "B N T T"]] | None = None,
 ):
     """Teacher-forced pass over right-padded tokens. Returns final-normed hidden states [B, T, D]
-    (and, with return_qkv, per-layer post-RoPE queries [B, T, N, H], keys and values [B, T, K, H])."""
+    (and, with return_qkv, per-layer post-RoPE queries [B, T, N, H], keys and values [B, T, K, H]).
+
+    `attn_masks` (one boolean [B, N, T, T] mask per layer, applied on top of causality) replays
+    what a sparse sampler let each query see, for an exact teacher-forced recompute."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x = params["embed"][tokens]
 
-    def block(layer, x):
+    def block(layer, x, mask):
         q, k, v = _qkv(layer, x, positions, cfg)
-        return _finish_block(layer, x, causal_attention(q, k, v), cfg), (q, k, v)
+        return _finish_block(layer, x, causal_attention(q, k, v, mask), cfg), (q, k, v)
 
     if remat:
         block = jax.checkpoint(block)
     qkv = []
-    for layer in params["layers"]:
-        x, layer_qkv = block(layer, x)
+    for i, layer in enumerate(params["layers"]):
+        x, layer_qkv = block(layer, x, None if attn_masks is None else attn_masks[i])
         if return_qkv:
             qkv.append(layer_qkv)
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
