@@ -1,1 +1,72 @@
-"""kvcache"""
+"""Fixed-slot KV cache and the eviction policies (Sparse-RL section 1.5).
+
+The sampler's API:
+  cache_for(kv_cfg, model_cfg, batch, prompt_len, dtype=None, *, capacity=None) -> KVCache
+  observe_prefill(kv_cfg) -> hook or None        (model.prefill's observe_prefill=)
+  observe_decode(kv_cfg) -> hook or None         (model.decode_step's observe=)
+  compress(kv_cfg, cache, key=None, active=None) -> KVCache
+  resize(cache, capacity) -> KVCache
+  kept_positions(cache) -> per layer [B, K, C] original positions, -1 for empty slots
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sparserl_jax.kvcache.cache import KVCache, init_cache, resize
+from sparserl_jax.kvcache.config import KVConfig
+from sparserl_jax.kvcache.policies import POLICIES, Policy
+from sparserl_jax.kvcache.compress import compress, kept_positions
+from sparserl_jax.kvcache.observe import observe_decode, observe_prefill
+
+if TYPE_CHECKING:
+    from sparserl_jax.model.config import ModelConfig
+
+
+def cache_for(
+    kv_cfg: KVConfig,
+    model_cfg: ModelConfig,
+    batch: int,
+    prompt_len: int,
+    dtype=None,
+    *,
+    capacity: int | None = None,
+) -> KVCache:
+    """An empty cache for `batch` prompts of up to `prompt_len` tokens, with the state the policy
+    needs. Sparse policies get kv_cfg.capacity(prompt_len) slots unless `capacity` is given (e.g.
+    a prompt-sized cache to compress at prefill, then `resize`); the dense policy needs
+    `capacity` (the maximum total length). `dtype` defaults to the model's dtype."""
+    if capacity is None:
+        if kv_cfg.is_dense:
+            raise ValueError(
+                "kv.policy='none' (dense): cache_for needs capacity= (prompt + response length)"
+            )
+        capacity = kv_cfg.capacity(prompt_len)
+    if capacity < prompt_len:
+        raise ValueError(f"cache capacity={capacity} is smaller than prompt_len={prompt_len}")
+    state = POLICIES[kv_cfg.policy].state
+    return init_cache(
+        batch,
+        model_cfg.n_layers,
+        model_cfg.n_kv_heads,
+        capacity,
+        model_cfg.head_dim,
+        model_cfg.dtype if dtype is None else dtype,
+        n_heads=model_cfg.n_heads,
+        track_mass="mass" in state,
+        window=kv_cfg.window if "window_q" in state else 0,
+    )
+
+
+__all__ = [
+    "KVCache",
+    "KVConfig",
+    "POLICIES",
+    "Policy",
+    "cache_for",
+    "compress",
+    "kept_positions",
+    "observe_decode",
+    "observe_prefill",
+    "resize",
+]

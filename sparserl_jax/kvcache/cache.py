@@ -130,3 +130,26 @@ def gather_slots(x, idx):
     """x[b, k, idx[b, k, j], ...] for every b, k, j: the kept slots, in order."""
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=2)
 
+
+
+def resize(cache: KVCache, capacity: int) -> KVCache:
+    """The same cache with `capacity` slots (static): slots beyond it are dropped, or new empty
+    slots (pos -1, zeros, mass 0) are added. Used after compressing a prompt at prefill; the
+    caller guarantees fill <= capacity."""
+    C = cache.capacity
+    if capacity == C:
+        return cache
+
+    def fit(x, fill_value):
+        if capacity < C:
+            return x[:, :, :capacity]
+        pad = [(0, 0)] * x.ndim
+        pad[2] = (0, capacity - C)
+        return jnp.pad(x, pad, constant_values=fill_value)
+
+    return cache.replace(
+        k=tuple(fit(x, 0) for x in cache.k),
+        v=tuple(fit(x, 0) for x in cache.v),
+        pos=tuple(fit(x, -1) for x in cache.pos),
+        mass=None if cache.mass is None else tuple(fit(x, 0) for x in cache.mass),
+    )

@@ -1,0 +1,93 @@
+"""KV eviction settings (Sparse-RL section 1.5): which policy, the budget B of kept entries, the
+buffer of new entries between compressions, the observation window w and the policy knobs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+SELECTIONS: tuple[str, ...] = ("per_head", "shared")
+TRIGGERS: tuple[str, ...] = ("interval", "newline")
+
+
+@dataclasses.dataclass(frozen=True)
+class KVConfig:
+    """Eviction settings; hashable, so it can be a static argument of jitted functions.
+
+    policy: a name in `sparserl_jax.kvcache.policies.POLICIES` ("none" = dense, never evicts).
+    budget: B, entries kept per sequence, layer and KV head after a compression (prompt included).
+    buffer: new entries allowed on top of the budget before the next compression.
+    window: w, the last w queries score the keys (SnapKV, R-KV) and the last w keys are always kept.
+    pool_kernel: SnapKV/R-KV 1-D max-pool kernel (stride 1, same padding).
+    rkv_lambda: R-KV's lambda in Z = lambda * I - (1 - lambda) * R.
+    redundancy_threshold: R-KV cosine similarity above which two keys are near-duplicates.
+    n_sinks: StreamingLLM attention sinks (the first entries by original position).
+    selection: "per_head" (every layer and KV head chooses) or "shared" (scores summed over KV
+      heads and layer 0 chooses for every layer, as in the Sparse-RL authors' code).
+    compress_prompt: compress prompts longer than the budget at prefill (original R-KV) instead of
+      keeping them whole until the first decode-time compression (Sparse-RL authors' code).
+    trigger: "interval" (compress when the buffer is full) or "newline" (also compress when the
+      previous token is one of `newline_token_ids`, as an option in the authors' code).
+    """
+
+    policy: str = "none"
+    budget: int = 512
+    buffer: int = 128
+    window: int = 8
+    pool_kernel: int = 7
+    rkv_lambda: float = 0.1
+    redundancy_threshold: float = 0.5
+    n_sinks: int = 4
+    selection: str = "per_head"
+    compress_prompt: bool = False
+    trigger: str = "interval"
+    newline_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        from sparserl_jax.kvcache.policies import POLICIES  # the registry imports this module
+
+        # YAML gives lists; keep the config hashable.
+        object.__setattr__(self, "newline_token_ids", tuple(int(t) for t in self.newline_token_ids))
+        if self.policy not in POLICIES:
+            raise ValueError(f"kv.policy={self.policy!r}: expected one of {tuple(POLICIES)}")
+        for name in ("budget", "buffer", "window", "pool_kernel"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"kv.{name}={value!r} must be a positive integer")
+        if self.window >= self.budget:
+            raise ValueError(
+                f"kv.window={self.window} must be smaller than kv.budget={self.budget} "
+                "(the last window keys are always kept)"
+            )
+        if self.pool_kernel % 2 == 0:
+            raise ValueError(f"kv.pool_kernel={self.pool_kernel} must be odd (same padding)")
+        if not 0.0 <= self.rkv_lambda <= 1.0:
+            raise ValueError(f"kv.rkv_lambda={self.rkv_lambda} must be in [0, 1]")
+        if not -1.0 <= self.redundancy_threshold <= 1.0:
+            raise ValueError(
+                f"kv.redundancy_threshold={self.redundancy_threshold} must be a cosine in [-1, 1]"
+            )
+        if not isinstance(self.n_sinks, int) or self.n_sinks < 0:
+            raise ValueError(f"kv.n_sinks={self.n_sinks!r} must be a non-negative integer")
+        if self.policy == "streaming" and self.n_sinks + self.window > self.budget:
+            raise ValueError(
+                f"kv.n_sinks={self.n_sinks} + kv.window={self.window} must not exceed "
+                f"kv.budget={self.budget}"
+            )
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"kv.selection={self.selection!r}: expected one of {SELECTIONS}")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"kv.trigger={self.trigger!r}: expected one of {TRIGGERS}")
+        if self.trigger == "newline" and not self.newline_token_ids:
+            raise ValueError("kv.trigger='newline' needs kv.newline_token_ids (a non-empty list)")
+        if not isinstance(self.compress_prompt, bool):
+            raise ValueError(f"kv.compress_prompt={self.compress_prompt!r} must be true or false")
+
+    @property
+    def is_dense(self) -> bool:
+        return self.policy == "none"
+
+    def capacity(self, prompt_len: int) -> int:
+        """Slots of a sparse cache for prompts of up to `prompt_len` tokens: the budget (or the
+        whole prompt, when prompts are not compressed at prefill) plus the buffer."""
+        kept = self.budget if self.compress_prompt else max(self.budget, prompt_len)
+        return kept + self.buffer

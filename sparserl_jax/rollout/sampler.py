@@ -1,0 +1,175 @@
+"""The rollout sampler: prefill, then decode inside a jitted scan over a fixed-slot KV cache.
+
+Decoding runs in chunks of `kv.buffer` steps (a lax.scan) inside a lax.while_loop that stops once
+every sequence has finished. A sparse policy compresses the cache between chunks ("interval"
+trigger: the buffer is full every `buffer` steps) or before a step whose previous token is a line
+break ("newline" trigger, with a forced compression when the cache is full). The dense sampler is
+the same loop with capacity = prompt + max new tokens and no compression, so with a budget that
+covers the whole sequence the two produce identical tokens and log-probs for the same key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float, Int
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.model import transformer
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout.sampling import SamplingConfig, sample
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingConfig = SamplingConfig()
+    kv: kv.KVConfig = kv.KVConfig()
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+    attn_impl: str = "auto"
+    record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampler.max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.record_kept and self.kv.trigger != "interval":
+            raise ValueError("sampler.record_kept needs kv.trigger='interval'")
+
+
+@struct.dataclass
+class Rollout:
+    tokens: Int[Array, "B M"]  # generated tokens, pad after the end
+    logprobs: Float[Array, "B M"]  # log-prob of each token under the sampled distribution
+    mask: Bool[Array, "B M"]  # True for generated tokens (EOS included)
+    lengths: Int[Array, "B"]  # generated tokens per sequence
+    kept: Int[Array, "B M"]  # KV entries (per layer and head) behind the logits of each token
+    n_compressions: Int[Array, "B"]
+    evicted_fraction: Float[Array, "B"]  # 1 - kept / seen at the last generated token
+    kept_positions: Optional[Int[Array, "R L B K C"]] = None  # per chunk, when record_kept
+
+
+def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) -> int:
+    """Slots of the cache the sampler decodes with (dense: the whole sequence, rounded to chunks)."""
+    if kv_cfg.is_dense:
+        n_chunks = -(-max_new_tokens // kv_cfg.buffer)
+        return prompt_len + n_chunks * kv_cfg.buffer
+    return kv_cfg.capacity(prompt_len)
+
+
+def generate(
+    params: transformer.Params,
+    model_cfg: ModelConfig,
+    prompts: Int[Array, "B P"],
+    prompt_lengths: Int[Array, "B"],
+    key: jax.Array,
+    cfg: SamplerConfig,
+) -> Rollout:
+    """Sample up to cfg.max_new_tokens after each right-padded prompt. Jit with static configs:
+    `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
+    B, P = prompts.shape
+    M = cfg.max_new_tokens
+    kv_cfg = cfg.kv
+    U = kv_cfg.buffer
+    n_chunks = -(-M // U)
+    C = cache_capacity(kv_cfg, P, M)
+    key_sample, key_evict, key_prompt = jax.random.split(key, 3)
+
+    cache = kv.cache_for(kv_cfg, model_cfg, B, P, jnp.dtype(model_cfg.dtype), capacity=max(C, P))
+    logits, cache = transformer.prefill(
+        params, model_cfg, prompts, prompt_lengths, cache, observe_prefill=kv.observe_prefill(kv_cfg)
+    )
+    zeros_B = jnp.zeros((B,), jnp.int32)
+    n_comp_B = zeros_B
+    if P > C:  # kv.compress_prompt: squeeze the prompt into the budget before decoding
+        n_comp_B = (cache.fill > kv_cfg.budget).astype(jnp.int32)
+        cache = kv.resize(kv.compress(kv_cfg, cache, key_prompt), C)
+
+    observe = kv.observe_decode(kv_cfg)
+    eos = jnp.asarray(cfg.eos_token_ids or (-1,), jnp.int32)
+    newline = jnp.asarray(kv_cfg.newline_token_ids or (-1,), jnp.int32)
+
+    def maybe_compress(cache, active_B, key):
+        """Compress the sequences in active_B (a no-op when none is), counting compressions."""
+        did_B = active_B & (cache.fill > kv_cfg.budget)
+        cache = jax.lax.cond(
+            jnp.any(did_B),
+            lambda c: kv.compress(kv_cfg, c, key, active=did_B),
+            lambda c: c,
+            cache,
+        )
+        return cache, did_B.astype(jnp.int32)
+
+    def step(carry, i):
+        cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
+        if not kv_cfg.is_dense and kv_cfg.trigger == "newline":
+            need_B = (jnp.isin(prev_B, newline) & ~done_B) | (cache.fill >= C)
+            cache, did_B = maybe_compress(cache, need_B, jax.random.fold_in(key_evict, i))
+            n_comp_B = n_comp_B + did_B * ~done_B
+        token_B, logp_B = sample(logits, jax.random.fold_in(key_sample, i), cfg.sampling)
+        live_B = ~done_B
+        token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
+        logp_B = jnp.where(live_B, logp_B, 0.0)
+        done_B = done_B | jnp.isin(token_B, eos) | (i + 1 >= M)
+        ys = (token_B, logp_B, live_B, kept_B)
+        logits, cache = transformer.decode_step(
+            params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=observe
+        )
+        return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
+
+    def chunk(state):
+        r, carry, outs, kept_pos = state
+        cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
+        if not kv_cfg.is_dense and kv_cfg.trigger == "interval":
+            cache, did_B = maybe_compress(cache, ~done_B, jax.random.fold_in(key_evict, r))
+            n_comp_B = n_comp_B + did_B
+        if kept_pos is not None:
+            kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
+        carry = (cache, logits, kept_B, prev_B, done_B, n_comp_B)
+        carry, ys = jax.lax.scan(step, carry, r * U + jnp.arange(U))
+        outs = tuple(
+            jax.lax.dynamic_update_slice_in_dim(o, y.T, r * U, axis=1) for o, y in zip(outs, ys)
+        )
+        return r + 1, carry, outs, kept_pos
+
+    def not_finished(state):
+        r, carry = state[0], state[1]
+        return (r < n_chunks) & ~jnp.all(carry[4])
+
+    outs = (
+        jnp.full((B, n_chunks * U), cfg.pad_token_id, jnp.int32),
+        jnp.zeros((B, n_chunks * U), jnp.float32),
+        jnp.zeros((B, n_chunks * U), bool),
+        jnp.zeros((B, n_chunks * U), jnp.int32),
+    )
+    kept_pos = None
+    if cfg.record_kept:
+        K = model_cfg.n_kv_heads
+        kept_pos = jnp.full((n_chunks, model_cfg.n_layers, B, K, C), -1, jnp.int32)
+    kept_B = prompt_lengths.astype(jnp.int32)  # the prefill logits saw the whole prompt
+    carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
+    _, carry, outs, kept_pos = jax.lax.while_loop(
+        not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos)
+    )
+    tokens, logprobs, mask, kept = (o[:, :M] for o in outs)
+    lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
+    last = jnp.maximum(lengths - 1, 0)
+    kept_last = jnp.take_along_axis(kept, last[:, None], axis=1)[:, 0]
+    seen_last = prompt_lengths + last
+    return Rollout(
+        tokens=tokens,
+        logprobs=logprobs,
+        mask=mask,
+        lengths=lengths,
+        kept=kept,
+        n_compressions=carry[5],
+        evicted_fraction=1.0 - kept_last / jnp.maximum(seen_last, 1),
+        kept_positions=kept_pos,
+    )
+
+
+generate_jit = jax.jit(generate, static_argnames=("model_cfg", "cfg"))

@@ -1,0 +1,216 @@
+"""The rollout sampler: dense and sparse decoding, recorded log-probs, memory, distributions."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.kvcache.policies import POLICIES
+from sparserl_jax.model import transformer as tf
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout import sampler as smp
+from sparserl_jax.rollout.sampling import SamplingConfig, processed_logprobs
+
+CFG = ModelConfig.tiny("qwen2", vocab_size=64)
+PARAMS = tf.init_params(CFG, jax.random.key(0))
+# Sharper logits than the 0.02 init so sampled sequences are not uniform noise.
+PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, PARAMS)
+
+
+def _prompts(key, B=3, P=10, lengths=(6, 10, 8)):
+    tokens = jax.random.randint(key, (B, P), 1, CFG.vocab_size)
+    lengths = jnp.array(lengths)
+    tokens = jnp.where(jnp.arange(P)[None] < lengths[:, None], tokens, 0)
+    return tokens, lengths
+
+
+def _run(cfg, key=1, prompts=None):
+    tokens, lengths = prompts if prompts is not None else _prompts(jax.random.key(7))
+    return smp.generate_jit(PARAMS, CFG, tokens, lengths, jax.random.key(key), cfg), tokens, lengths
+
+
+def _joined(prompt_tokens, lengths, out):
+    """Each row: its prompt, then its response, right-padded."""
+    B = prompt_tokens.shape[0]
+    M = out.tokens.shape[1]
+    T = int(lengths.max()) + M
+    seq = np.zeros((B, T), np.int32)
+    for b in range(B):
+        P = int(lengths[b])
+        seq[b, :P] = prompt_tokens[b, :P]
+        seq[b, P : P + M] = out.tokens[b]
+    return jnp.asarray(seq)
+
+
+def test_greedy_equals_full_recompute_argmax():
+    cfg = smp.SamplerConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0.0),
+                            kv=kv.KVConfig(buffer=5))
+    out, prompts, lengths = _run(cfg)
+    # independent reference: one teacher-forced forward (no cache); causality makes position
+    # P - 1 + i see exactly the prompt and the first i generated tokens
+    logits = tf.logits(PARAMS, CFG, _joined(prompts, lengths, out))
+    for b in range(3):
+        P = int(lengths[b])
+        np.testing.assert_array_equal(jnp.argmax(logits[b, P - 1 : P - 1 + 12], -1), out.tokens[b])
+    assert bool(out.mask.all())
+
+
+def test_dense_logprobs_equal_teacher_forced_recompute():
+    cfg = smp.SamplerConfig(max_new_tokens=9, sampling=SamplingConfig(temperature=0.8),
+                            kv=kv.KVConfig(buffer=4))
+    out, prompts, lengths = _run(cfg, key=3)
+    seq = _joined(prompts, lengths, out)
+    lp, _ = tf.token_logprobs(PARAMS, CFG, seq, temperature=0.8)
+    for b in range(3):
+        P = int(lengths[b])
+        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1 : P - 1 + 9], atol=2e-5)
+
+
+def test_eos_stops_and_masks():
+    cfg = smp.SamplerConfig(max_new_tokens=30, sampling=SamplingConfig(temperature=1.0),
+                            kv=kv.KVConfig(buffer=8), eos_token_ids=(5, 9), pad_token_id=0)
+    out, _, _ = _run(cfg, key=11)
+    for b in range(3):
+        n = int(out.lengths[b])
+        assert out.mask[b, :n].all() and not out.mask[b, n:].any()
+        gen = np.array(out.tokens[b, :n])
+        assert not np.isin(gen[:-1], [5, 9]).any()
+        if n < 30:
+            assert gen[-1] in (5, 9)
+        assert (np.array(out.tokens[b, n:]) == 0).all() and (np.array(out.logprobs[b, n:]) == 0).all()
+
+
+def test_seed_fixes_the_rollout():
+    cfg = smp.SamplerConfig(max_new_tokens=8, kv=kv.KVConfig(buffer=4))
+    a, _, _ = _run(cfg, key=5)
+    b, _, _ = _run(cfg, key=5)
+    c, _, _ = _run(cfg, key=6)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert not np.array_equal(a.tokens, c.tokens)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_sparse_with_budget_covering_everything_equals_dense(policy):
+    dense = smp.SamplerConfig(max_new_tokens=14, kv=kv.KVConfig(buffer=4))
+    sparse = dataclasses.replace(dense, kv=kv.KVConfig(policy=policy, budget=32, buffer=4, window=2, n_sinks=1))
+    a, _, _ = _run(dense, key=21)
+    b, _, _ = _run(sparse, key=21)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert int(b.n_compressions.sum()) == 0
+
+
+def _replay_masks(out, lengths, U, T):
+    """Per-layer [B, N, T, T] masks: what each query saw in the sparse sampler (see sampler docs)."""
+    kept = np.array(out.kept_positions)  # [R, L, B, K, C]
+    R, L, B, K, C = kept.shape
+    G = CFG.group_size
+    masks = np.zeros((L, B, K, T, T), bool)
+    for b in range(B):
+        P = int(lengths[b])
+        for q in range(T):
+            if q < P:
+                masks[:, b, :, q, : q + 1] = True
+                continue
+            r = (q - P) // U  # decode step q - P + 1 fed position q during chunk r
+            if r >= R:
+                continue
+            start = P + r * U
+            for l in range(L):
+                for k in range(K):
+                    vis = kept[r, l, b, k]
+                    masks[l, b, k, q, vis[vis >= 0]] = True
+                    masks[l, b, k, q, start : q + 1] = True
+    return [jnp.asarray(np.repeat(m, G, axis=1)) for m in masks]
+
+
+@pytest.mark.parametrize("policy,selection", [("snapkv", "per_head"), ("h2o", "per_head"),
+                                              ("rkv", "shared"), ("streaming", "per_head")])
+def test_sparse_logprobs_equal_masked_teacher_forced_recompute(policy, selection):
+    U = 4
+    kv_cfg = kv.KVConfig(policy=policy, budget=8, buffer=U, window=2, n_sinks=1, selection=selection)
+    cfg = smp.SamplerConfig(max_new_tokens=18, sampling=SamplingConfig(temperature=1.0), kv=kv_cfg,
+                            record_kept=True)
+    out, prompts, lengths = _run(cfg, key=31)
+    assert int(out.n_compressions.min()) >= 3
+    seq = _joined(prompts, lengths, out)
+    T = seq.shape[1]
+    masks = _replay_masks(out, lengths, U, T)
+    h = tf.forward(PARAMS, CFG, seq, attn_masks=masks)
+    lp, _ = tf.chunked_logprobs(h, tf.head_weight(PARAMS), jnp.roll(seq, -1, 1))
+    dense_lp, _ = tf.token_logprobs(PARAMS, CFG, seq)
+    for b in range(3):
+        P = int(lengths[b])
+        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1 : P - 1 + 18], atol=3e-5)
+    # eviction really changed something: the dense recompute differs somewhere
+    diffs = [np.abs(np.array(out.logprobs[b]) - np.array(dense_lp[b, int(lengths[b]) - 1 :][:18])).max()
+             for b in range(3)]
+    assert max(diffs) > 1e-3
+    assert int(out.kept.max()) <= 8 + U
+
+
+def test_compress_prompt_squeezes_long_prompts_into_the_budget():
+    kv_cfg = kv.KVConfig(policy="snapkv", budget=6, buffer=4, window=2, compress_prompt=True)
+    cfg = smp.SamplerConfig(max_new_tokens=6, kv=kv_cfg)
+    out, _, _ = _run(cfg, key=41)
+    assert smp.cache_capacity(kv_cfg, 10, 6) == 10
+    assert int(out.kept[:, 1:].max()) <= 10
+    assert bool(out.mask.all())
+
+
+def test_newline_trigger_compresses_on_newline_tokens():
+    kv_cfg = kv.KVConfig(policy="snapkv", budget=8, buffer=6, window=2, trigger="newline",
+                         newline_token_ids=tuple(range(1, 40)))
+    cfg = smp.SamplerConfig(max_new_tokens=16, kv=kv_cfg)
+    out, _, _ = _run(cfg, key=43)
+    assert int(out.n_compressions.min()) >= 2
+    assert int(out.kept.max()) <= 8 + 6
+
+
+def test_sparse_sampler_memory_does_not_grow_with_max_new_tokens():
+    kv_cfg = kv.KVConfig(policy="snapkv", budget=64, buffer=16, window=4)
+    prompts = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+    params = jax.eval_shape(lambda: PARAMS)
+
+    def mem(M, kv_cfg):
+        cfg = smp.SamplerConfig(max_new_tokens=M, kv=kv_cfg)
+        lowered = smp.generate_jit.lower(params, CFG, prompts, lengths, jax.random.key(0), cfg)
+        ma = lowered.compile().memory_analysis()
+        return ma.temp_size_in_bytes
+
+    out_bytes = lambda M: 2 * M * (4 + 4 + 1 + 4)  # noqa: E731  (the [B, M] outputs themselves)
+    sparse_1k, sparse_8k = mem(1024, kv_cfg), mem(8192, kv_cfg)
+    dense_1k, dense_8k = mem(1024, kv.KVConfig(buffer=16)), mem(8192, kv.KVConfig(buffer=16))
+    assert sparse_8k - sparse_1k <= 2 * (out_bytes(8192) - out_bytes(1024))
+    kv_growth = 2 * CFG.n_layers * 2 * CFG.n_kv_heads * (8192 - 1024) * CFG.head_dim * 4
+    assert dense_8k - dense_1k >= kv_growth  # the dense cache grows with max new tokens
+
+
+def test_top_k_top_p_processed_distribution_matches_numpy():
+    logits = jax.random.normal(jax.random.key(50), (4, 20)) * 3
+    cfg = SamplingConfig(temperature=0.7, top_k=8, top_p=0.6)
+    got = np.array(processed_logprobs(logits, cfg))
+    for row, g in zip(np.array(logits, np.float64) / 0.7, got):
+        keep = np.zeros(20, bool)
+        keep[np.argsort(-row)[:8]] = True
+        p = np.exp(row - row[keep].max()) * keep
+        p /= p.sum()
+        order = np.argsort(-p)
+        cum = np.cumsum(p[order])
+        n = int(np.searchsorted(cum, 0.6) + 1)  # smallest prefix reaching 0.6
+        final = np.zeros(20, bool)
+        final[order[:n]] = True
+        ref = np.where(final, np.exp(row) * final, 0)
+        ref = ref / ref.sum()
+        np.testing.assert_allclose(np.exp(g), ref, atol=1e-5)
+
+
+def test_config_errors_name_the_setting():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        smp.SamplerConfig(max_new_tokens=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
