@@ -1,0 +1,80 @@
+"""The rollout batch the update step consumes, and how its per-token arrays line up.
+
+A batch is a dict of arrays, one row per response (B rows; GRPO groups in consecutive rows):
+
+  tokens        int32   [B, T]  prompt then response, contiguous, right-padded
+  response_mask bool    [B, T]  True at position t iff tokens[t + 1] is a response token
+  advantages    float32 [B]     one advantage per response (broadcast to its tokens)
+  sampler_logp  float32 [B, T]  log pi_sparse(tokens[t + 1] | tokens[:t + 1]) recorded by the sampler
+  old_logp      float32 [B, T]  log pi_old of the same token (teacher-forced, theta_old)
+  ref_logp      float32 [B, T]  log pi_ref of the same token (teacher-forced, initial weights)
+
+Every [B, T] array follows model.transformer.token_logprobs: position t scores tokens[t + 1].
+For a prompt of length P and a response of length M the mask is True at t = P - 1 .. P + M - 2
+(the EOS token included when the response has one). Values outside the mask are ignored.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+TOKEN_KEYS = ("tokens", "response_mask", "sampler_logp", "old_logp", "ref_logp")
+BATCH_KEYS = TOKEN_KEYS + ("advantages",)
+
+
+def response_mask_from_lengths(
+    prompt_lengths: Int[Array, "B"], total_lengths: Int[Array, "B"], T: int
+) -> Bool[Array, "B T"]:
+    """Mask of positions whose next token is a response token: prompt_len - 1 <= t < total - 1."""
+    t_BxT = jnp.arange(T)[None, :]
+    return (t_BxT >= prompt_lengths[:, None] - 1) & (t_BxT < total_lengths[:, None] - 1)
+
+
+def assemble(
+    prompts: Int[Array, "B P"],
+    prompt_lengths: Int[Array, "B"],
+    response_tokens: Int[Array, "B M"],
+    response_logp: Float[Array, "B M"],
+    response_mask: Bool[Array, "B M"],
+    *,
+    pad_token_id: int = 0,
+) -> dict[str, Array]:
+    """Pack right-padded prompts and the sampler's responses (a prefix of valid tokens per row, as
+    rollout.sampler.Rollout holds them) into `tokens`, `response_mask` and `sampler_logp` of
+    width T = P + M, aligned as above."""
+    B, P = prompts.shape
+    M = response_tokens.shape[1]
+    T = P + M
+    t_BxT = jnp.broadcast_to(jnp.arange(T)[None, :], (B, T))
+    plen_Bx1 = prompt_lengths[:, None].astype(jnp.int32)
+    n_resp_Bx1 = jnp.sum(response_mask, axis=1, keepdims=True).astype(jnp.int32)
+
+    j_BxT = t_BxT - plen_Bx1  # response index of the token at position t
+    in_resp = (j_BxT >= 0) & (j_BxT < n_resp_Bx1)
+    resp_at = jnp.take_along_axis(response_tokens, jnp.clip(j_BxT, 0, M - 1), axis=1)
+    prompt_at = jnp.take_along_axis(prompts, jnp.clip(t_BxT, 0, P - 1), axis=1)
+    tokens = jnp.where(t_BxT < plen_Bx1, prompt_at, jnp.where(in_resp, resp_at, pad_token_id))
+
+    jn_BxT = j_BxT + 1  # response index of the token that position t scores
+    scores_resp = (jn_BxT >= 0) & (jn_BxT < n_resp_Bx1)
+    logp_at = jnp.take_along_axis(response_logp, jnp.clip(jn_BxT, 0, M - 1), axis=1)
+    return {
+        "tokens": tokens.astype(jnp.int32),
+        "response_mask": scores_resp,
+        "sampler_logp": jnp.where(scores_resp, logp_at, 0.0).astype(jnp.float32),
+    }
+
+
+def check_batch(batch: dict) -> tuple[int, int]:
+    """Check keys and shapes; return (B, T)."""
+    missing = [k for k in BATCH_KEYS if k not in batch]
+    if missing:
+        raise ValueError(f"batch is missing keys {missing}; expected {BATCH_KEYS}")
+    B, T = batch["tokens"].shape
+    for k in TOKEN_KEYS:
+        if batch[k].shape != (B, T):
+            raise ValueError(f"batch[{k!r}] has shape {batch[k].shape}, expected {(B, T)}")
+    if batch["advantages"].shape != (B,):
+        raise ValueError(f"batch['advantages'] has shape {batch['advantages'].shape}, expected {(B,)}")
+    return B, T

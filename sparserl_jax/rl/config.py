@@ -1,0 +1,265 @@
+"""Settings of the RL update: corrections (SARS, IBR, TIS, ACR), the GRPO loss, the optimizer and
+the update loop. Defaults are the Sparse-RL authors' code settings (methods.md 1.2-1.4); QuRL's C
+is not published (2.0 is the common choice).
+
+A `mode` picks which corrections apply, from the MODES registry:
+
+  mode          SARS  IBR  TIS  ACR   what it is
+  dense          -     -    -    -    dense rollouts: the sampler is pi_old
+  naive_sparse   -     -    -    -    sparse rollouts trained as on-policy (ratio against pi_old only)
+  sparse_rl      x     x    -    -    Sparse-RL: rejection sampling + importance reweighting
+  sars_only      x     -    -    -    ablation
+  ibr_only       -     x    -    -    ablation
+  tis            -     -    x    -    QuRL's FlashRL baseline: w = min(rho, C)
+  qurl           -     -    x    x    QuRL: TIS weights + adaptive clipping range
+
+`acr.enabled=True` adds ACR to any mode (to stack quantized and sparse rollouts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+LEVELS = ("token", "sequence", "geometric")
+IBR_MODES = ("truncate", "clip", "mask")
+IBR_NORMALISATIONS = ("global", "micro_batch", "none")
+AGGREGATIONS = ("seq_mean", "token_mean")
+SCHEDULES = ("constant", "warmup", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeSpec:
+    """Which corrections a mode applies."""
+
+    sars: bool = False  # Sparse-RL rejection sampling (token band + sequence veto)
+    ibr: bool = False  # Sparse-RL importance-based reweighting
+    tis: bool = False  # truncated importance sampling, w = min(rho, C) (QuRL baseline)
+    acr: bool = False  # QuRL adaptive clipping range
+
+    def __post_init__(self):
+        if self.ibr and self.tis:
+            raise ValueError("a mode can weight tokens by IBR or by TIS, not both")
+
+
+MODES: dict[str, ModeSpec] = {
+    "dense": ModeSpec(),
+    "naive_sparse": ModeSpec(),
+    "sparse_rl": ModeSpec(sars=True, ibr=True),
+    "sars_only": ModeSpec(sars=True),
+    "ibr_only": ModeSpec(ibr=True),
+    "tis": ModeSpec(tis=True),
+    "qurl": ModeSpec(tis=True, acr=True),
+}
+
+
+def _check_in(name: str, value, accepted) -> None:
+    if value not in accepted:
+        raise ValueError(f"{name}={value!r}: accepted values are {tuple(accepted)}")
+
+
+def _check_positive(name: str, value, *, strict: bool = True) -> None:
+    if not (value > 0 if strict else value >= 0):
+        raise ValueError(f"{name}={value!r} must be {'> 0' if strict else '>= 0'}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SarsConfig:
+    """Sparsity-Aware Rejection Sampling on xi = pi_old / pi_sparse (methods.md 1.2).
+
+    Token rule: reject where the ratio at `token_level` is outside [token_lo, token_hi] (at
+    "sequence"/"geometric" level the whole response is rejected). Sequence veto: reject the whole
+    response when the ratio at `veto_level` is below `veto_threshold` ("token": min_t xi_t)."""
+
+    token_rule: bool = True
+    token_lo: float = 0.5
+    token_hi: float = 1.5
+    token_level: str = "token"
+    veto: bool = True
+    veto_threshold: float = 1e-4
+    veto_level: str = "token"
+
+    def __post_init__(self):
+        _check_in("sars.token_level", self.token_level, LEVELS)
+        _check_in("sars.veto_level", self.veto_level, LEVELS)
+        _check_positive("sars.token_lo", self.token_lo, strict=False)
+        if not self.token_hi > self.token_lo:
+            raise ValueError(
+                f"sars.token_hi={self.token_hi} must be > sars.token_lo={self.token_lo}"
+            )
+        _check_positive("sars.veto_threshold", self.veto_threshold)
+
+
+@dataclasses.dataclass(frozen=True)
+class IbrConfig:
+    """Importance-Based Reweighting w_t from xi_t (methods.md 1.3), a constant (stop-gradient).
+
+    mode: "truncate" w = min(xi, cap); "clip" w = clip(xi, lo, hi); "mask" w = xi inside [lo, hi],
+    else 0 (the token stays in the loss denominator). normalisation: divide w by its mean over the
+    accepted tokens of the whole rollout batch ("global"), of each micro-batch ("micro_batch", the
+    authors' code) or not at all ("none")."""
+
+    mode: str = "truncate"
+    cap: float = 1.5
+    lo: float = 0.5
+    hi: float = 1.5
+    normalisation: str = "micro_batch"
+
+    def __post_init__(self):
+        _check_in("ibr.mode", self.mode, IBR_MODES)
+        _check_in("ibr.normalisation", self.normalisation, IBR_NORMALISATIONS)
+        _check_positive("ibr.cap", self.cap)
+        _check_positive("ibr.lo", self.lo, strict=False)
+        if not self.hi > self.lo:
+            raise ValueError(f"ibr.hi={self.hi} must be > ibr.lo={self.lo}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TisConfig:
+    """QuRL truncated importance sampling: w = min(rho, cap), rho = pi_prox / pi_behav (= xi)."""
+
+    cap: float = 2.0
+
+    def __post_init__(self):
+        _check_positive("tis.cap", self.cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class AcrConfig:
+    """QuRL Adaptive Clipping Range: r_acr = min(1, C / rho); the PPO upper clip bound becomes
+    (1 + eps_high) / r_acr, so it moves only where rho > C. QuRL uses the same C as TIS (open)."""
+
+    enabled: bool = False
+    c: float = 2.0
+
+    def __post_init__(self):
+        _check_positive("acr.c", self.c)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Clipped GRPO surrogate with a k3 KL to pi_ref and an entropy bonus (methods.md 1.4).
+
+    aggregation "seq_mean" (authors): mean over each response's accepted tokens, summed over
+    responses and divided by the number of responses (a fully rejected response counts as zero);
+    "token_mean": mean over all accepted tokens of the minibatch."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 1e-4
+    kl_clamp: float = 10.0
+    entropy_coef: float = 0.0
+    aggregation: str = "seq_mean"
+
+    def __post_init__(self):
+        _check_in("loss.aggregation", self.aggregation, AGGREGATIONS)
+        if not 0 <= self.eps_low < 1:
+            raise ValueError(f"loss.eps_low={self.eps_low} must be in [0, 1)")
+        _check_positive("loss.eps_high", self.eps_high, strict=False)
+        _check_positive("loss.beta", self.beta, strict=False)
+        _check_positive("loss.kl_clamp", self.kl_clamp)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm gradient clipping. schedule: "constant"; "warmup" (linear from 0 over
+    warmup_steps, then constant); "cosine" (linear warmup, then cosine decay to min_lr_ratio * lr
+    at total_steps)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self):
+        _check_in("optim.schedule", self.schedule, SCHEDULES)
+        _check_positive("optim.lr", self.lr)
+        _check_positive("optim.weight_decay", self.weight_decay, strict=False)
+        _check_positive("optim.grad_clip", self.grad_clip)
+        _check_positive("optim.warmup_steps", self.warmup_steps, strict=False)
+        if self.schedule == "warmup" and self.warmup_steps < 1:
+            raise ValueError("optim.warmup_steps must be >= 1 with optim.schedule='warmup'")
+        if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"optim.total_steps={self.total_steps} must be > optim.warmup_steps="
+                f"{self.warmup_steps} with optim.schedule='cosine'"
+            )
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """How one rollout batch is consumed: `minibatch_size` responses per optimizer step, each
+    minibatch accumulated over micro-batches of `micro_batch_size`, `epochs` passes. The learner
+    recomputes log-probs at the sampler's `temperature`. `score_batch_size` rows per chunk when
+    scoring pi_old / pi_ref."""
+
+    minibatch_size: int = 256
+    micro_batch_size: int = 16
+    epochs: int = 1
+    temperature: float = 1.0
+    remat: bool = False
+    chunk_tokens: int = 1024
+    score_batch_size: int = 16
+
+    def __post_init__(self):
+        for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
+                     "score_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"update.{name}={getattr(self, name)} must be >= 1")
+        if self.minibatch_size % self.micro_batch_size:
+            raise ValueError(
+                f"update.minibatch_size={self.minibatch_size} must be a multiple of "
+                f"update.micro_batch_size={self.micro_batch_size}"
+            )
+        _check_positive("update.temperature", self.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Everything the update step needs. `log_ratio_clamp` bounds every log-ratio (log xi,
+    log r, and the sequence sums and means of log xi) before exp."""
+
+    mode: str = "sparse_rl"
+    log_ratio_clamp: float = 20.0
+    sars: SarsConfig = SarsConfig()
+    ibr: IbrConfig = IbrConfig()
+    tis: TisConfig = TisConfig()
+    acr: AcrConfig = AcrConfig()
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    update: UpdateConfig = UpdateConfig()
+
+    def __post_init__(self):
+        _check_in("rl.mode", self.mode, MODES)
+        _check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
+
+    @property
+    def spec(self) -> ModeSpec:
+        """The corrections in force: the mode's row of MODES, plus ACR when acr.enabled."""
+        s = MODES[self.mode]
+        return dataclasses.replace(s, acr=s.acr or self.acr.enabled)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RLConfig":
+        """Build from a nested mapping (e.g. parsed YAML); unknown keys raise."""
+        return _from_dict(cls, d, "rl")
+
+
+def _from_dict(cls, d: Mapping[str, Any], prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in d.items():
+        if k not in fields:
+            raise ValueError(f"{prefix}.{k}: unknown setting; accepted: {tuple(fields)}")
+        default = fields[k].default
+        sub = type(default) if dataclasses.is_dataclass(default) else None
+        kwargs[k] = _from_dict(sub, v, f"{prefix}.{k}") if sub and isinstance(v, Mapping) else v
+    return cls(**kwargs)

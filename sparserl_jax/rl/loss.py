@@ -1,0 +1,84 @@
+"""The clipped GRPO objective with the behaviour-policy corrections (methods.md 1.4, 2).
+
+Per accepted token:
+  l_t = w_t * max(-r_t A, -clip(r_t, 1 - eps_low, (1 + eps_high) / r_acr_t) A)
+        + beta * KL_t - entropy_coef * H_t,        KL_t = exp(q_t) - q_t - 1   (k3)
+with r, q, w, r_acr and the SARS acceptance mask from `corrections.compute_corrections`. Tokens
+that SARS rejects leave both the numerator and the denominator.
+
+`policy_loss` returns loss = numerator / denominator. The default denominator is this batch's
+(accepted tokens for "token_mean", rows for "seq_mean"); the update step passes the minibatch's,
+so that micro-batch losses add up to the minibatch loss exactly.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from sparserl_jax.rl.config import LossConfig
+from sparserl_jax.rl.corrections import Corrections, masked_mean
+
+
+def k3_kl(q: Float[Array, "B T"]) -> Float[Array, "B T"]:
+    """Low-variance KL estimator exp(q) - q - 1 with q = log pi_ref - log pi_theta."""
+    return jnp.exp(q) - q - 1.0
+
+
+def clipped_surrogate(
+    r: Float[Array, "B T"], adv: Float[Array, "B T"], lower: float, upper: Float[Array, "B T"]
+) -> tuple[Float[Array, "B T"], Bool[Array, "B T"]]:
+    """PPO's pessimistic surrogate max(-r A, -clip(r, lower, upper) A) and where clipping binds."""
+    unclipped = -r * adv
+    clipped = -jnp.clip(r, lower, upper) * adv
+    return jnp.maximum(unclipped, clipped), clipped > unclipped
+
+
+def loss_denominator(accept: Bool[Array, "B T"], cfg: LossConfig) -> Float[Array, ""]:
+    """Default normaliser: accepted tokens ("token_mean") or responses ("seq_mean")."""
+    if cfg.aggregation == "token_mean":
+        return jnp.sum(accept).astype(jnp.float32)
+    return jnp.float32(accept.shape[0])
+
+
+def policy_loss(
+    corr: Corrections,
+    adv: Float[Array, "B T"],
+    entropy: Float[Array, "B T"] | None,
+    cfg: LossConfig,
+    *,
+    denominator: Float[Array, ""] | None = None,
+) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
+    """Aggregated loss and token metrics (means over accepted tokens; "tokens" is their count)."""
+    m = corr.accept
+    upper = (1.0 + cfg.eps_high) / corr.r_acr
+    pg, clipped = clipped_surrogate(corr.r, adv, 1.0 - cfg.eps_low, upper)
+    kl = k3_kl(corr.kl_q)
+    l_tok = corr.weight * pg + cfg.beta * kl
+    if entropy is not None and cfg.entropy_coef:
+        l_tok = l_tok - cfg.entropy_coef * entropy
+    l_tok = jnp.where(m, l_tok, 0.0)
+
+    if cfg.aggregation == "token_mean":
+        numerator = jnp.sum(l_tok)
+    else:  # seq_mean: per-response mean over accepted tokens; fully rejected rows add 0
+        numerator = jnp.sum(jnp.sum(l_tok, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1))
+    if denominator is None:
+        denominator = loss_denominator(m, cfg)
+    loss = numerator / jnp.maximum(denominator, 1e-8)
+
+    log_r = jnp.log(corr.r)
+    metrics = {
+        "loss/pg": masked_mean(corr.weight * pg, m),
+        "loss/kl_ref": masked_mean(kl, m),
+        "loss/clip_frac": masked_mean(clipped.astype(jnp.float32), m),
+        "loss/clip_frac_upper": masked_mean((clipped & (corr.r > upper)).astype(jnp.float32), m),
+        "loss/approx_kl_old": masked_mean(jnp.exp(-log_r) - 1.0 + log_r, m),
+        "loss/ratio_mean": masked_mean(corr.r, m),
+        "loss/ratio_max": jnp.max(jnp.where(m, corr.r, 0.0)),
+        "loss/weight_mean": masked_mean(corr.weight, m),
+        "tokens": jnp.sum(m).astype(jnp.float32),
+    }
+    if entropy is not None:
+        metrics["loss/entropy"] = masked_mean(entropy, m)
+    return loss, metrics

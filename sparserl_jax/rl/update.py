@@ -1,0 +1,200 @@
+"""The jitted update step (apart from the sampler) and the teacher-forced scorer.
+
+One call of `update` consumes a rollout batch (layout in sparserl_jax/rl/batch.py): the batch is
+split into minibatches of `update.minibatch_size` rows, one optimizer step each (`update.epochs`
+passes); each minibatch's gradient is accumulated over micro-batches (lax.scan). The loss
+denominator (accepted tokens or rows) is the minibatch's, computed before the micro-batch split,
+so accumulation reproduces the minibatch gradient. The IBR normaliser is the rollout batch's
+("global", computed before splitting) or each micro-batch's ("micro_batch"). A step whose loss or
+gradient is not finite leaves params and optimizer state unchanged and counts in "skipped".
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int
+
+from sparserl_jax.model import transformer
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rl.advantages import token_advantages
+from sparserl_jax.rl.batch import BATCH_KEYS, check_batch
+from sparserl_jax.rl.config import RLConfig, UpdateConfig
+from sparserl_jax.rl.corrections import (
+    behaviour_terms,
+    compute_corrections,
+    ibr_normaliser,
+    mismatch_metrics,
+)
+from sparserl_jax.rl.loss import loss_denominator, policy_loss
+from sparserl_jax.rl.optim import make_optimizer
+
+Params = transformer.Params
+Batch = dict
+# optax.tree.norm replaces optax.global_norm (deprecated) in newer optax
+_tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+
+
+def micro_batch_loss(
+    params: Params,
+    mb: Batch,
+    model_cfg: ModelConfig,
+    cfg: RLConfig,
+    *,
+    denominator: Float[Array, ""] | None = None,
+    ibr_norm: Float[Array, ""] | None = None,
+) -> tuple[Float[Array, ""], dict]:
+    """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss."""
+    u = cfg.update
+    logp, entropy = transformer.token_logprobs(
+        params, model_cfg, mb["tokens"], temperature=u.temperature, chunk_tokens=u.chunk_tokens,
+        remat=u.remat,
+    )
+    mask = mb["response_mask"].astype(bool)
+    corr = compute_corrections(
+        logp, mb["old_logp"], mb["ref_logp"], mb["sampler_logp"], mask, cfg, ibr_norm=ibr_norm,
+        with_metrics=False,  # the update reports them once, over the whole rollout batch
+    )
+    adv = token_advantages(mb["advantages"], mask)
+    return policy_loss(corr, adv, entropy, cfg.loss, denominator=denominator)
+
+
+def _combine(metrics: dict, tokens: Array) -> dict:
+    """Merge stacked per-micro-batch metrics: max for "*_max", token-weighted mean otherwise."""
+    w = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
+    out = {}
+    for k, v in metrics.items():
+        if k == "tokens":
+            out[k] = jnp.sum(v)
+        elif k.endswith("_max"):
+            out[k] = jnp.max(v)
+        else:
+            out[k] = jnp.sum(v * w)
+    return out
+
+
+def minibatch_gradients(
+    params: Params,
+    micro_batches: Batch,
+    model_cfg: ModelConfig,
+    cfg: RLConfig,
+    *,
+    denominator: Float[Array, ""],
+    ibr_norm: Float[Array, ""] | None = None,
+) -> tuple[Params, Float[Array, ""], dict]:
+    """Gradient of the minibatch loss, accumulated in float32 over micro-batches stacked on a
+    leading axis ([n_micro, micro, ...]); returns (grads in float32, loss, metrics)."""
+
+    def one(acc, mb):
+        grads_acc, loss_acc = acc
+        (loss, metrics), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+            params, mb, model_cfg, cfg, denominator=denominator, ibr_norm=ibr_norm
+        )
+        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
+        return (grads_acc, loss_acc + loss), metrics
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    (grads, loss), metrics = jax.lax.scan(one, (zeros, jnp.float32(0.0)), micro_batches)
+    return grads, loss, _combine(metrics, metrics["tokens"])
+
+
+def make_update_fn(
+    model_cfg: ModelConfig,
+    cfg: RLConfig,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    donate: bool = False,
+) -> Callable[[Params, optax.OptState, Batch], tuple[Params, optax.OptState, dict]]:
+    """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`. The optimizer
+    defaults to make_optimizer(cfg.optim); `donate` donates params and optimizer state."""
+    optimizer = optimizer or make_optimizer(cfg.optim)
+    u = cfg.update
+
+    def update(params, opt_state, batch):
+        B, T = check_batch(batch)
+        if B % u.minibatch_size:
+            raise ValueError(
+                f"rollout batch of {B} responses must be a multiple of "
+                f"update.minibatch_size={u.minibatch_size}"
+            )
+        n_mini, n_micro = B // u.minibatch_size, u.minibatch_size // u.micro_batch_size
+        batch = {k: batch[k] for k in BATCH_KEYS}
+        mask = batch["response_mask"].astype(bool)
+        old, sampler = batch["old_logp"], batch["sampler_logp"]
+
+        # theta-independent, over the whole rollout batch, before splitting
+        metrics = mismatch_metrics(old, sampler, mask, cfg)
+        ibr_norm = None
+        if cfg.ibr.normalisation == "global":
+            ibr_norm = ibr_normaliser(old, sampler, mask, cfg)
+            metrics["ibr/normaliser"] = ibr_norm
+        _, accept, _, _ = behaviour_terms(old, sampler, mask, cfg)
+        denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(
+            accept.reshape(n_mini, u.minibatch_size, T)
+        )
+        minibatches = jax.tree.map(
+            lambda x: x.reshape(n_mini, n_micro, u.micro_batch_size, *x.shape[1:]), batch
+        )
+
+        def opt_step(carry, xs):
+            params, opt_state = carry
+            mbs, denom = xs
+            grads, loss, step_metrics = minibatch_gradients(
+                params, mbs, model_cfg, cfg, denominator=denom, ibr_norm=ibr_norm
+            )
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            grad_norm = _tree_norm(grads)
+            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+            step_metrics.update(
+                loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32)
+            )
+            return (keep(new_params, params), keep(new_opt_state, opt_state)), step_metrics
+
+        def epoch(carry, _):
+            return jax.lax.scan(opt_step, carry, (minibatches, denoms))
+
+        (params, opt_state), steps = jax.lax.scan(
+            epoch, (params, opt_state), None, length=u.epochs
+        )
+        for k, v in steps.items():
+            if k == "skipped":
+                metrics[k] = jnp.sum(v)
+            elif k.endswith("_max"):
+                metrics[k] = jnp.max(v)
+            else:
+                metrics[k] = jnp.mean(v)
+        metrics["steps"] = jnp.float32(u.epochs * n_mini)
+        return params, opt_state, metrics
+
+    return jax.jit(update, donate_argnums=(0, 1) if donate else ())
+
+
+def make_score_fn(
+    model_cfg: ModelConfig, cfg: UpdateConfig
+) -> Callable[[Params, Int[Array, "B T"]], Float[Array, "B T"]]:
+    """Jitted `score(params, tokens) -> logp [B, T]`: teacher-forced log-probs (position t scores
+    tokens[t + 1]) at cfg.temperature, `cfg.score_batch_size` rows at a time. Run it with
+    theta_old for `old_logp` and with the reference weights for `ref_logp`."""
+
+    def score(params, tokens):
+        B, T = tokens.shape
+        rows = min(cfg.score_batch_size, B)
+        n = -(-B // rows)
+        tokens_p = jnp.pad(tokens, ((0, n * rows - B), (0, 0)))
+
+        def one(t):
+            logp, _ = transformer.token_logprobs(
+                params, model_cfg, t, temperature=cfg.temperature, chunk_tokens=cfg.chunk_tokens
+            )
+            return logp
+
+        logp = jax.lax.map(one, tokens_p.reshape(n, rows, T))
+        return logp.reshape(n * rows, T)[:B]
+
+    return jax.jit(score)
