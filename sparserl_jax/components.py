@@ -1,0 +1,134 @@
+"""Build what a run needs from its TrainConfig: model, tokenizer, prompts, reward, sampler config.
+Shared by the trainer and the evaluator so both read a config the same way."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.checkpoint import restore_params
+from sparserl_jax.config import TrainConfig
+from sparserl_jax.data import datasets
+from sparserl_jax.data.rewards import get_reward
+from sparserl_jax.data.tasks import get_task
+from sparserl_jax.model import hf, transformer
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout.sampler import SamplerConfig
+from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.tokenizer import CharTokenizer, HFTokenizer
+
+PROMPT_BUCKET = 16  # prompts are right-padded to a multiple of this (fewer recompilations)
+
+
+@dataclasses.dataclass
+class Components:
+    model_cfg: ModelConfig
+    params: transformer.Params
+    tokenizer: HFTokenizer
+    task: object | None  # a synthetic task (for SFT demonstrations), or None for jsonl datasets
+    reward: Callable[[str, str], float]
+
+
+def build_model(cfg: TrainConfig) -> Components:
+    """An HF checkpoint (model.checkpoint) or a random model of model.arch with the task's tokenizer."""
+    task = get_task(cfg.data.task, **dict(cfg.data.task_options)) if cfg.data.task else None
+    reward = task.reward if task is not None else get_reward(cfg.data.reward)
+    if cfg.model.checkpoint:
+        model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.dtype)
+        tokenizer = HFTokenizer.from_dir(cfg.model.checkpoint)
+    else:
+        tokenizer = task.tokenizer() if task is not None else CharTokenizer()
+        model_cfg = dataclasses.replace(cfg.model.arch, dtype=cfg.model.dtype)
+        if model_cfg.vocab_size < tokenizer.vocab_size:
+            raise ValueError(
+                f"model.arch.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+                f"vocabulary ({tokenizer.vocab_size})"
+            )
+        params = transformer.init_params(model_cfg, jax.random.key(cfg.train.seed))
+    if cfg.model.init_from:
+        params, _ = restore_params(os.path.join(cfg.model.init_from, "reference"), params)
+    return Components(model_cfg, params, tokenizer, task, reward)
+
+
+def check_lengths(cfg: TrainConfig, model_cfg: ModelConfig) -> None:
+    """Length settings that cannot work together, named."""
+    total = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
+    if total > model_cfg.max_seq_len:
+        raise ValueError(
+            f"data.max_prompt_len={cfg.data.max_prompt_len} + rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} = {total} exceeds the model's max_seq_len="
+            f"{model_cfg.max_seq_len}"
+        )
+    if not cfg.kv.is_dense and cfg.kv.budget + cfg.kv.buffer > total:
+        raise ValueError(
+            f"kv.budget={cfg.kv.budget} + kv.buffer={cfg.kv.buffer} exceeds the maximum sequence "
+            f"length data.max_prompt_len + rollout.max_new_tokens = {total}: the sparse cache "
+            "would be larger than a dense one"
+        )
+
+
+def dataset_config(cfg: TrainConfig) -> datasets.DatasetConfig:
+    d = cfg.data
+    template = d.prompt_template or ("{question}" if d.task else datasets.DEFAULT_PROMPT_TEMPLATE)
+    return datasets.DatasetConfig(
+        prompt_template=template,
+        chat_template=d.chat_template if d.dataset else False,  # task prompts are plain text
+        max_prompt_len=d.max_prompt_len,
+        on_long_prompt=d.on_long_prompt,
+    )
+
+
+def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: bool = False):
+    """Training prompt batches (synthetic task or jsonl), with state_dict/load_state_dict; with
+    eval_split, task prompts come from a seed stream disjoint from training."""
+    seed = cfg.train.seed + (7919 if eval_split else 0)
+    if cfg.data.task:
+        task = get_task(cfg.data.task, **dict(cfg.data.task_options))
+        return datasets.TaskPromptIterator(task, batch_size, seed=seed, tokenizer=tokenizer,
+                                           cfg=dataset_config(cfg))
+    examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg))
+    return datasets.PromptIterator(examples, batch_size, seed=seed)
+
+
+def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
+    """Held-out prompts: n fresh task prompts (64 by default), or the first n rows (default all)
+    of data.eval_dataset (else data.dataset)."""
+    if cfg.data.task:
+        return prompt_source(cfg, tokenizer, batch_size=n or 64, eval_split=True).next_batch()
+    path = cfg.data.eval_dataset or cfg.data.dataset
+    examples = datasets.load_jsonl(path, tokenizer, dataset_config(cfg))
+    return examples[:n] if n else examples
+
+
+def pad_prompt_batch(
+    prompt_ids: Sequence[Sequence[int]], pad_id: int, max_prompt_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad to a multiple of PROMPT_BUCKET: ([B, P] tokens, [B] lengths)."""
+    longest = max(len(p) for p in prompt_ids)
+    if longest > max_prompt_len:
+        raise ValueError(f"a prompt has {longest} tokens, more than data.max_prompt_len={max_prompt_len}")
+    P = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, max(max_prompt_len, longest))
+    tokens = np.full((len(prompt_ids), P), pad_id, np.int32)
+    for i, p in enumerate(prompt_ids):
+        tokens[i, : len(p)] = p
+    return tokens, np.array([len(p) for p in prompt_ids], np.int32)
+
+
+def sampler_config(
+    cfg: TrainConfig, tokenizer, *, kv_cfg: kv.KVConfig | None = None,
+    sampling: SamplingConfig | None = None, max_new_tokens: int | None = None,
+) -> SamplerConfig:
+    r = cfg.rollout
+    return SamplerConfig(
+        max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        sampling=sampling or SamplingConfig(r.temperature, r.top_p, r.top_k),
+        kv=cfg.kv if kv_cfg is None else kv_cfg,
+        eos_token_ids=tuple(tokenizer.eos_token_ids),
+        pad_token_id=tokenizer.pad_token_id,
+        attn_impl=r.attn_impl,
+    )

@@ -1,0 +1,205 @@
+"""Every setting of a run as frozen dataclasses, loaded from YAML files plus `key=value` overrides.
+
+  python -m sparserl_jax.train --config experiments/configs/tiny.yaml rl.mode=naive_sparse kv.budget=64
+
+Configs are data: YAML is parsed with yaml.safe_load and mapped field by field onto the
+dataclasses; an unknown key is an error that names it and lists the accepted ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from sparserl_jax.kvcache.config import KVConfig
+from sparserl_jax.model.config import ModelConfig, RopeScaling
+from sparserl_jax.model.sharding import MeshConfig
+from sparserl_jax.rl.config import RLConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where the policy comes from: an HF checkpoint directory, or a randomly initialised
+    architecture (`arch`) for tiny CPU runs (warm-started by the SFT stage). `init_from` then
+    replaces those weights with the reference policy of an earlier run (e.g. a shared warm start)."""
+
+    checkpoint: str | None = None
+    dtype: str = "float32"
+    arch: ModelConfig = ModelConfig()
+    init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """A synthetic task (`task` + `task_options`) or a jsonl dataset (`dataset`)."""
+
+    task: str | None = "kv_recall"
+    task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dataset: str | None = None
+    eval_dataset: str | None = None
+    prompt_template: str | None = None  # None: the math template for datasets, "{question}" for tasks
+    chat_template: bool = True
+    max_prompt_len: int = 1024
+    on_long_prompt: str = "error"
+    reward: str = "math"  # for jsonl datasets; tasks bring their own reward
+
+    def __post_init__(self):
+        if (self.task is None) == (self.dataset is None):
+            raise ValueError("data: set exactly one of data.task and data.dataset")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt)."""
+
+    prompts: int = 128
+    samples: int = 8
+    max_new_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    attn_impl: str = "auto"
+
+    def __post_init__(self):
+        for name in ("prompts", "samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-start on task demonstrations (for models that start from scratch)."""
+
+    steps: int = 0
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    iterations: int = 100
+    seed: int = 0
+    out_dir: str = "runs/default"
+    save_every: int = 10
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0: evaluate only at the end
+    eval_prompts: int = 64
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.iterations < 0:
+            raise ValueError(f"train.iterations={self.iterations} must be >= 0")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: ModelSource = ModelSource()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    kv: KVConfig = KVConfig()
+    rl: RLConfig = RLConfig()
+    sft: SFTConfig = SFTConfig()
+    train: RunConfig = RunConfig()
+    mesh: MeshConfig = MeshConfig()
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _unwrap_optional(tp):
+    """X | None -> X (for building nested dataclasses from mappings)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def from_dict(cls, d: Mapping[str, Any], prefix: str):
+    """Build dataclass `cls` from a nested mapping; unknown keys raise naming the key."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{prefix}: expected a mapping of settings, got {d!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in d.items():
+        if key not in fields:
+            raise ValueError(f"{prefix}.{key}: unknown setting; accepted: {sorted(fields)}")
+        tp = _unwrap_optional(hints[key])
+        if dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+            value = from_dict(tp, value, f"{prefix}.{key}")
+        elif isinstance(value, list) and typing.get_origin(tp) is tuple:
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{prefix}: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {dotted}: {k} is not a section")
+    node[keys[-1]] = value
+
+
+def load_config(paths: Sequence[str] = (), overrides: Sequence[str] = ()) -> TrainConfig:
+    """Merge YAML files in order, then `key=value` overrides (values parsed as YAML scalars)."""
+    tree: dict = {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                loaded = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"--config {path}: no such file") from None
+        _deep_merge(tree, loaded, path)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected key=value, e.g. kv.budget=256")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return from_dict(TrainConfig, tree, "config")
+
+
+def _deep_merge(into: dict, new: Mapping, where: str) -> None:
+    if not isinstance(new, Mapping):
+        raise ValueError(f"{where}: the top level must be a mapping of sections")
+    for k, v in new.items():
+        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
+            _deep_merge(into[k], v, where)
+        else:
+            into[k] = dict(v) if isinstance(v, Mapping) else v
+
+
+def dump_config(cfg: TrainConfig, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+
+
+__all__ = [
+    "DataConfig",
+    "ModelSource",
+    "RolloutConfig",
+    "RopeScaling",
+    "RunConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "dump_config",
+    "from_dict",
+    "load_config",
+]

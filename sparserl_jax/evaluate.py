@@ -1,0 +1,158 @@
+"""Evaluate a policy on a jsonl benchmark or a synthetic task, with dense or sparse inference.
+
+  python -m sparserl_jax.evaluate --checkpoint DIR (--dataset FILE.jsonl | --task NAME --n N)
+      [--k 8] [--temperature 0.8] [--top-p 0.95] [--max-new-tokens 8192]
+      [--kv-policy snapkv --kv-budget 512 ...] [--output-json FILE]
+
+DIR is a Hugging Face directory, or a training run directory (config.yaml + checkpoints/, the
+latest step unless --step). Reports avg@k: the mean reward over k samples of every prompt
+(methods.md 1.6: temperature 0.8, top-p 0.95 by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparserl_jax import components
+from sparserl_jax.checkpoint import restore_params
+from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
+from sparserl_jax.data.datasets import PromptExample
+from sparserl_jax.generate import add_kv_args, kv_config_from_args
+from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
+
+
+def evaluate_examples(
+    params,
+    model_cfg,
+    tokenizer,
+    examples: Sequence[PromptExample],
+    reward: Callable[[str, str], float],
+    sampler_cfg: SamplerConfig,
+    *,
+    k: int = 1,
+    seed: int = 0,
+    batch_size: int = 64,
+    max_prompt_len: int = 1 << 30,
+) -> dict:
+    """avg@k accuracy, mean response length and KV saving of `sampler_cfg` on `examples`."""
+    if not examples:
+        raise ValueError("evaluation: no examples (empty dataset)")
+    per_batch = max(batch_size // k, 1)
+    rewards, lengths, kept, seen, rows = [], [], 0.0, 0.0, []
+    for start in range(0, len(examples), per_batch):
+        chunk = examples[start : start + per_batch]
+        ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
+        tokens, plens = components.pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
+        key = jax.random.fold_in(jax.random.key(seed), start)
+        out = jax.device_get(
+            generate_jit(params, model_cfg, jnp.asarray(tokens), jnp.asarray(plens), key, sampler_cfg)
+        )
+        for i, e in enumerate(x for x in chunk for _ in range(k)):
+            n = int(out.lengths[i])
+            text = tokenizer.decode(out.tokens[i, :n].tolist())
+            r = float(reward(text, e.label))
+            rewards.append(r)
+            lengths.append(n)
+            rows.append({"source": e.source, "label": e.label, "response": text, "reward": r})
+        mask = out.mask
+        kept += float(np.sum(out.kept * mask))
+        seen += float(np.sum((plens[:, None] + np.arange(mask.shape[1])[None]) * mask))
+    return {
+        "accuracy": float(np.mean(rewards)),
+        "k": k,
+        "n_prompts": len(examples),
+        "mean_length": float(np.mean(lengths)),
+        "kv_saving": 1.0 - kept / max(seen, 1.0),
+        "samples": rows,
+    }
+
+
+def _load_policy(args) -> tuple[TrainConfig, components.Components]:
+    run_config = os.path.join(args.checkpoint, "config.yaml")
+    if os.path.exists(run_config):  # a training run directory
+        cfg = load_config([run_config])
+        parts = components.build_model(cfg)
+        parts.params, _ = restore_params(
+            os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step
+        )
+    else:
+        if not os.path.isdir(args.checkpoint):
+            raise FileNotFoundError(f"--checkpoint {args.checkpoint!r}: no such directory")
+        data = DataConfig(task="arithmetic", dataset=None)  # replaced below
+        cfg = TrainConfig(model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype), data=data)
+        parts = None
+    if args.dataset:
+        data = DataConfig(task=None, dataset=args.dataset, chat_template=not args.no_chat,
+                          max_prompt_len=args.max_prompt_len, reward=args.reward)
+    elif args.task:
+        data = DataConfig(task=args.task, max_prompt_len=args.max_prompt_len)
+    else:
+        data = cfg.data
+    cfg = dataclasses.replace(cfg, data=data)
+    if parts is None:
+        parts = components.build_model(cfg)
+    return cfg, parts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sparserl_jax.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", required=True, help="HF directory or training run directory")
+    p.add_argument("--step", type=int, default=None, help="training checkpoint step (default: latest)")
+    p.add_argument("--dataset", default=None, help="jsonl benchmark (SimpleRL-Zoo format)")
+    p.add_argument("--task", default=None, help="synthetic task name instead of a dataset")
+    p.add_argument("--n", type=int, default=None, help="number of prompts (default: all / 64 for tasks)")
+    p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k)")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=8192)
+    p.add_argument("--max-prompt-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reward", default="math")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--output-json", default=None)
+    add_kv_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    cfg, parts = _load_policy(args)
+    examples = components.eval_examples(cfg, parts.tokenizer, n=args.n)
+    sampler_cfg = components.sampler_config(
+        cfg, parts.tokenizer, kv_cfg=kv_config_from_args(args, parts.tokenizer),
+        max_new_tokens=args.max_new_tokens,
+    )
+    sampler_cfg = dataclasses.replace(
+        sampler_cfg, sampling=dataclasses.replace(sampler_cfg.sampling, temperature=args.temperature,
+                                                  top_p=args.top_p)
+    )
+    result = evaluate_examples(
+        parts.params, parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
+        k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=args.max_prompt_len,
+    )
+    print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "
+          f"(kv policy {args.kv_policy}, mean length {result['mean_length']:.1f}, "
+          f"kv saving {result['kv_saving']:.1%})")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"args": vars(args), **result}, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,231 @@
+"""The RL loop: rollout (dense or sparse KV) -> reward -> score (pi_old, pi_ref) -> update.
+
+  python -m sparserl_jax.train --config experiments/configs/tiny.yaml [key=value ...]
+
+Each iteration samples `rollout.prompts` x `rollout.samples` responses with theta_old (the
+current weights) through the sampler, scores them with the task reward, computes GRPO
+advantages, teacher-forces pi_old and pi_ref, and runs the jitted update step, whose `rl.mode`
+decides the corrections (dense, naive_sparse, sparse_rl, sars_only, ibr_only, tis, qurl).
+Randomness is a function of (train.seed, iteration), so a run resumed from its last checkpoint
+continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from sparserl_jax import components
+from sparserl_jax.checkpoint import Checkpointer
+from sparserl_jax.config import TrainConfig, dump_config, load_config
+from sparserl_jax.evaluate import evaluate_examples
+from sparserl_jax.metrics_log import MetricsLogger
+from sparserl_jax.rl.advantages import grpo_advantages
+from sparserl_jax.rl.batch import assemble
+from sparserl_jax.rl.optim import make_optimizer
+from sparserl_jax.rl.update import make_score_fn, make_update_fn
+from sparserl_jax.rollout.sampler import cache_capacity, generate_jit
+from sparserl_jax.sft import sft_warm_start
+
+
+def kv_statistics(out, prompt_lengths: np.ndarray, kv_cfg, P: int, model_cfg, max_new: int) -> dict:
+    """KV entries the sparse sampler kept vs a dense cache, per generated token, and cache bytes."""
+    mask = np.asarray(out.mask)
+    seen = prompt_lengths[:, None] + np.arange(mask.shape[1])[None]
+    kept = float(np.sum(np.asarray(out.kept) * mask))
+    dense = float(np.sum(seen * mask))
+    bytes_per_slot = 2 * model_cfg.n_layers * model_cfg.n_kv_heads * model_cfg.head_dim * (
+        jnp.dtype(model_cfg.dtype).itemsize
+    )
+    B = mask.shape[0]
+    dense_slots = cache_capacity(dataclasses.replace(kv_cfg, policy="none"), P, max_new)
+    return {
+        "kv/kept_mean": kept / max(mask.sum(), 1),
+        "kv/dense_mean": dense / max(mask.sum(), 1),
+        "kv/saving": 1.0 - kept / max(dense, 1.0),
+        "kv/cache_bytes": float(B * cache_capacity(kv_cfg, P, max_new) * bytes_per_slot),
+        "kv/dense_cache_bytes": float(B * dense_slots * bytes_per_slot),
+        "kv/compressions": float(np.mean(np.asarray(out.n_compressions))),
+        "kv/evicted_fraction": float(np.mean(np.asarray(out.evicted_fraction))),
+    }
+
+
+class Trainer:
+    """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
+
+    def __init__(self, cfg: TrainConfig, *, log=print):
+        self.cfg = cfg
+        self.log = log
+        r = cfg.rollout
+        self.batch_rows = r.prompts * r.samples
+        mb = cfg.rl.update.minibatch_size
+        if self.batch_rows % mb:
+            raise ValueError(
+                f"rollout.prompts x rollout.samples = {self.batch_rows} must be a multiple of "
+                f"rl.update.minibatch_size={mb}"
+            )
+        parts = components.build_model(cfg)
+        components.check_lengths(cfg, parts.model_cfg)
+        self.parts = parts
+        self.model_cfg = parts.model_cfg
+        self.tokenizer = parts.tokenizer
+        self.params = parts.params
+        self.ref_params = parts.params
+        self.optimizer = make_optimizer(cfg.rl.optim)
+        self.opt_state = self.optimizer.init(self.params)
+        self.update = make_update_fn(self.model_cfg, cfg.rl, self.optimizer)
+        self.score = make_score_fn(self.model_cfg, cfg.rl.update)
+        self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
+        self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
+        self.iteration = 0
+        os.makedirs(cfg.train.out_dir, exist_ok=True)
+        self.ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "checkpoints"), cfg.train.keep_checkpoints)
+        self.ref_ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "reference"), 1)
+        self.logger = MetricsLogger(cfg.train.out_dir)
+
+    # ------------------------------------------------------------------ state
+
+    def start(self) -> None:
+        """Resume from the latest checkpoint, or warm-start (SFT) and save the reference model."""
+        dump_config(self.cfg, os.path.join(self.cfg.train.out_dir, "config.yaml"))
+        step = self.ckpt.latest_step()
+        if step is not None:
+            items, meta = self.ckpt.restore(
+                step, {"params": self.params, "opt_state": self.opt_state}
+            )
+            self.params, self.opt_state = items["params"], items["opt_state"]
+            self.ref_params = self.ref_ckpt.restore(0, {"params": self.params})[0]["params"]
+            self.prompts.load_state_dict(meta["data"])
+            self.iteration = int(meta["iteration"])
+            self.logger.truncate_after(self.iteration)
+            self.log(f"resumed from {self.ckpt.directory} at iteration {self.iteration}")
+            return
+        sft = self.cfg.sft
+        if sft.steps and self.parts.task is not None:
+            width = self.cfg.data.max_prompt_len + self.cfg.rollout.max_new_tokens
+            self.params, loss = sft_warm_start(
+                self.params, self.model_cfg, self.parts.task, self.tokenizer, sft,
+                seed=self.cfg.train.seed, width=width, log=self.log,
+            )
+            self.opt_state = self.optimizer.init(self.params)
+        self.ref_params = self.params
+        self.ref_ckpt.save(0, {"params": self.ref_params}, {"what": "reference policy pi_ref"})
+
+    def save(self) -> None:
+        meta = {"iteration": self.iteration, "data": self.prompts.state_dict()}
+        self.ckpt.save(self.iteration, {"params": self.params, "opt_state": self.opt_state}, meta)
+
+    # ------------------------------------------------------------------ one iteration
+
+    def rollout_batch(self, key):
+        """Sample, reward, and assemble the update batch for one iteration."""
+        cfg = self.cfg
+        examples = self.prompts.next_batch()
+        if not examples:
+            raise ValueError("the prompt source returned an empty batch (empty dataset?)")
+        n = cfg.rollout.samples
+        ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
+        tokens, lengths = components.pad_prompt_batch(ids, self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+        t0 = time.perf_counter()
+        out = generate_jit(self.params, self.model_cfg, jnp.asarray(tokens), jnp.asarray(lengths),
+                           key, self.sampler_cfg)
+        out = jax.device_get(out)
+        t_rollout = time.perf_counter() - t0
+        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(ids))]
+        labels = [e.label for e in examples for _ in range(n)]
+        rewards = np.array([self.parts.reward(t, l) for t, l in zip(texts, labels)], np.float32)
+        batch = assemble(jnp.asarray(tokens), jnp.asarray(lengths), out.tokens, out.logprobs, out.mask,
+                         pad_token_id=self.tokenizer.pad_token_id)
+        batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
+        truncated = np.mean(out.lengths >= self.sampler_cfg.max_new_tokens)
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/accuracy": float((rewards >= 1.0).mean()),
+            "response/length_mean": float(out.lengths.mean()),
+            "response/truncated_fraction": float(truncated),
+            "time/rollout_s": t_rollout,
+            "throughput/rollout_tokens_per_s": float(out.lengths.sum()) / max(t_rollout, 1e-9),
+            **kv_statistics(out, lengths, self.cfg.kv, tokens.shape[1], self.model_cfg,
+                            self.sampler_cfg.max_new_tokens),
+        }
+        return batch, metrics, texts
+
+    def step(self) -> dict:
+        key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), self.iteration)
+        batch, metrics, _ = self.rollout_batch(key)
+        t0 = time.perf_counter()
+        batch["old_logp"] = self.score(self.params, batch["tokens"])
+        batch["ref_logp"] = self.score(self.ref_params, batch["tokens"])
+        jax.block_until_ready(batch["ref_logp"])
+        t1 = time.perf_counter()
+        self.params, self.opt_state, upd = self.update(self.params, self.opt_state, batch)
+        upd = jax.device_get(upd)
+        t2 = time.perf_counter()
+        n_tokens = float(np.sum(np.asarray(batch["response_mask"])))
+        metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in upd.items()})
+        metrics.update({
+            "time/score_s": t1 - t0,
+            "time/update_s": t2 - t1,
+            "throughput/update_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
+        })
+        if not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) > 0:
+            self.log(f"iteration {self.iteration}: {int(metrics.get('update/skipped', 0))} "
+                     "optimizer step(s) skipped (non-finite loss or gradient)")
+        return metrics
+
+    def evaluate(self, *, kv_cfg=None, n: int | None = None) -> dict:
+        """avg@1 on held-out prompts with the training sampler (or another KV config)."""
+        examples = components.eval_examples(self.cfg, self.tokenizer, n=n or self.cfg.train.eval_prompts)
+        sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg)
+        return evaluate_examples(
+            self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
+            seed=self.cfg.train.seed + 1, batch_size=max(self.batch_rows, 1),
+            max_prompt_len=self.cfg.data.max_prompt_len,
+        )
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> list[dict]:
+        self.start()
+        t = self.cfg.train
+        history = []
+        bar = tqdm(range(self.iteration, t.iterations), disable=not t.progress, desc="train",
+                   initial=self.iteration, total=t.iterations)
+        for _ in bar:
+            metrics = self.step()
+            self.iteration += 1
+            if t.eval_every and self.iteration % t.eval_every == 0:
+                metrics["eval/accuracy"] = self.evaluate()["accuracy"]
+            self.logger.log(self.iteration, metrics)
+            history.append(metrics)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kv=f"{metrics['kv/saving']:.0%}")
+            if self.iteration % t.save_every == 0 or self.iteration == t.iterations:
+                self.save()
+        self.logger.close()
+        return history
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m sparserl_jax.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", action="append", default=[], help="YAML file(s), merged in order")
+    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. kv.budget=256")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    return Trainer(cfg).run()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

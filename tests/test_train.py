@@ -1,0 +1,87 @@
+"""The trainer: configs and their errors, exact resume, and reward going up on an easy task."""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sparserl_jax import components
+from sparserl_jax.config import load_config
+from sparserl_jax.metrics_log import read_metrics
+from sparserl_jax.train import Trainer
+
+SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
+TIMING = ("time/", "throughput/")
+
+
+def _cfg(tmp_path, *overrides):
+    return load_config([SMOKE], [f"train.out_dir={tmp_path}", "train.progress=false", *overrides])
+
+
+def test_overrides_reach_nested_settings(tmp_path):
+    cfg = _cfg(tmp_path, "kv.budget=12", "rl.sars.token_lo=0.4", "model.arch.n_layers=3")
+    assert cfg.kv.budget == 12 and cfg.rl.sars.token_lo == 0.4 and cfg.model.arch.n_layers == 3
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("kv.budgett=3", r"kv\.budgett: unknown setting"),
+        ("rl.mode=sparse", r"rl\.mode='sparse'"),
+        ("kv.policy=lru", r"kv\.policy='lru'"),
+        ("rollout.prompts=0", r"rollout\.prompts=0"),
+    ],
+)
+def test_bad_config_names_the_setting(tmp_path, override, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(tmp_path, override)
+
+
+def test_budget_plus_buffer_beyond_max_length_is_refused(tmp_path):
+    cfg = _cfg(tmp_path, "kv.budget=60", "kv.buffer=8")  # 32 prompt + 16 new tokens = 48
+    with pytest.raises(ValueError, match=r"kv\.budget=60 \+ kv\.buffer=8 exceeds"):
+        Trainer(cfg)
+
+
+def test_batch_must_split_into_minibatches(tmp_path):
+    with pytest.raises(ValueError, match="minibatch_size"):
+        Trainer(_cfg(tmp_path, "rl.update.minibatch_size=6", "rl.update.micro_batch_size=3"))
+
+
+def test_prompt_longer_than_the_limit_is_refused():
+    with pytest.raises(ValueError, match=r"max_prompt_len=4"):
+        components.pad_prompt_batch([[1, 2, 3, 4, 5]], 0, 4)
+
+
+def test_empty_and_missing_datasets_and_checkpoints(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        Trainer(_cfg(tmp_path, "data.task=null", f"data.dataset={empty}"))
+    with pytest.raises(FileNotFoundError):
+        Trainer(_cfg(tmp_path, "data.task=null", f"data.dataset={tmp_path / 'missing.jsonl'}"))
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        Trainer(_cfg(tmp_path, f"model.checkpoint={tmp_path / 'nowhere'}"))
+    with pytest.raises(FileNotFoundError, match="no-config"):
+        load_config([str(tmp_path / "no-config.yaml")])
+
+
+def _strip_timing(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    common = ("train.iterations=3", "sft.steps=8", "train.save_every=1")
+    Trainer(_cfg(tmp_path / "a", *common)).run()
+    # the same run, stopped after 2 iterations, then resumed
+    Trainer(_cfg(tmp_path / "b", *common[1:], "train.iterations=2")).run()
+    Trainer(_cfg(tmp_path / "b", *common)).run()
+    a, b = _strip_timing(read_metrics(tmp_path / "a")), _strip_timing(read_metrics(tmp_path / "b"))
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    assert a[-1]["update/tokens"] > 0
