@@ -87,6 +87,7 @@ class Trainer:
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         self.iteration = 0
+        self.started = False
         os.makedirs(cfg.train.out_dir, exist_ok=True)
         self.ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "checkpoints"), cfg.train.keep_checkpoints)
         self.ref_ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "reference"), 1)
@@ -96,6 +97,7 @@ class Trainer:
 
     def start(self) -> None:
         """Resume from the latest checkpoint, or warm-start (SFT) and save the reference model."""
+        self.started = True
         dump_config(self.cfg, os.path.join(self.cfg.train.out_dir, "config.yaml"))
         step = self.ckpt.latest_step()
         if step is not None:
@@ -195,7 +197,8 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> list[dict]:
-        self.start()
+        if not self.started:
+            self.start()
         t = self.cfg.train
         history = []
         bar = tqdm(range(self.iteration, t.iterations), disable=not t.progress, desc="train",

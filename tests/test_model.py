@@ -1,5 +1,7 @@
 """The pure-functional transformer: chunked log-probs, cached decoding, causality, memory."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,20 +19,23 @@ def _model(family, seed=0, **kw):
     return cfg, tf.init_params(cfg, jax.random.key(seed))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 3))
 def _full_logprobs(params, cfg, tokens, temperature=1.0):
     logp = jax.nn.log_softmax(tf.logits(params, cfg, tokens) / temperature, axis=-1)
     return jnp.take_along_axis(logp, jnp.roll(tokens, -1, 1)[..., None], axis=-1)[..., 0]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("chunk", [1, 7, 64])
+_token_logprobs = jax.jit(tf.token_logprobs, static_argnames=("cfg", "temperature", "chunk_tokens"))
+
+
+@pytest.mark.parametrize("family,chunk", [("qwen2", 1), ("llama", 7), ("qwen3", 64)])
 def test_chunked_logprobs_match_full_softmax(family, chunk):
     cfg, params = _model(family, seed=1)
     tokens = jax.random.randint(jax.random.key(2), (3, 11), 0, cfg.vocab_size)
-    lp, ent = tf.token_logprobs(params, cfg, tokens, temperature=0.7, chunk_tokens=chunk)
-    ref = _full_logprobs(params, cfg, tokens, temperature=0.7)
+    lp, ent = _token_logprobs(params, cfg, tokens, temperature=0.7, chunk_tokens=chunk)
+    ref = _full_logprobs(params, cfg, tokens, 0.7)
     np.testing.assert_allclose(lp, ref, atol=1e-5)
-    logp = jax.nn.log_softmax(tf.logits(params, cfg, tokens) / 0.7, axis=-1)
+    logp = jax.nn.log_softmax(jax.jit(tf.logits, static_argnums=1)(params, cfg, tokens) / 0.7, axis=-1)
     ent_ref = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     np.testing.assert_allclose(ent, ent_ref, atol=1e-4)
 
@@ -38,8 +43,8 @@ def test_chunked_logprobs_match_full_softmax(family, chunk):
 def test_chunked_logprobs_gradient_matches_full():
     cfg, params = _model("qwen2", seed=3)
     tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, cfg.vocab_size)
-    g_chunk = jax.grad(lambda p: tf.token_logprobs(p, cfg, tokens, chunk_tokens=4)[0].sum())(params)
-    g_full = jax.grad(lambda p: _full_logprobs(p, cfg, tokens).sum())(params)
+    g_chunk = jax.jit(jax.grad(lambda p: tf.token_logprobs(p, cfg, tokens, chunk_tokens=4)[0].sum()))(params)
+    g_full = jax.jit(jax.grad(lambda p: _full_logprobs(p, cfg, tokens).sum()))(params)
     for a, b in zip(jax.tree.leaves(g_chunk), jax.tree.leaves(g_full)):
         np.testing.assert_allclose(a, b, atol=2e-5)
 
@@ -51,8 +56,9 @@ def test_prefill_then_decode_equals_teacher_forcing(family):
     tokens = jax.random.randint(jax.random.key(6), (B, T), 0, cfg.vocab_size)
     lengths = jnp.array([4, 7, 9])
     ref = _full_logprobs(params, cfg, tokens)  # ref[b, t] scores tokens[b, t + 1]
+    prefill = jax.jit(tf.prefill, static_argnums=1)
     cache = kvc.init_cache(B, cfg.n_layers, cfg.n_kv_heads, T, cfg.head_dim)
-    logits, cache = tf.prefill(params, cfg, tokens[:, :10], lengths, cache)
+    logits, cache = prefill(params, cfg, tokens[:, :10], lengths, cache)
     step = jax.jit(lambda c, t: tf.decode_step(params, cfg, c, t))
     rows = jnp.arange(B)
     for j in range(n_steps):
@@ -86,8 +92,9 @@ def test_causal_gradients():
             h = tf._finish_block(layer, h, tf.causal_attention(q, k, v), cfg)
         return tf.logits_from_hidden(p, h)[0, t].sum()
 
+    grad_at = jax.jit(jax.grad(logprob_at), static_argnums=1)
     for t in (0, 4, 8):
-        g = jax.grad(logprob_at)(x, t)
+        g = grad_at(x, t)
         assert float(jnp.abs(g[0, t + 1 :]).max()) == 0.0
         assert float(jnp.abs(g[0, : t + 1]).max()) > 0.0
 
@@ -97,8 +104,9 @@ def test_bf16_params_give_float32_logits_close_to_float32():
     cfg16 = ModelConfig.tiny("qwen2", dtype="bfloat16")
     params16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     tokens = jax.random.randint(jax.random.key(12), (2, 8), 0, cfg32.vocab_size)
-    l32 = tf.logits(params, cfg32, tokens)
-    l16 = tf.logits(params16, cfg16, tokens)
+    logits = jax.jit(tf.logits, static_argnums=1)
+    l32 = logits(params, cfg32, tokens)
+    l16 = logits(params16, cfg16, tokens)
     assert l16.dtype == jnp.float32
     assert float(jnp.abs(l16 - l32).max()) < 0.05 * float(jnp.abs(l32).max()) + 0.05
 

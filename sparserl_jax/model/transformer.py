@@ -17,6 +17,8 @@ in place, with no slicing of stacked weights or caches.
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from typing import Callable
 
 import jax
@@ -34,40 +36,40 @@ Params = dict
 # ----------------------------------------------------------------------------- init
 
 
+def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    shapes = {"q": (D, N, H), "k": (D, K, H), "v": (D, K, H), "o": (N, H, D),
+              "gate": (D, F), "up": (D, F), "down": (F, D)}
+    if cfg.qkv_bias:
+        shapes.update(q_bias=(N, H), k_bias=(K, H), v_bias=(K, H))
+    return shapes
+
+
+def _normal_leaves(key: jax.Array, shapes: dict, dtype) -> dict:
+    """Leaves of std 0.02 from one draw (one random program per layer keeps compiles short)."""
+    sizes = [math.prod(s) for s in shapes.values()]
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    parts = jnp.split(flat, list(itertools.accumulate(sizes))[:-1])
+    return {n: x.reshape(s).astype(dtype) for (n, s), x in zip(shapes.items(), parts)}
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     """Random params (normal, std 0.02; norms at 1), in cfg.dtype (one compiled program)."""
-    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    D, H, V = cfg.d_model, cfg.head_dim, cfg.vocab_size
     dtype = jnp.dtype(cfg.dtype)
-    keys = iter(jax.random.split(key, 4 + 10 * cfg.n_layers))
-
-    def normal(*shape):
-        return (0.02 * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
-
-    def ones(*shape):
-        return jnp.ones(shape, dtype)
-
+    key_embed, key_head, *layer_keys = jax.random.split(key, 2 + cfg.n_layers)
     layers = []
-    for _ in range(cfg.n_layers):
-        layer = {
-            "attn_norm": ones(D),
-            "q": normal(D, N, H),
-            "k": normal(D, K, H),
-            "v": normal(D, K, H),
-            "o": normal(N, H, D),
-            "mlp_norm": ones(D),
-            "gate": normal(D, F),
-            "up": normal(D, F),
-            "down": normal(F, D),
-        }
-        if cfg.qkv_bias:
-            layer.update(q_bias=normal(N, H), k_bias=normal(K, H), v_bias=normal(K, H))
+    for layer_key in layer_keys:
+        layer = _normal_leaves(layer_key, _layer_shapes(cfg), dtype)
+        layer.update(attn_norm=jnp.ones((D,), dtype), mlp_norm=jnp.ones((D,), dtype))
         if cfg.qk_norm:
-            layer.update(q_norm=ones(H), k_norm=ones(H))
+            layer.update(q_norm=jnp.ones((H,), dtype), k_norm=jnp.ones((H,), dtype))
         layers.append(layer)
-    params = {"embed": normal(V, D), "layers": layers, "final_norm": ones(D)}
+    params = {"embed": _normal_leaves(key_embed, {"embed": (V, D)}, dtype)["embed"],
+              "layers": layers, "final_norm": jnp.ones((D,), dtype)}
     if not cfg.tie_embeddings:
-        params["lm_head"] = normal(D, V)
+        params["lm_head"] = _normal_leaves(key_head, {"lm_head": (D, V)}, dtype)["lm_head"]
     return params
 
 
