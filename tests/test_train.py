@@ -85,3 +85,17 @@ def test_resume_continues_the_same_run(tmp_path):
         for k in ra:
             np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-7, err_msg=k)
     assert a[-1]["update/tokens"] > 0
+
+
+def test_training_raises_the_reward_on_an_easy_task(tmp_path):
+    """Sparse-RL (snapkv rollouts) on sums of 0..1: a short warm start, then 10 RL iterations."""
+    cfg = _cfg(tmp_path, "data.task_options.max_value=1", "sft.steps=100", "train.iterations=10",
+               "rl.optim.lr=3.0e-4", "rollout.prompts=8", "rollout.samples=8",
+               "rl.update.minibatch_size=32", "rl.update.micro_batch_size=32", "train.save_every=10")
+    trainer = Trainer(cfg)
+    trainer.start()
+    before = trainer.evaluate(n=64)["accuracy"]
+    rewards = [m["reward/mean"] for m in trainer.run()]
+    after = trainer.evaluate(n=64)["accuracy"]
+    assert after > before + 0.1, (before, after)
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
