@@ -34,6 +34,7 @@ from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_score_fn, make_update_fn
 from sparserl_jax.rollout.sampler import cache_capacity, generate_jit
+from sparserl_jax.model import sharding
 from sparserl_jax.sft import sft_warm_start
 
 
@@ -78,8 +79,11 @@ class Trainer:
         self.parts = parts
         self.model_cfg = parts.model_cfg
         self.tokenizer = parts.tokenizer
-        self.params = parts.params
-        self.ref_params = parts.params
+        # One mesh for the run: params split by the partition rules, batches over data x fsdp
+        # (a no-op layout on a single device); jit propagates the shardings through every step.
+        self.mesh = sharding.make_mesh(cfg.mesh)
+        self.params = self._place(parts.params)
+        self.ref_params = self.params
         self.optimizer = make_optimizer(cfg.rl.optim)
         self.opt_state = self.optimizer.init(self.params)
         self.update = make_update_fn(self.model_cfg, cfg.rl, self.optimizer)
@@ -92,6 +96,12 @@ class Trainer:
         self.ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "checkpoints"), cfg.train.keep_checkpoints)
         self.ref_ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "reference"), 1)
         self.logger = MetricsLogger(cfg.train.out_dir)
+
+    def _place(self, params):
+        return sharding.shard_params(params, self.mesh) if self.mesh.size > 1 else params
+
+    def _batch(self, x):
+        return sharding.shard_batch(jnp.asarray(x), self.mesh) if self.mesh.size > 1 else jnp.asarray(x)
 
     # ------------------------------------------------------------------ state
 
@@ -118,6 +128,7 @@ class Trainer:
                 self.params, self.model_cfg, self.parts.task, self.tokenizer, sft,
                 seed=self.cfg.train.seed, width=width, log=self.log,
             )
+            self.params = self._place(self.params)
             self.opt_state = self.optimizer.init(self.params)
         self.ref_params = self.params
         self.ref_ckpt.save(0, {"params": self.ref_params}, {"what": "reference policy pi_ref"})
@@ -138,7 +149,7 @@ class Trainer:
         ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
         tokens, lengths = components.pad_prompt_batch(ids, self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
         t0 = time.perf_counter()
-        out = generate_jit(self.params, self.model_cfg, jnp.asarray(tokens), jnp.asarray(lengths),
+        out = generate_jit(self.params, self.model_cfg, self._batch(tokens), self._batch(lengths),
                            key, self.sampler_cfg)
         out = jax.device_get(out)
         t_rollout = time.perf_counter() - t0
@@ -148,6 +159,7 @@ class Trainer:
         batch = assemble(jnp.asarray(tokens), jnp.asarray(lengths), out.tokens, out.logprobs, out.mask,
                          pad_token_id=self.tokenizer.pad_token_id)
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
+        batch = {k: self._batch(v) for k, v in batch.items()}
         truncated = np.mean(out.lengths >= self.sampler_cfg.max_new_tokens)
         metrics = {
             "reward/mean": float(rewards.mean()),
