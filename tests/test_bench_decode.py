@@ -1,0 +1,101 @@
+"""Smoke test of experiments/bench_decode.py: its main at tiny settings writes a well-formed JSON
+and markdown with finite, positive figures (no timing assertions), and the GPU profile lowers."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+from sparserl_jax import kvcache as kv
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench_decode.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_cpu_main_writes_rows(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
+            "--lengths", "24", "--budget", "8", "--buffer", "8", "--window", "2",
+            "--policies", "none", "streaming", "--out", str(out)]
+    report = bench.main(argv)
+    saved = json.loads(out.read_text())
+    assert saved["command"] == " ".join(argv) and saved["profile"] == "cpu"
+    assert saved["device_kind"] and saved["jax_version"] and saved["date"]
+    assert saved["model"]["n_layers"] == 1 and saved["setting"]["budget"] == 8
+    rows = saved["results"]
+    assert [(r["policy"], r["new_tokens"]) for r in rows] == [("none", 24), ("streaming", 24)]
+    _, prof = bench.resolve(bench.parse_args(argv))
+    for r in rows:
+        for name in ("tokens_per_s", "step_ms", "compile_s", "wall_s", "speedup_vs_dense"):
+            assert math.isfinite(r[name]) and r[name] > 0, (name, r)
+        assert r["batch"] == 2
+        assert r["tokens_per_s"] == pytest.approx(2 * 24 / r["wall_s"])
+        assert r["step_ms"] == pytest.approx(r["wall_s"] / 24 * 1e3)
+        # KV bytes = the physical cache the sampler allocates at this capacity
+        cache = kv.cache_for(bench.kv_config(r["policy"], prof), prof.model, 2, 8,
+                             capacity=r["kv_capacity"])
+        assert r["kv_bytes"] == cache.nbytes()
+    dense, sparse = rows
+    assert dense["speedup_vs_dense"] == 1.0
+    assert dense["kv_capacity"] == 8 + 24 and sparse["kv_capacity"] == 8 + 8  # budget + buffer
+    assert sparse["n_compressions"] >= 1 and sparse["evicted_fraction"] > 0
+    assert dense["n_compressions"] == 0 and dense["evicted_fraction"] == 0
+    acc = saved["acceptance"]
+    assert acc["speedup_at_target"] == {} and not acc["passed"]  # 8192 was not run
+    assert acc["step_ms_ratio_longest_over_shortest"] == {}  # one length
+    assert report["results"] == rows
+    md = out.with_suffix(".md").read_text()
+    assert md.count("\n| streaming | 24 | 2 |") == 1 and md.count("\n| none | 24 | 2 |") == 1
+    assert "## Acceptance" in md and "GPU rows pending: no GPU in this session" in md
+
+
+def _row(policy, new_tokens, step_ms, batch=4):
+    wall_s = step_ms * new_tokens / 1e3
+    return dict(policy=policy, new_tokens=new_tokens, batch=batch, tokens_per_s=batch / step_ms * 1e3,
+                step_ms=step_ms, wall_s=wall_s, compile_s=1.0, kv_capacity=1, kv_bytes=1)
+
+
+def test_speedups_and_acceptance(bench):
+    prof = bench.PROFILES["cpu"]  # target 2x at 8192, lengths 1024 .. 8192
+    rows = [_row("none", 1024, 2.0), _row("h2o", 1024, 1.0), _row("rkv", 1024, 1.5),
+            _row("none", 8192, 9.0), _row("h2o", 8192, 1.2), _row("rkv", 8192, 3.0)]
+    bench.add_speedups(rows)
+    assert [r["speedup_vs_dense"] for r in rows] == pytest.approx([1, 2, 4 / 3, 1, 7.5, 3])
+    acc = bench.acceptance(rows, prof)
+    assert acc["speedup_at_target"] == pytest.approx({"h2o": 7.5, "rkv": 3.0})
+    assert acc["min_speedup_at_target"] == pytest.approx(3.0) and acc["passed"]
+    assert acc["step_ms_ratio_longest_over_shortest"] == pytest.approx(
+        {"none": 4.5, "h2o": 1.2, "rkv": 2.0})
+    slow = [dict(r) for r in rows]
+    slow[-1] = _row("rkv", 8192, 6.0)
+    bench.add_speedups(slow)
+    assert not bench.acceptance(slow, prof)["passed"]  # rkv only 1.5x at 8192
+    no_dense = [r for r in rows if r["policy"] != "none"]
+    bench.add_speedups(no_dense)
+    assert all(r["speedup_vs_dense"] is None for r in no_dense)
+    assert not bench.acceptance(no_dense, prof)["passed"]
+
+
+def test_gpu_profile_dry_run_lowers(bench):
+    report = bench.main(["--profile", "gpu", "--dry-run", "--policies", "none", "snapkv"])
+    dry = report["dry_run"]
+    assert 1.5e9 < dry["n_params_full"] < 1.6e9  # Qwen2.5-1.5B shape
+    assert {(r["policy"], r["n_layers"]) for r in dry["lowered"]} == {("none", 2), ("snapkv", 2)}
+    assert all(r["hlo_chars"] > 0 for r in dry["lowered"])
+    full = {(r["policy"], r["new_tokens"]): r for r in dry["full_size_rows"]}
+    assert full[("snapkv", 8192)]["kv_capacity"] == 512 + 128
+    assert full[("none", 8192)]["kv_bytes"] > 10 * full[("snapkv", 8192)]["kv_bytes"]
+    # 64 sequences x 28 layers x (K and V) x 2 heads x 640 slots x 128 dims x 2 bytes (bf16)
+    assert full[("snapkv", 8192)]["kv_bytes"] == 64 * 28 * 2 * 2 * 640 * 128 * 2
