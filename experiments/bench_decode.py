@@ -12,8 +12,9 @@ the acceptance targets are sparse tokens/s >= 2x dense at 8k new tokens on the C
     python experiments/bench_decode.py --lengths 1024 4096 --policies none streaming --batch 4
 
 Every sequence decodes exactly max_new_tokens (no EOS). Compile time is an AOT lower + compile;
-the timed figure is the median over --repeats calls, each with a fresh key. Writes JSON (every
-row, device kind, jax version, exact command line, date) and a markdown table next to it.
+the timed figure is the median over the calls of a row (at least --repeats, and at least
+--min-seconds in all), each with a fresh key. Writes JSON (every row, device kind, jax version,
+exact command line, date) and a markdown table next to it.
 Not a test.
 """
 
@@ -95,7 +96,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--buffer", type=int, help="kv.buffer of new entries between compressions")
     p.add_argument("--window", type=int, help="kv.window w")
     p.add_argument("--n-layers", type=int, help="override the profile's layer count")
-    p.add_argument("--repeats", type=int, default=1, help="timed calls per row (median reported)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="least timed calls per row (the median is reported)")
+    p.add_argument("--min-seconds", type=float, default=8.0,
+                   help="keep calling a row until its timed calls add up to this many seconds "
+                        "(steadies the short rows against background load)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attn-impl", default="auto", choices=kernels.IMPLS)
     p.add_argument("--dry-run", action="store_true",
@@ -149,8 +154,9 @@ def make_inputs(prof: Profile, key: jax.Array) -> tuple[Int[Array, "B P"], Int[A
 
 
 def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, lengths_B,
-              *, repeats: int, seed: int, attn_impl: str) -> dict:
-    """Compile (timed apart), then time `repeats` full rollouts with fresh keys."""
+              *, repeats: int, min_seconds: float, seed: int, attn_impl: str) -> dict:
+    """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
+    and at least `min_seconds` in all; the median call is reported."""
     kv_cfg = kv_config(policy, prof)
     cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_cfg, eos_token_ids=(),
                         attn_impl=attn_impl)
@@ -163,8 +169,8 @@ def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, 
     )
     compile_s = time.perf_counter() - t0
     seconds = []
-    for r in range(repeats):
-        key = jax.random.fold_in(jax.random.key(seed), r + 1)
+    while len(seconds) < max(repeats, 1) or sum(seconds) < min_seconds:
+        key = jax.random.fold_in(jax.random.key(seed), len(seconds) + 1)
         t0 = time.perf_counter()
         rollout = jax.block_until_ready(compiled(params, prompts_BxP, lengths_B, key))
         seconds.append(time.perf_counter() - t0)
@@ -290,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
         "model": dataclasses.asdict(prof.model),
         "setting": dict(batch=prof.batch, prompt_len=prof.prompt_len, lengths=list(prof.lengths),
                         budget=prof.budget, buffer=prof.buffer, window=prof.window,
-                        repeats=args.repeats, attn_impl=args.attn_impl),
+                        repeats=args.repeats, min_seconds=args.min_seconds,
+                        attn_impl=args.attn_impl),
     }
     if args.dry_run:
         report["dry_run"] = dry_run(prof, args.policies, args.seed, args.attn_impl)
@@ -307,7 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
         for policy in args.policies:
             try:
                 row = bench_row(params, prof, policy, new_tokens, prompts_BxP, lengths_B,
-                                repeats=args.repeats, seed=args.seed, attn_impl=args.attn_impl)
+                                repeats=args.repeats, min_seconds=args.min_seconds,
+                                seed=args.seed, attn_impl=args.attn_impl)
                 print(f"{policy:>9} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
                       f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
                       flush=True)
@@ -350,21 +358,23 @@ def markdown(report: dict) -> str:
         f"N={m['n_heads']} K={m['n_kv_heads']} H={m['head_dim']} F={m['d_ff']} {m['dtype']}; "
         f"batch {s['batch']}, prompt {s['prompt_len']} tokens, sparse budget {s['budget']} + "
         f"buffer {s['buffer']} (window {s['window']}); no EOS (every row decodes all new tokens); "
-        f"median of {s['repeats']} timed call(s) after an AOT compile; ms/step = wall time / new "
+        f"median of >= {s['repeats']} timed call(s) and >= {s['min_seconds']:g} s per row after "
+        f"an AOT compile (calls per row in the JSON); ms/step = wall time / new "
         f"tokens (prefill and compressions included). Run time {report['total_s']:.0f} s.",
         "",
-        "| policy | new tokens | batch | tokens/s | ms/step | compile s | KV slots C | KV MiB | "
-        "speedup vs dense |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| policy | new tokens | batch | tokens/s | ms/step | compile s | calls | KV slots C | "
+        "KV MiB | speedup vs dense |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         if "error" in r:
             lines.append(f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
-                         f"error: {r['error'][:100]} | | | | | |")
+                         f"error: {r['error'][:100]} | | | | | | |")
             continue
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | {r['tokens_per_s']:.1f} | "
-            f"{r['step_ms']:.3f} | {r['compile_s']:.1f} | {r['kv_capacity']} | "
+            f"{r['step_ms']:.3f} | {r['compile_s']:.1f} | {len(r['wall_s_all'])} | "
+            f"{r['kv_capacity']} | "
             f"{r['kv_bytes'] / 2**20:.1f} | {_fmt(r['speedup_vs_dense'], '.2f')} |"
         )
     lo, hi = acc["flatness_lengths"]

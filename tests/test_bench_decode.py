@@ -28,7 +28,7 @@ def test_cpu_main_writes_rows(bench, tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
             "--lengths", "24", "--budget", "8", "--buffer", "8", "--window", "2",
-            "--policies", "none", "streaming", "--out", str(out)]
+            "--policies", "none", "streaming", "--min-seconds", "0", "--out", str(out)]
     report = bench.main(argv)
     saved = json.loads(out.read_text())
     assert saved["command"] == " ".join(argv) and saved["profile"] == "cpu"
@@ -40,7 +40,7 @@ def test_cpu_main_writes_rows(bench, tmp_path):
     for r in rows:
         for name in ("tokens_per_s", "step_ms", "compile_s", "wall_s", "speedup_vs_dense"):
             assert math.isfinite(r[name]) and r[name] > 0, (name, r)
-        assert r["batch"] == 2
+        assert r["batch"] == 2 and r["wall_s_all"] and len(r["wall_s_all"]) >= 1
         assert r["tokens_per_s"] == pytest.approx(2 * 24 / r["wall_s"])
         assert r["step_ms"] == pytest.approx(r["wall_s"] / 24 * 1e3)
         # KV bytes = the physical cache the sampler allocates at this capacity
@@ -63,8 +63,9 @@ def test_cpu_main_writes_rows(bench, tmp_path):
 
 def _row(policy, new_tokens, step_ms, batch=4):
     wall_s = step_ms * new_tokens / 1e3
-    return dict(policy=policy, new_tokens=new_tokens, batch=batch, tokens_per_s=batch / step_ms * 1e3,
-                step_ms=step_ms, wall_s=wall_s, compile_s=1.0, kv_capacity=1, kv_bytes=1)
+    return dict(policy=policy, new_tokens=new_tokens, batch=batch,
+                tokens_per_s=batch / step_ms * 1e3, step_ms=step_ms, wall_s=wall_s,
+                wall_s_all=[wall_s], compile_s=1.0, kv_capacity=1, kv_bytes=1)
 
 
 def test_speedups_and_acceptance(bench):
@@ -99,3 +100,20 @@ def test_gpu_profile_dry_run_lowers(bench):
     assert full[("none", 8192)]["kv_bytes"] > 10 * full[("snapkv", 8192)]["kv_bytes"]
     # 64 sequences x 28 layers x (K and V) x 2 heads x 640 slots x 128 dims x 2 bytes (bf16)
     assert full[("snapkv", 8192)]["kv_bytes"] == 64 * 28 * 2 * 2 * 640 * 128 * 2
+
+
+def test_markdown_keeps_error_rows_out_of_the_figures(bench):
+    prof = bench.PROFILES["cpu"]
+    rows = [_row("none", 8192, 9.0), _row("snapkv", 8192, 1.5),
+            dict(policy="rkv", new_tokens=8192, batch=4, error="XlaRuntimeError: out of memory")]
+    bench.add_speedups(rows)
+    assert "speedup_vs_dense" not in rows[2]
+    report = dict(profile="cpu", platform="cpu", device_kind="cpu", jax_version="x", date="d",
+                  command="c", total_s=1.0, model=bench.dataclasses.asdict(prof.model),
+                  setting=dict(batch=4, prompt_len=64, budget=256, buffer=64, window=8,
+                               repeats=1, min_seconds=0.0, attn_impl="auto"),
+                  results=rows, acceptance=bench.acceptance(rows, prof))
+    assert report["acceptance"]["speedup_at_target"] == pytest.approx({"snapkv": 6.0})
+    md = bench.markdown(report)
+    assert "| rkv | 8192 | 4 | error: XlaRuntimeError: out of memory |" in md
+    assert "snapkv 6.00x" in md and "PASS" in md
