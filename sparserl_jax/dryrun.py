@@ -1,0 +1,445 @@
+"""Dry run: per-device memory of a training run, planned from shapes alone (nothing allocated).
+
+  python -m sparserl_jax.dryrun --config experiments/configs/real/qwen2.5-7b.yaml \
+      --config experiments/configs/real/mesh/8gpu.yaml \
+      --arch experiments/configs/real/arch/qwen2.5-7b.json --device-memory-gib 80
+
+Exact from jax.eval_shape (bytes follow from shapes, dtypes and PartitionSpecs): the parameters
+(sharding.PARTITION_RULES on their paths), the optimizer state as rl.optim.make_optimizer builds
+it (each moment laid out like its parameter), the rollout KV cache (kvcache.cache_for at the
+sampler's capacity, sharding.cache_specs) and its dense counterpart. Estimated, by the formulas
+below: activations and the other transient buffers of each phase. Per device, a dim split over
+mesh axes is divided by their product; what the rules leave unsplit is counted whole.
+
+Shapes: b rows per device, T tokens (P prompt, M new), D model dim, N/K query/KV heads, H head
+dim, F MLP dim, V vocabulary, L layers, C cache slots, w window; Nt, Kt, Ft, Vt: N, K, F, V divided
+by mesh.tensor where it divides them; a bytes per activation (model dtype), f32 = 4.
+
+  hidden(b, T)   = b T D a                               one [b, T, D] activation
+  layer(b, T)    = b T a (4 D + 2 Nt H + 2 Kt H + 3 Ft)  one block's live tensors (x, normed x,
+                 + 2 b Nt T^2 f32                          residual, q, k, v, o, gate, up, act) and
+                                                           the XLA attention's float32 logits and
+                                                           probabilities (jax.nn.dot_product_attention
+                                                           with no implementation = XLA: it holds
+                                                           [b, N, T, T]; a flash kernel would not)
+  update, remat  = L hidden + 2 layer + head             block inputs saved by jax.checkpoint, one
+                                                           block recomputed with its gradients
+  update, no remat = L layer + layer + head              every block's residuals saved
+  head(b, T)     = 2 hidden + 3 c Vt f32, c = min(chunk_tokens, b T)
+                                                           h and dh, one chunk's logits,
+                                                           probabilities and their gradient
+  score          = layer + hidden + 2 c Vt f32           teacher-forced forward (pi_old, pi_ref)
+  prefill        = layer(b, P) + 2 L b P Kt H a           + the prompt keys/values of every layer
+                                                           (upper bound: XLA may write them sooner)
+  decode         = 3 b V f32 + 2 b Nt C f32               next-token logits carry, processed
+                                                           logits, log-softmax; one layer's scores
+  compress       = R-KV: 2 b Kt C^2 f32; others: 2 b Nt w C f32; + 2 b Kt C H a
+                                                           one layer's scores and compacted K/V
+  fsdp gathers   = 2 (one layer's weights) / t + V D a / t  (when mesh.fsdp > 1)
+
+Phases (the trainer runs them one after another): rollout (cache + max(prefill, decode + compress)
++ outputs), score, update (gradients: a float32 accumulator and one micro-batch's gradient; the
+update step is not donated, so new params and optimizer state coexist with the old). Peak =
+persistent (params, reference params, optimizer state) + the largest phase. The run fits when
+peak <= (1 - margin) x device memory; on GPU also set XLA_PYTHON_CLIENT_MEM_FRACTION (JAX
+preallocates 75% by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+import shlex
+import sys
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.config import TrainConfig, load_config
+from sparserl_jax.model import sharding
+from sparserl_jax.model.config import ModelConfig, param_count
+from sparserl_jax.model.hf_config import config_from_hf
+from sparserl_jax.rl.optim import make_optimizer
+from sparserl_jax.rollout.sampler import cache_capacity
+
+GIB = 1024**3
+PHASES = ("persistent", "rollout", "score", "update")
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One memory component: bytes per device, the phase it lives in, and how it was obtained."""
+
+    name: str
+    phase: str
+    bytes: int
+    how: str
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def model_config(cfg: TrainConfig, arch: str | None = None) -> tuple[ModelConfig, str]:
+    """The architecture in model.dtype: from `arch` (an HF config.json or a directory holding
+    one), else model.checkpoint's config.json, else model.arch (random-init runs)."""
+    path = arch
+    if path is None and cfg.model.checkpoint:
+        path = cfg.model.checkpoint
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(
+                f"model.checkpoint={path!r} has no config.json (not downloaded here?): pass "
+                "--arch FILE, e.g. experiments/configs/real/arch/qwen2.5-7b.json"
+            )
+    if path is None:
+        return dataclasses.replace(cfg.model.arch, dtype=cfg.model.dtype), "model.arch"
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"--arch {path}: no such file (expected an HF config.json)")
+    with open(file) as f:
+        hf = json.load(f)
+    return config_from_hf(hf, dtype=cfg.model.dtype), file
+
+
+def axis_sizes(cfg: TrainConfig, devices: int | None = None) -> dict[str, int]:
+    """{"data", "fsdp", "tensor"} sizes; `devices` is needed only when a mesh axis is -1."""
+    sizes = dataclasses.asdict(cfg.mesh)
+    if devices is None:
+        if -1 in sizes.values():
+            rest = next(k for k, v in sizes.items() if v == -1)
+            raise ValueError(
+                f"mesh.{rest}=-1 takes the rest of the devices: pass --devices N or use a mesh "
+                "overlay with fixed sizes (experiments/configs/real/mesh/*.yaml)"
+            )
+        devices = math.prod(sizes.values())
+    return dict(zip(sharding.AXES, cfg.mesh.resolve(devices)))
+
+
+# ----------------------------------------------------------------------------- exact: eval_shape
+
+
+def spec_for_path(name: str, shape: Sequence[int], sizes: dict[str, int]) -> P:
+    """The parameter rule for `name` or for its longest suffix that is a parameter path (so an
+    optimizer moment 'mu/layers/3/q' is laid out like 'layers/3/q'); scalars are replicated."""
+    parts = name.split("/")
+    for i in range(len(parts)):
+        sub = "/".join(parts[i:])
+        for pattern, spec in sharding.PARTITION_RULES:
+            if re.search(pattern, sub) and len(spec) <= len(shape):
+                return sharding.fit_spec(spec, shape, sizes, what=f"param {sub!r}")
+    if len(shape) == 0:
+        return P()
+    raise ValueError(f"no partition rule matches {name!r}; add one to sharding.PARTITION_RULES")
+
+
+def device_bytes(shape: Sequence[int], dtype, spec: P, sizes: dict[str, int]) -> int:
+    """Bytes of one shard: each dim divided by the product of the mesh axes it is split over."""
+    n = 1
+    for i, size in enumerate(shape):
+        entry = spec[i] if i < len(spec) else None
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n *= -(-size // math.prod(sizes[a] for a in names))
+    return n * jnp.dtype(dtype).itemsize
+
+
+def tree_bytes(tree: Any, sizes: dict[str, int], *, dtype=None) -> int:
+    """Per-device bytes of a params-like pytree (params, optimizer state, gradients)."""
+    total = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        spec = spec_for_path(sharding.path_str(path), leaf.shape, sizes)
+        total += device_bytes(leaf.shape, dtype or leaf.dtype, spec, sizes)
+    return total
+
+
+def cache_bytes(cache: kv.KVCache, sizes: dict[str, int]) -> int:
+    """Per-device bytes of a KVCache (or its eval_shape) under sharding.cache_specs."""
+    specs = sharding.cache_specs(cache, sizes)
+    leaves = jax.tree_util.tree_leaves(cache)
+    spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    return sum(device_bytes(x.shape, x.dtype, s, sizes) for x, s in zip(leaves, spec_leaves))
+
+
+def abstract_cache(kv_cfg: kv.KVConfig, m: ModelConfig, batch: int, prompt_len: int, max_new: int):
+    """eval_shape of the cache the sampler decodes with (rollout.sampler.generate)."""
+    capacity = cache_capacity(kv_cfg, prompt_len, max_new)
+    make = functools.partial(
+        kv.cache_for, kv_cfg, m, batch, prompt_len, capacity=max(capacity, prompt_len)
+    )
+    return jax.eval_shape(make), capacity
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def per_device_rows(rows: int, setting: str, sizes: dict[str, int]) -> int:
+    dp = sizes["data"] * sizes["fsdp"]
+    if rows % dp:
+        raise ValueError(
+            f"{setting}={rows} is not a multiple of mesh data x fsdp = {dp}: every device needs "
+            "the same whole number of rows; pick a multiple"
+        )
+    return rows // dp
+
+
+def check_config(cfg: TrainConfig, m: ModelConfig, prompt_len: int) -> None:
+    """The settings the trainer would refuse, named (before any estimate)."""
+    from sparserl_jax import components  # the trainer's own length checks
+
+    components.check_lengths(cfg, m)
+    rows = cfg.rollout.prompts * cfg.rollout.samples
+    if rows % cfg.rl.update.minibatch_size:
+        raise ValueError(
+            f"rollout.prompts x rollout.samples = {rows} must be a multiple of "
+            f"rl.update.minibatch_size={cfg.rl.update.minibatch_size}"
+        )
+    if not 1 <= prompt_len <= cfg.data.max_prompt_len:
+        raise ValueError(
+            f"--prompt-len={prompt_len} must be in [1, data.max_prompt_len={cfg.data.max_prompt_len}]"
+        )
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+
+def estimate(
+    cfg: TrainConfig, m: ModelConfig, sizes: dict[str, int], *, prompt_len: int | None = None
+) -> tuple[list[Item], dict]:
+    """Per-device memory items of one training iteration, and facts used (shapes, capacities)."""
+    P_len = prompt_len or cfg.data.max_prompt_len
+    check_config(cfg, m, P_len)
+    r, u = cfg.rollout, cfg.rl.update
+    t, fsdp = sizes["tensor"], sizes["fsdp"]
+    split = lambda n: n // t if n % t == 0 else n  # a dim the tensor axis splits when it divides it
+    D, L, H = m.d_model, m.n_layers, m.head_dim
+    Nt, Kt, Ft, V, Vt = split(m.n_heads), split(m.n_kv_heads), split(m.d_ff), m.vocab_size, split(m.vocab_size)
+    a, f32 = jnp.dtype(m.dtype).itemsize, 4
+    M = -(-r.max_new_tokens // cfg.kv.buffer) * cfg.kv.buffer  # decoded in whole chunks
+    T = P_len + r.max_new_tokens  # width of the update batch (rl.batch.assemble)
+
+    rows = r.prompts * r.samples
+    b_roll = per_device_rows(rows, "rollout.prompts x rollout.samples", sizes)
+    b_micro = per_device_rows(u.micro_batch_size, "rl.update.micro_batch_size", sizes)
+    b_score = per_device_rows(min(u.score_batch_size, rows), "rl.update.score_batch_size", sizes)
+
+    params = sharding.abstract_params(m)
+    opt_state = jax.eval_shape(make_optimizer(cfg.rl.optim).init, params)
+    p_bytes = tree_bytes(params, sizes)
+    o_bytes = tree_bytes(opt_state, sizes)
+    sparse_cache, C = abstract_cache(cfg.kv, m, rows, P_len, r.max_new_tokens)
+    dense_kv = dataclasses.replace(cfg.kv, policy="none")
+    dense_cache, C_dense = abstract_cache(dense_kv, m, rows, P_len, r.max_new_tokens)
+
+    hidden = lambda b, T_: b * T_ * D * a
+    attn = lambda b, T_: 2 * b * Nt * T_ * T_ * f32
+    layer = lambda b, T_: b * T_ * a * (4 * D + 2 * Nt * H + 2 * Kt * H + 3 * Ft) + attn(b, T_)
+    chunk = lambda b, T_: min(u.chunk_tokens, b * T_)
+    head = 2 * hidden(b_micro, T) + 3 * chunk(b_micro, T) * Vt * f32
+    acts_no_remat = (L + 1) * layer(b_micro, T) + head
+    if u.remat:
+        acts = L * hidden(b_micro, T) + 2 * layer(b_micro, T) + head
+        acts_how = "L hidden + 2 layer + head (remat)"
+    else:
+        acts, acts_how = acts_no_remat, "(L + 1) layer + head (no remat)"
+    if cfg.kv.policy == "rkv":
+        scores, scores_how = 2 * b_roll * Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
+    else:
+        scores, scores_how = 2 * b_roll * Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
+    compress = 0 if cfg.kv.is_dense else scores + 2 * b_roll * Kt * C * H * a
+    gathers = 0
+    if fsdp > 1:
+        one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(params["layers"][0]))
+        gathers = (2 * one_layer + V * D) * a // t
+    batch_bytes = b_roll * T * (4 + 1 + 3 * f32) + b_roll * f32  # tokens, mask, 3 log-probs, adv.
+
+    items = [
+        Item("params (theta)", "persistent", p_bytes, f"{m.dtype}, PARTITION_RULES"),
+        Item("reference params (pi_ref)", "persistent", p_bytes, "a second copy after step 1"),
+        Item("optimizer state", "persistent", o_bytes, "make_optimizer(rl.optim).init, like params"),
+        Item("KV cache (rollout)", "rollout", cache_bytes(sparse_cache, sizes),
+             f"{rows} rows x C={C} slots ({cfg.kv.policy}), cache_specs"),
+        Item("prefill activations", "rollout",
+             layer(b_roll, P_len) + 2 * L * b_roll * P_len * Kt * H * a,
+             f"layer(b={b_roll}, P={P_len}) + prompt K/V of every layer"),
+        Item("decode step + compression", "rollout",
+             3 * b_roll * V * f32 + 2 * b_roll * Nt * C * f32 + compress,
+             f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}"),
+        Item("rollout outputs", "rollout", b_roll * (M * 13 + P_len * 4),
+             f"tokens, log-probs, mask, kept [b, {M}]"),
+        Item("update batch", "score+update", batch_bytes, f"[b={b_roll}, T={T}] tokens, mask, log-probs"),
+        Item("score activations", "score",
+             layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
+             f"layer + hidden + head, b={b_score}"),
+        Item("gradients (f32 accumulator + micro-batch)", "update",
+             tree_bytes(params, sizes, dtype=jnp.float32) + p_bytes, "f32 sum + param dtype"),
+        Item("update outputs (not donated)", "update", p_bytes + o_bytes, "new params + opt state"),
+        Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
+        Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
+    ]
+    facts = dict(
+        prompt_len=P_len, max_new_tokens=r.max_new_tokens, update_width=T,
+        rollout_rows=rows, rows_per_device=dict(rollout=b_roll, micro_batch=b_micro, score=b_score),
+        cache_capacity=C, dense_capacity=C_dense,
+        dense_cache_bytes=cache_bytes(dense_cache, sizes),
+        sparse_cache_bytes=items[3].bytes,
+        update_activations_no_remat=acts_no_remat,
+    )
+    return items, facts
+
+
+def phase_totals(items: Sequence[Item]) -> dict[str, int]:
+    """Bytes per phase: "persistent" alone; every other phase includes the items shared with it."""
+    totals = {}
+    for phase in PHASES:
+        totals[phase] = sum(
+            i.bytes for i in items
+            if i.phase == phase or (phase != "persistent" and (i.phase == "all" or phase in i.phase.split("+")))
+        )
+    return totals
+
+
+def peak(totals: dict[str, int]) -> tuple[int, str]:
+    phase = max(PHASES[1:], key=lambda p: totals[p])
+    return totals["persistent"] + totals[phase], phase
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def dry_run(
+    cfg: TrainConfig,
+    *,
+    arch: str | None = None,
+    devices: int | None = None,
+    device_memory_gib: float = 80.0,
+    margin: float = 0.1,
+    prompt_len: int | None = None,
+) -> dict:
+    """The report as a JSON-able dict (see `to_markdown`)."""
+    if device_memory_gib <= 0:
+        raise ValueError(f"--device-memory-gib={device_memory_gib} must be > 0")
+    if not 0 <= margin < 1:
+        raise ValueError(f"--margin={margin} must be in [0, 1)")
+    m, source = model_config(cfg, arch)
+    sizes = axis_sizes(cfg, devices)
+    items, facts = estimate(cfg, m, sizes, prompt_len=prompt_len)
+    totals = phase_totals(items)
+    total, phase = peak(totals)
+    dense_items = [
+        dataclasses.replace(i, bytes=facts["dense_cache_bytes"]) if i.name == "KV cache (rollout)"
+        else i for i in items
+    ]
+    dense_totals = phase_totals(dense_items)
+    dense_total, dense_phase = peak(dense_totals)
+    budget = int((1 - margin) * device_memory_gib * GIB)
+    return {
+        "model": {"source": source, "family": m.family, "dtype": m.dtype, "params": param_count(m),
+                  "d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads,
+                  "n_kv_heads": m.n_kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab_size},
+        "mesh": sizes,
+        "devices": math.prod(sizes.values()),
+        "kv": {"policy": cfg.kv.policy, "budget": cfg.kv.budget, "buffer": cfg.kv.buffer},
+        "shapes": facts,
+        "items": [dataclasses.asdict(i) for i in items],
+        "phase_bytes": totals,
+        "peak_bytes": total,
+        "peak_phase": phase,
+        "device_memory_gib": device_memory_gib,
+        "margin": margin,
+        "budget_bytes": budget,
+        "fits": total <= budget,
+        "dense_rollouts": {"peak_bytes": dense_total, "peak_phase": dense_phase,
+                           "rollout_phase_bytes": dense_totals["rollout"],
+                           "fits": dense_total <= budget},
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def to_markdown(rep: dict, command: str | None = None) -> str:
+    m, s = rep["model"], rep["shapes"]
+    mesh = " x ".join(f"{k}={v}" for k, v in rep["mesh"].items())
+    verdict = "fits" if rep["fits"] else "does not fit"
+    lines = [
+        f"# Dry run: {os.path.basename(m['source'])}, {rep['devices']} device(s), "
+        f"{rep['device_memory_gib']:g} GiB each",
+        "",
+    ]
+    if command:
+        lines += ["```", command, "```", ""]
+    lines += [
+        f"- model: {m['family']}, {m['params'] / 1e9:.2f}B params, {m['dtype']}; mesh {mesh}",
+        f"- rollout: {s['rollout_rows']} rows, prompt {s['prompt_len']} + {s['max_new_tokens']} new "
+        f"tokens; KV cache {rep['kv']['policy']} C={s['cache_capacity']} slots vs dense "
+        f"C={s['dense_capacity']} ({_gib(s['sparse_cache_bytes'])} vs {_gib(s['dense_cache_bytes'])} "
+        "GiB per device)",
+        f"- rows per device: {s['rows_per_device']}; update width T={s['update_width']}",
+        "",
+        "| component | phase | GiB / device | how |",
+        "|---|---|---:|---|",
+    ]
+    lines += [f"| {i['name']} | {i['phase']} | {_gib(i['bytes'])} | {i['how']} |" for i in rep["items"]]
+    lines += ["", "| phase | GiB / device (persistent + phase) |", "|---|---:|"]
+    pb = rep["phase_bytes"]
+    lines += [f"| persistent | {_gib(pb['persistent'])} |"]
+    lines += [f"| {p} | {_gib(pb['persistent'] + pb[p])} |" for p in PHASES[1:]]
+    d = rep["dense_rollouts"]
+    lines += [
+        "",
+        f"**Peak {_gib(rep['peak_bytes'])} GiB per device ({rep['peak_phase']} phase): {verdict}** "
+        f"in {rep['device_memory_gib']:g} GiB with a {rep['margin']:.0%} margin "
+        f"(budget {_gib(rep['budget_bytes'])} GiB).",
+        f"With dense rollouts: peak {_gib(d['peak_bytes'])} GiB ({d['peak_phase']} phase), "
+        f"{'fits' if d['fits'] else 'does not fit'}.",
+        "",
+        "Exact from eval_shape: params, optimizer state, KV caches. Estimated: the rest "
+        "(formulas in sparserl_jax/dryrun.py). The remat figure assumes XLA recomputes one block "
+        "at a time; XLA:CPU's schedule does not realise that saving (tests/test_dryrun.py), and "
+        f"without it the update activations would be {_gib(s['update_activations_no_remat'])} GiB.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m sparserl_jax.dryrun", description=__doc__.split("\n")[0])
+    p.add_argument("--config", action="append", default=[], help="YAML file(s), merged in order")
+    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. kv.budget=256")
+    p.add_argument("--arch", help="HF config.json (or a directory with one) when model.checkpoint is absent")
+    p.add_argument("--devices", type=int, help="device count (only when a mesh axis is -1)")
+    p.add_argument("--device-memory-gib", type=float, default=80.0)
+    p.add_argument("--margin", type=float, default=0.1, help="fraction of device memory kept free")
+    p.add_argument("--prompt-len", type=int, help="padded prompt width (default data.max_prompt_len)")
+    p.add_argument("--out-json")
+    p.add_argument("--out-md")
+    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = "python -m sparserl_jax.dryrun " + shlex.join(argv)
+    rep = dry_run(
+        load_config(args.config, args.overrides), arch=args.arch, devices=args.devices,
+        device_memory_gib=args.device_memory_gib, margin=args.margin, prompt_len=args.prompt_len,
+    )
+    rep["command"] = command
+    md = to_markdown(rep, command)
+    for path, text in ((args.out_json, json.dumps(rep, indent=1) + "\n"), (args.out_md, md)):
+        if path:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+    print(md, end="")
+    return rep
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,212 @@
+"""The real-scale configs and the dry-run memory report (shapes only, nothing allocated)."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from sparserl_jax import dryrun
+from sparserl_jax.config import load_config
+from sparserl_jax.model import sharding, transformer
+from sparserl_jax.model.config import ModelConfig, param_count
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL = os.path.join(ROOT, "experiments", "configs", "real")
+PUBLISHED = {  # parameters, as the model cards state them
+    "qwen2.5-1.5b": 1.54e9,
+    "qwen2.5-3b": 3.09e9,
+    "qwen2.5-7b": 7.62e9,
+    "llama-3.2-1b-instruct": 1.24e9,
+}
+MESHES = ("1gpu", "8gpu", "tpu_pod")
+
+
+def real(model: str, mesh: str | None = None, *overrides: str):
+    paths = [f"{REAL}/{model}.yaml"] + ([f"{REAL}/mesh/{mesh}.yaml"] if mesh else [])
+    return load_config(paths, overrides)
+
+
+def arch(model: str) -> str:
+    return f"{REAL}/arch/{model}.json"
+
+
+def run(model: str, mesh: str, *overrides: str, **kw) -> dict:
+    return dryrun.dry_run(real(model, mesh, *overrides), arch=arch(model), **kw)
+
+
+def test_every_real_config_loads_with_every_overlay():
+    models = sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{REAL}/*.yaml"))
+    assert models == sorted(PUBLISHED)
+    for model in models:
+        for mesh in MESHES:
+            cfg = load_config(
+                [f"{REAL}/{model}.yaml", f"{REAL}/mesh/{mesh}.yaml", f"{REAL}/policy/snapkv.yaml"]
+            )
+            assert cfg.kv.policy == "snapkv" and cfg.kv.budget == 512 and cfg.kv.buffer == 128
+            assert cfg.rollout.prompts * cfg.rollout.samples == 1024
+            assert cfg.rl.optim.lr == 1e-6 and cfg.rl.loss.beta == 1e-4
+            assert cfg.model.dtype == "bfloat16" and cfg.data.dataset.endswith(".jsonl")
+        assert real(model, "8gpu").mesh == sharding.MeshConfig(data=1, fsdp=8, tensor=1)
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_param_counts_match_published(model):
+    m, _ = dryrun.model_config(real(model), arch(model))
+    n = param_count(m)
+    assert abs(n - PUBLISHED[model]) / PUBLISHED[model] < 0.01, (model, n)
+    shapes = sharding.abstract_params(m)  # the closed form agrees with the model's own init
+    assert sum(x.size for x in jax.tree.leaves(shapes)) == n
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(shapes))
+
+
+def test_llama_arch_has_llama3_rope_and_head_dim():
+    m, _ = dryrun.model_config(real("llama-3.2-1b-instruct"), arch("llama-3.2-1b-instruct"))
+    assert (m.head_dim, m.rope_theta, m.tie_embeddings) == (64, 500000.0, True)
+    assert m.rope_scaling.factor == 32.0 and m.rope_scaling.original_max_position_embeddings == 8192
+
+
+def item(rep: dict, name: str) -> int:
+    return next(i["bytes"] for i in rep["items"] if i["name"] == name)
+
+
+def test_fsdp_divides_params_and_optimizer_state():
+    one, eight = run("qwen2.5-7b", "1gpu"), run("qwen2.5-7b", "8gpu")
+    p1, p8 = item(one, "params (theta)"), item(eight, "params (theta)")
+    assert p1 == param_count(dryrun.model_config(real("qwen2.5-7b"), arch("qwen2.5-7b"))[0]) * 2
+    assert 7.95 < p1 / p8 <= 8.0  # norms (replicated) are the only unsplit leaves
+    o1, o8 = item(one, "optimizer state"), item(eight, "optimizer state")
+    assert abs(o1 - 2 * p1) < 1024 and abs(o8 - 2 * p8) < 1024  # Adam's mu and nu, like params
+    # the rollout batch splits 8 ways too: the KV cache per device shrinks 8x
+    assert item(one, "KV cache (rollout)") == 8 * item(eight, "KV cache (rollout)")
+
+
+def test_tensor_axis_splits_heads_and_mlp():
+    base = run("qwen2.5-7b", "8gpu")
+    tp = run("qwen2.5-7b", "8gpu", "mesh.fsdp=4", "mesh.tensor=2", "rl.update.micro_batch_size=8")
+    assert item(tp, "params (theta)") == pytest.approx(item(base, "params (theta)"), rel=0.01)
+    assert tp["shapes"]["rows_per_device"]["micro_batch"] == 2 == base["shapes"]["rows_per_device"]["micro_batch"]
+    # same rows per device: heads, MLP and vocabulary split 2 ways, [b, T, D] not
+    assert 0.5 < item(tp, "update activations") / item(base, "update activations") < 0.8
+
+
+def test_sparse_cache_is_much_smaller_than_dense():
+    rep = run("qwen2.5-1.5b", "8gpu")
+    s = rep["shapes"]
+    assert (s["cache_capacity"], s["dense_capacity"]) == (1024 + 128, 1024 + 4096)
+    assert s["sparse_cache_bytes"] * 4 < s["dense_cache_bytes"]
+    assert rep["dense_rollouts"]["peak_bytes"] > rep["peak_bytes"]
+    short = run("qwen2.5-1.5b", "8gpu", prompt_len=256)  # budget 512 + buffer 128 vs 256 + 4096
+    assert short["shapes"]["cache_capacity"] == 640
+    assert short["shapes"]["sparse_cache_bytes"] * 6 < short["shapes"]["dense_cache_bytes"]
+
+
+def test_cache_bytes_match_the_formula():
+    rep = run("qwen2.5-1.5b", "1gpu", "kv.policy=streaming")  # no policy state besides pos
+    m = rep["model"]
+    C = rep["shapes"]["cache_capacity"]
+    kv_bytes = 1024 * C * 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 2
+    pos_bytes = 1024 * C * m["n_layers"] * m["n_kv_heads"] * 4
+    assert item(rep, "KV cache (rollout)") == kv_bytes + pos_bytes + 2 * 1024 * 4
+
+
+def test_small_device_memory_does_not_fit_and_large_does():
+    small = run("qwen2.5-1.5b", "8gpu", device_memory_gib=8)
+    assert not small["fits"] and small["peak_bytes"] > small["budget_bytes"]
+    assert "does not fit" in dryrun.to_markdown(small)
+    big = run("qwen2.5-1.5b", "8gpu", device_memory_gib=1000)
+    assert big["fits"] and "**Peak" in dryrun.to_markdown(big) and "does not fit**" not in dryrun.to_markdown(big)
+    assert big["peak_bytes"] == small["peak_bytes"]
+
+
+def test_peak_is_persistent_plus_largest_phase():
+    rep = run("qwen2.5-3b", "8gpu")
+    pb = rep["phase_bytes"]
+    assert rep["peak_bytes"] == pb["persistent"] + max(pb["rollout"], pb["score"], pb["update"])
+    persistent = sum(i["bytes"] for i in rep["items"] if i["phase"] == "persistent")
+    assert pb["persistent"] == persistent
+
+
+def test_bad_settings_error_clearly(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*not supported"):
+        dryrun.dry_run(real("qwen2.5-1.5b", "1gpu"), arch=str(bad))
+    with pytest.raises(FileNotFoundError, match="--arch"):  # checkpoint absent on this machine
+        dryrun.dry_run(real("qwen2.5-1.5b", "1gpu"))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        dryrun.dry_run(real("qwen2.5-1.5b", "1gpu"), arch=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="mesh.data=-1"):  # no mesh overlay, no --devices
+        dryrun.dry_run(real("qwen2.5-1.5b"), arch=arch("qwen2.5-1.5b"))
+    with pytest.raises(ValueError, match="rl.update.micro_batch_size=4 is not a multiple of mesh"):
+        run("qwen2.5-1.5b", "8gpu", "rl.update.micro_batch_size=4")
+    with pytest.raises(ValueError, match="max_seq_len"):
+        run("qwen2.5-3b", "8gpu", "rollout.max_new_tokens=40000")
+    with pytest.raises(ValueError, match="device-memory-gib"):
+        run("qwen2.5-1.5b", "8gpu", device_memory_gib=0)
+    with pytest.raises(ValueError, match="mesh.fsdp=3"):
+        dryrun.dry_run(real("qwen2.5-1.5b", "8gpu", "mesh.data=-1", "mesh.fsdp=3"),
+                       arch=arch("qwen2.5-1.5b"), devices=8)
+
+
+def test_cli_writes_markdown_and_json_with_its_command(tmp_path, capsys):
+    argv = ["--config", f"{REAL}/qwen2.5-1.5b.yaml", "--config", f"{REAL}/mesh/8gpu.yaml",
+            "--arch", arch("qwen2.5-1.5b"), "--device-memory-gib", "80",
+            "--out-json", str(tmp_path / "r.json"), "--out-md", str(tmp_path / "r.md")]
+    dryrun.main(argv)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["command"].startswith("python -m sparserl_jax.dryrun --config")
+    assert rep["devices"] == 8 and rep["fits"] is True
+    md = (tmp_path / "r.md").read_text()
+    assert rep["command"] in md and "| KV cache (rollout) |" in md
+    assert "fits" in capsys.readouterr().out
+
+
+def test_committed_reports_match_the_code():
+    """experiments/results/dryrun/*.json were produced by this code (re-run dryrun_all.py if not)."""
+    paths = sorted(glob.glob(os.path.join(ROOT, "experiments/results/dryrun/*.json")))
+    assert len(paths) == 12
+    for path in paths[:3]:
+        with open(path) as f:
+            old = json.load(f)
+        model, mesh = os.path.basename(path)[:-5].rsplit("_", 1) if "tpu_pod" not in path else (
+            os.path.basename(path)[: -len("_tpu_pod.json")], "tpu_pod")
+        new = run(model, mesh, device_memory_gib=old["device_memory_gib"])
+        assert new["peak_bytes"] == old["peak_bytes"] and new["fits"] == old["fits"]
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_activation_estimate_against_compiled_memory(remat):
+    """Cross-check the update-activation formula with XLA:CPU's buffer assignment of one
+    micro-batch gradient (a small model, compiled from shapes). Without remat the formula is
+    within 15%. With remat it is a lower bound: XLA:CPU schedules the recomputation without the
+    saving (its temp is the no-remat size), GPU and TPU schedulers recompute per block."""
+    m = ModelConfig.tiny(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
+                         head_dim=32, d_ff=256, max_seq_len=1024)
+    b, T = 2, 256
+
+    def loss(params, tokens):
+        lp, _ = transformer.token_logprobs(params, m, tokens, chunk_tokens=128, remat=remat)
+        return jnp.sum(lp)
+
+    compiled = jax.jit(jax.grad(loss)).lower(
+        sharding.abstract_params(m), jax.ShapeDtypeStruct((b, T), jnp.int32)
+    ).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    cfg = load_config(
+        [os.path.join(ROOT, "experiments/configs/smoke.yaml")],
+        [f"rl.update.micro_batch_size={b}", "rl.update.minibatch_size=16", f"rl.update.remat={remat}",
+         "rl.update.chunk_tokens=128", f"data.max_prompt_len={T - 64}", "rollout.max_new_tokens=64"],
+    )
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch=m))
+    items, facts = dryrun.estimate(cfg, m, {"data": 1, "fsdp": 1, "tensor": 1})
+    est = next(i.bytes for i in items if i.name == "update activations")
+    if not remat:
+        assert abs(est - temp) / temp < 0.15, (est, temp)
+    else:
+        assert est < temp <= 1.15 * facts["update_activations_no_remat"], (est, temp)
