@@ -1,0 +1,268 @@
+"""Shared machinery of the figure scripts (experiments/fig_*.py).
+
+Every figure is a set of training runs from one shared warm start plus evaluations of their final
+weights. A run is identified by its full configuration: `Study.arm(...)` trains it once into
+`<runs_dir>/<config hash>/` and every later call (from any figure script) reuses the finished run,
+so the curves of fig_a, the policy ablation of fig_c and the correction ablation of fig_d share
+their common arms instead of training them again. An interrupted run resumes from its last
+checkpoint (the trainer's exact resume). Evaluations are cached in the run directory too.
+
+Outputs of a figure: `<out>/results.md` (the exact command, the table), `<out>/results.json`
+(every number behind the table and the figure) and `<out>/<name>.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sparserl_jax.config import TrainConfig, dump_config, load_config, to_dict  # noqa: E402
+from sparserl_jax.metrics_log import read_metrics  # noqa: E402
+from sparserl_jax.train import Trainer  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DEFAULT_CONFIG = os.path.join(HERE, "configs", "default.yaml")
+DEFAULT_RUNS = os.path.join(REPO, "runs", "figures")
+
+# A seconds-long version of any experiment (tests and first checks).
+SMOKE_OVERRIDES = (
+    "sft.steps=5", "train.iterations=2", "train.eval_prompts=4", "rollout.prompts=2",
+    "rollout.samples=4", "rl.update.minibatch_size=8", "rl.update.micro_batch_size=8",
+)
+
+# Settings that do not change what a run computes: left out of its identity.
+_NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints")
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def config_key(cfg: TrainConfig) -> str:
+    """A stable hash of everything that decides a run's numbers."""
+    tree = to_dict(cfg)
+    for dotted in _NOT_IDENTITY:
+        section, name = dotted.split(".")
+        tree[section].pop(name, None)
+    blob = json.dumps(tree, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """Serialise work on one run directory between concurrently running figure scripts."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclasses.dataclass
+class Run:
+    """A finished training run: its config, directory and per-iteration metrics."""
+
+    name: str
+    cfg: TrainConfig
+    out_dir: str
+    history: list[dict]
+    _trainer: Trainer | None = None
+
+    def trainer(self, log=print) -> Trainer:
+        """A trainer holding the run's final weights (restored from its last checkpoint)."""
+        if self._trainer is None:
+            self._trainer = Trainer(self.cfg, log=log)
+            self._trainer.start()
+        return self._trainer
+
+    def evaluate(self, kv_overrides: dict | None = None, n: int | None = None, log=print) -> dict:
+        """Accuracy (avg@1) and KV saving of the final weights under the run's KV settings with
+        `kv_overrides` applied (e.g. {"policy": "none"} for dense inference); cached on disk."""
+        n = n or self.cfg.train.eval_prompts
+        kv_cfg = dataclasses.replace(self.cfg.kv, **(kv_overrides or {}))
+        key = json.dumps({"kv": dataclasses.asdict(kv_cfg), "n": n}, sort_keys=True)
+        path = os.path.join(self.out_dir, "evals.json")
+        with _locked(path):
+            cache = json.load(open(path)) if os.path.exists(path) else {}
+            if key not in cache:
+                res = self.trainer(log).evaluate(kv_cfg=kv_cfg, n=n)
+                cache[key] = {k: res[k] for k in ("accuracy", "mean_length", "kv_saving")}
+                with open(path + ".tmp", "w") as f:
+                    json.dump(cache, f, indent=1)
+                os.replace(path + ".tmp", path)
+        return cache[key]
+
+
+class Study:
+    """Runs of one base config (YAML + overrides) that all start from the same warm start."""
+
+    def __init__(self, config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
+                 runs_dir: str = DEFAULT_RUNS, log: Callable = print):
+        self.config = config
+        self.overrides = list(overrides)
+        self.runs_dir = runs_dir
+        self.log = log
+        self.base = load_config([config], self.overrides)
+        self._warm_dir: str | None = None
+
+    def _train(self, name: str, overrides: Sequence[str]) -> Run:
+        cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides])
+        out_dir = os.path.join(self.runs_dir, config_key(cfg))
+        cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides,
+                                                         f"train.out_dir={out_dir}"])
+        done = os.path.join(out_dir, "done.json")
+        with _locked(out_dir):
+            if not os.path.exists(done):
+                t0 = time.perf_counter()
+                self.log(f"[{name}] training in {out_dir}")
+                trainer = Trainer(cfg, log=self.log)
+                trainer.run()
+                with open(done, "w") as f:
+                    json.dump({"name": name, "overrides": list(overrides),
+                               "seconds": time.perf_counter() - t0}, f, indent=1)
+            else:
+                self.log(f"[{name}] reusing {out_dir}")
+        history = read_metrics(out_dir) if cfg.train.iterations else []
+        return Run(name, cfg, out_dir, history)
+
+    def warm_start_dir(self) -> str:
+        """The shared warm start: SFT with seed 0 and no RL iterations (every arm starts here)."""
+        if self._warm_dir is None:
+            run = self._train("warm_start", ["train.iterations=0", "train.seed=0",
+                                             "rl.mode=dense", "kv.policy=none"])
+            self._warm_dir = run.out_dir
+        return self._warm_dir
+
+    def arm(self, name: str, *, mode: str, policy: str, seed: int = 0,
+            extra: Sequence[str] = ()) -> Run:
+        """RL from the warm start with rollouts under `policy` and corrections `mode`."""
+        overrides = [f"model.init_from={self.warm_start_dir()}", "sft.steps=0", f"rl.mode={mode}",
+                     f"kv.policy={policy}", f"train.seed={seed}", *extra]
+        return self._train(name, overrides)
+
+    def warm_start(self, policy: str | None = None) -> Run:
+        """The warm start itself as a zero-iteration run (to evaluate it like any other model)."""
+        policy = policy or self.base.kv.policy
+        return self.arm("warm_start", mode="dense", policy=policy, extra=["train.iterations=0"])
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def last_quarter(history: list[dict], key: str, default: float = 0.0) -> float:
+    tail = history[-max(len(history) // 4, 1):]
+    return float(np.mean([h.get(key, default) for h in tail])) if tail else float("nan")
+
+
+def run_mean(history: list[dict], key: str, default: float = 0.0) -> float:
+    return float(np.mean([h.get(key, default) for h in history])) if history else float("nan")
+
+
+def summarize(run: Run) -> dict:
+    """The training-time numbers every table quotes."""
+    h = run.history
+    return {
+        "train_reward_last25": last_quarter(h, "reward/mean"),
+        "train_kv_saving": run_mean(h, "kv/saving"),
+        "token_reject_rate": last_quarter(h, "sars/token_reject_rate"),
+        "seq_reject_rate": last_quarter(h, "sars/seq_reject_rate"),
+        "mismatch_kl_k3": run_mean(h, "mismatch/kl_k3"),
+        "entropy_last25": last_quarter(h, "loss/entropy", np.nan),
+        "length_last25": last_quarter(h, "response/length_mean"),
+        "skipped_steps": float(sum(h_.get("update/skipped", 0.0) for h_ in h)),
+    }
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    v = np.asarray(list(values), np.float64)
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def fmt(values: Sequence[float], spec: str = ".3f") -> str:
+    """'m' for one seed, 'm ± s' for several."""
+    m, s = mean_std(values)
+    return f"{m:{spec}}" if len(values) == 1 else f"{m:{spec}} ± {s:{spec}}"
+
+
+def aggregate(rows: Sequence[dict]) -> dict:
+    """Per key: the list of values over seeds, their mean and their standard deviation."""
+    out = {}
+    for key in rows[0]:
+        vals = [r[key] for r in rows]
+        m, s = mean_std(vals)
+        out[key] = {"values": vals, "mean": m, "std": s}
+    return out
+
+
+def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Iterations, mean and std over seeds of one metric."""
+    n = min(len(h) for h in histories)
+    ys = np.array([[h[i].get(key, np.nan) for i in range(n)] for h in histories], np.float64)
+    return np.arange(1, n + 1), ys.mean(0), ys.std(0)
+
+
+# ----------------------------------------------------------------------------- command line, outputs
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="the base YAML config")
+    p.add_argument("--out", help="output directory (default experiments/results/<figure>)")
+    p.add_argument("--runs-dir", default=DEFAULT_RUNS, help="cache of training runs, shared by figures")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+    p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
+    return p
+
+
+def study_from_args(args) -> Study:
+    overrides = list(args.overrides) + (list(SMOKE_OVERRIDES) if args.smoke else [])
+    return Study(args.config, overrides, args.runs_dir)
+
+
+def command_line() -> str:
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if sys.argv[0] else "?"
+    return " ".join(["python", script, *sys.argv[1:]])
+
+
+def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figure_name: str,
+                  study: Study | None = None) -> None:
+    """results.md (command + table), results.json (the numbers), <figure_name>.png, config.yaml."""
+    os.makedirs(out_dir, exist_ok=True)
+    command = command_line()
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(f"# {title}\n\nCommand: `{command}`\n\n{markdown}\n\n![{figure_name}]({figure_name}.png)\n")
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"command": command, **data}, f, indent=1, default=float)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{figure_name}.png"), dpi=110)
+    plt.close(fig)
+    if study is not None:
+        dump_config(study.base, os.path.join(out_dir, "config.yaml"))
+    print(markdown)
+
+
+def default_out(name: str) -> str:
+    return os.path.join(HERE, "results", name)
+
+
+def clear(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""Every figure script runs end to end in its smoke mode (seconds-long runs) and writes its PNG,
+markdown table and JSON with the command; the scripts share one run cache, as in real use."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+
+import fig_a_curves  # noqa: E402
+import fig_b_budget  # noqa: E402
+import fig_c_policies  # noqa: E402
+import fig_d_corrections  # noqa: E402
+import fig_e_robustness  # noqa: E402
+import fig_f_throughput  # noqa: E402
+import figlib  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("figures")
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("runs"))
+
+
+def _outputs(out, png):
+    for name in ("results.md", "results.json", f"{png}.png"):
+        assert (out / name).stat().st_size > 0, name
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["command"].startswith("python ")
+    assert "Command: `python " in (out / "results.md").read_text()
+    return saved
+
+
+def _acc_ok(x):
+    return all(0.0 <= v <= 1.0 for v in (x if isinstance(x, list) else [x]))
+
+
+def test_fig_a_curves(runs_dir, tmp_path):
+    data = fig_a_curves.main(["--smoke", "--seeds", "0", "1", "--out", str(tmp_path), "--runs-dir", runs_dir])
+    saved = _outputs(tmp_path, "curves")
+    assert set(saved["per_seed"]) == {"dense", "naive_sparse", "sparse_rl"}
+    for arm, rows in data["per_seed"].items():
+        assert len(rows) == 2 and all(_acc_ok(r["dense_acc"]) and _acc_ok(r["sparse_acc"]) for r in rows)
+        assert (rows[0]["train_kv_saving"] > 0.2) == (arm != "dense")
+    assert all(len(h) == 2 for h in data["histories"]["sparse_rl"])
+    # two seeds really are two runs; the table quotes mean ± std
+    assert data["histories"]["dense"][0] != data["histories"]["dense"][1]
+    assert "±" in (tmp_path / "results.md").read_text()
+
+
+def test_runs_are_cached_and_shared(runs_dir):
+    study = figlib.Study(figlib.DEFAULT_CONFIG, list(figlib.SMOKE_OVERRIDES), runs_dir, log=lambda *_: None)
+    a = study.arm("x", mode="sparse_rl", policy="snapkv", seed=0)
+    b = study.arm("y", mode="sparse_rl", policy="snapkv", seed=0)
+    assert a.out_dir == b.out_dir and a.history == b.history
+    assert study.arm("z", mode="sparse_rl", policy="snapkv", seed=1).out_dir != a.out_dir
+
+
+def test_fig_b_budget(runs_dir, tmp_path):
+    data = fig_b_budget.main(["--smoke", "--budgets", "16", "48", "--out", str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "budget")
+    small, large = data["rows"]
+    assert small["kv_saving"][0] > large["kv_saving"][0]  # a larger budget keeps more entries
+    assert all(_acc_ok(r["trained_sparse_acc"]) for r in data["rows"])
+
+
+def test_fig_c_policies(runs_dir, tmp_path):
+    data = fig_c_policies.main(["--smoke", "--policies", "none", "streaming", "--out", str(tmp_path),
+                                "--runs-dir", runs_dir])
+    _outputs(tmp_path, "policies")
+    assert [(c["policy"], c["mode"]) for c in data["cells"]] == [
+        ("none", "dense"), ("streaming", "naive_sparse"), ("streaming", "sparse_rl")]
+    assert data["cells"][0]["per_seed"][0]["train_kv_saving"] == 0.0
+    assert data["cells"][2]["per_seed"][0]["train_kv_saving"] > 0.2
+
+
+def test_fig_d_corrections(runs_dir, tmp_path):
+    data = fig_d_corrections.main(["--smoke", "--seeds", "0", "--variants", "none", "both",
+                                   "both_geometric_level", "--out", str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "corrections")
+    assert data["results"]["none"][0]["token_reject_rate"] == 0.0  # naive sparse rejects nothing
+    assert set(data["results"]) == {"none", "both", "both_geometric_level"}
+
+
+def test_fig_e_robustness(runs_dir, tmp_path):
+    data = fig_e_robustness.main(["--smoke", "--policies", "streaming", "snapkv", "--budgets", "16",
+                                  "--out", str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "robustness")
+    assert set(data["grid"]) == {"warm start", "dense-trained", "sparse_rl-trained"}
+    assert set(data["grid"]["dense-trained"]) == {"dense", "streaming@16", "snapkv@16"}
+    assert all(_acc_ok(v) for row in data["grid"].values() for v in row.values())
+
+
+def test_fig_f_throughput(tmp_path):
+    data = fig_f_throughput.main(["--smoke", "--out", str(tmp_path)])
+    _outputs(tmp_path, "throughput")
+    assert {r["policy"] for r in data["rows"]} == {"none", "streaming", "snapkv"}
+    assert data["kv_ratio_at_longest"]["none"] == 1.0
+    assert data["kv_ratio_at_longest"]["snapkv"] < 1.0  # the sparse cache is smaller
