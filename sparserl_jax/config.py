@@ -54,7 +54,15 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt)."""
+    """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt).
+
+    `rows_per_call` bounds the rows (responses) one sampler call decodes: 0 samples all
+    prompts x samples rows in one call; otherwise the rows are sampled in consecutive chunks of
+    `rows_per_call` (one compiled shape, chunk i with key fold_in(key, i)) and concatenated, so
+    the prefill's activations and the KV cache scale with `rows_per_call` instead of the whole
+    batch. It must divide prompts x samples and, on a mesh, be a multiple of mesh data x fsdp
+    (each call's rows are split over those devices). Evaluation uses it as its batch size.
+    """
 
     prompts: int = 128
     samples: int = 8
@@ -63,11 +71,27 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     attn_impl: str = "auto"
+    rows_per_call: int = 0
 
     def __post_init__(self):
         for name in ("prompts", "samples", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+        rows = self.prompts * self.samples
+        if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):
+            raise ValueError(
+                f"rollout.rows_per_call={self.rows_per_call} must be 0 (all rows in one call) or "
+                f"a divisor of rollout.prompts x rollout.samples = {rows}"
+            )
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.samples
+
+    @property
+    def call_rows(self) -> int:
+        """Rows per sampler call (rows_per_call, or every row when it is 0)."""
+        return self.rows_per_call or self.rows
 
 
 @dataclasses.dataclass(frozen=True)

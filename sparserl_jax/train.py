@@ -6,6 +6,8 @@ Each iteration samples `rollout.prompts` x `rollout.samples` responses with thet
 current weights) through the sampler, scores them with the task reward, computes GRPO
 advantages, teacher-forces pi_old and pi_ref, and runs the jitted update step, whose `rl.mode`
 decides the corrections (dense, naive_sparse, sparse_rl, sars_only, ibr_only, tis, qurl).
+With `rollout.rows_per_call` set, the rows are sampled that many per sampler call (chunk i with
+fold_in(key, i)) and joined, which bounds the rollout's device memory (python -m sparserl_jax.dryrun).
 Randomness is a function of (train.seed, iteration), so a run resumed from its last checkpoint
 continues exactly as the uninterrupted run would have.
 """
@@ -33,7 +35,7 @@ from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_score_fn, make_update_fn
-from sparserl_jax.rollout.sampler import cache_capacity, generate_jit
+from sparserl_jax.rollout.sampler import Rollout, cache_capacity, generate_jit
 from sparserl_jax.model import sharding
 from sparserl_jax.sft import sft_warm_start
 
@@ -60,6 +62,18 @@ def kv_statistics(out, prompt_lengths: np.ndarray, kv_cfg, P: int, model_cfg, ma
     }
 
 
+def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
+    """Host-side Rollouts of consecutive row chunks joined along the batch axis (axis 0; the
+    per-chunk kept_positions [R, L, B, K, C], when recorded, along its axis 2)."""
+    def cat(name):
+        leaves = [getattr(o, name) for o in outs]
+        if leaves[0] is None:
+            return None
+        return np.concatenate([np.asarray(x) for x in leaves], axis=2 if name == "kept_positions" else 0)
+
+    return Rollout(**{f.name: cat(f.name) for f in dataclasses.fields(Rollout)})
+
+
 class Trainer:
     """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
 
@@ -82,6 +96,13 @@ class Trainer:
         # One mesh for the run: params split by the partition rules, batches over data x fsdp
         # (a no-op layout on a single device); jit propagates the shardings through every step.
         self.mesh = sharding.make_mesh(cfg.mesh)
+        self.call_rows = r.call_rows
+        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if r.rows_per_call and r.rows_per_call % dp:
+            raise ValueError(
+                f"rollout.rows_per_call={r.rows_per_call} must be a multiple of mesh data x fsdp "
+                f"= {dp}: each sampler call's rows are split over those devices"
+            )
         self.params = self._place(parts.params)
         self.ref_params = self.params
         self.optimizer = make_optimizer(cfg.rl.optim)
@@ -149,9 +170,7 @@ class Trainer:
         ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
         tokens, lengths = components.pad_prompt_batch(ids, self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
         t0 = time.perf_counter()
-        out = generate_jit(self.params, self.model_cfg, self._batch(tokens), self._batch(lengths),
-                           key, self.sampler_cfg)
-        out = jax.device_get(out)
+        out = self._generate(tokens, lengths, key)
         t_rollout = time.perf_counter() - t0
         texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(ids))]
         labels = [e.label for e in examples for _ in range(n)]
@@ -172,6 +191,32 @@ class Trainer:
                             self.sampler_cfg.max_new_tokens),
         }
         return batch, metrics, texts
+
+    def _generate(self, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
+        """Sample every row, `self.call_rows` rows per generate_jit call (one compiled shape);
+        a single call uses `key` itself, chunk i of several uses fold_in(key, i). Each chunk's
+        outputs are fetched to the host before the next call, so only one call's cache,
+        activations and outputs are on the devices at a time."""
+        B = tokens.shape[0]
+        R = self.cfg.rollout.rows_per_call or B  # 0: one call, whatever the batch holds
+        if B % R:
+            raise ValueError(
+                f"rollout.rows_per_call={R} does not divide this batch of {B} rows (the prompt "
+                "source returned fewer prompts than rollout.prompts?)"
+            )
+        if R == B:
+            return jax.device_get(generate_jit(
+                self.params, self.model_cfg, self._batch(tokens), self._batch(lengths), key,
+                self.sampler_cfg,
+            ))
+        outs = []
+        for i, start in enumerate(range(0, B, R)):
+            rows = slice(start, start + R)
+            outs.append(jax.device_get(generate_jit(
+                self.params, self.model_cfg, self._batch(tokens[rows]), self._batch(lengths[rows]),
+                jax.random.fold_in(key, i), self.sampler_cfg,
+            )))
+        return concat_rollouts(outs)
 
     def step(self) -> dict:
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), self.iteration)
@@ -202,7 +247,7 @@ class Trainer:
         sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg)
         return evaluate_examples(
             self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
-            seed=self.cfg.train.seed + 1, batch_size=max(self.batch_rows, 1),
+            seed=self.cfg.train.seed + 1, batch_size=max(self.call_rows, 1),
             max_prompt_len=self.cfg.data.max_prompt_len,
         )
 

@@ -1,0 +1,110 @@
+"""rollout.rows_per_call: the trainer samples the rollout batch in chunks of rows per sampler call."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from sparserl_jax import evaluate as evaluate_mod
+from sparserl_jax.config import load_config
+from sparserl_jax.metrics_log import read_metrics
+from sparserl_jax.rollout.sampler import Rollout, generate_jit
+from sparserl_jax.train import Trainer, concat_rollouts
+
+SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
+TIMING = ("time/", "throughput/")
+
+
+def _cfg(out, *overrides):  # smoke: 4 prompts x 4 samples = 16 rows
+    return load_config([SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=8",
+                                 "train.iterations=1", *overrides])
+
+
+def _metrics(out):
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in read_metrics(out)]
+
+
+@pytest.mark.parametrize("bad", [3, 5, 32, -4])
+def test_rows_per_call_must_divide_the_rows(tmp_path, bad):
+    with pytest.raises(ValueError, match=rf"rollout\.rows_per_call={bad} must be 0 .* divisor .* = 16"):
+        _cfg(tmp_path, f"rollout.rows_per_call={bad}")
+
+
+def test_one_call_of_every_row_is_the_unchunked_run(tmp_path):
+    """rows_per_call = all rows is one call with the iteration key itself: the same run as 0."""
+    for name, rows in (("whole", 0), ("one_call", 16)):
+        Trainer(_cfg(tmp_path / name, f"rollout.rows_per_call={rows}")).run()
+    a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "one_call")
+    assert len(a) == len(b) == 1 and a[0].keys() == b[0].keys()
+    for k in a[0]:
+        assert a[0][k] == b[0][k], (k, a[0][k], b[0][k])
+
+
+def test_chunked_rollout_batch_shapes_and_keys(tmp_path):
+    whole = Trainer(_cfg(tmp_path / "whole"))
+    chunked = Trainer(_cfg(tmp_path / "chunked", "rollout.rows_per_call=4"))
+    assert chunked.call_rows == 4 and whole.call_rows == 16
+    key = jax.random.key(7)
+    batch_w, metrics_w, texts_w = whole.rollout_batch(key)
+    batch_c, metrics_c, texts_c = chunked.rollout_batch(key)
+    assert batch_c.keys() == batch_w.keys()
+    for k in batch_w:
+        assert batch_c[k].shape == batch_w[k].shape and batch_c[k].dtype == batch_w[k].dtype, k
+    assert len(texts_c) == len(texts_w) == 16
+    assert metrics_c.keys() == metrics_w.keys()
+    assert all(np.isfinite(v) for v in metrics_c.values()), metrics_c
+
+    # chunk i is exactly generate_jit on rows [4i, 4i + 4) with key fold_in(key, i)
+    tokens = np.arange(16 * 6, dtype=np.int32).reshape(16, 6) % 50 + 3
+    lengths = np.array([6, 5, 4, 3] * 4, np.int32)
+    out = chunked._generate(tokens, lengths, key)
+    assert out.tokens.shape == (16, chunked.sampler_cfg.max_new_tokens)
+    assert out.lengths.shape == out.n_compressions.shape == out.evicted_fraction.shape == (16,)
+    for i in range(4):
+        ref = jax.device_get(generate_jit(
+            chunked.params, chunked.model_cfg, tokens[4 * i : 4 * i + 4], lengths[4 * i : 4 * i + 4],
+            jax.random.fold_in(key, i), chunked.sampler_cfg,
+        ))
+        rows = slice(4 * i, 4 * i + 4)
+        np.testing.assert_array_equal(out.tokens[rows], ref.tokens)
+        np.testing.assert_array_equal(out.logprobs[rows], ref.logprobs)
+        np.testing.assert_array_equal(out.kept[rows], ref.kept)
+        np.testing.assert_array_equal(out.n_compressions[rows], ref.n_compressions)
+    # the chunks differ from each other (different keys), so the rows were not one chunk repeated
+    assert not np.array_equal(out.logprobs[:4], out.logprobs[4:8])
+
+
+def test_chunked_training_iteration_is_finite_and_eval_uses_rows_per_call(tmp_path, monkeypatch):
+    trainer = Trainer(_cfg(tmp_path, "rollout.rows_per_call=8"))
+    (metrics,) = trainer.run()
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["update/tokens"] > 0
+    seen = []
+    real = evaluate_mod.generate_jit
+
+    def counting(params, model_cfg, tokens, *args):
+        seen.append(tokens.shape[0])
+        return real(params, model_cfg, tokens, *args)
+
+    monkeypatch.setattr(evaluate_mod, "generate_jit", counting)
+    res = trainer.evaluate(n=16)
+    assert seen == [8, 8] and np.isfinite(res["accuracy"])
+
+
+def test_concat_rollouts_joins_along_the_batch_axis():
+    def part(b, start):
+        r = np.arange(start, start + b)
+        return Rollout(
+            tokens=np.tile(r[:, None], (1, 3)), logprobs=np.zeros((b, 3), np.float32),
+            mask=np.ones((b, 3), bool), lengths=r, kept=np.tile(r[:, None], (1, 3)),
+            n_compressions=r, evicted_fraction=r.astype(np.float32),
+            kept_positions=np.tile(r[None, None, :, None, None], (2, 5, 1, 1, 4)),
+        )
+
+    out = concat_rollouts([part(2, 0), part(3, 2)])
+    np.testing.assert_array_equal(out.lengths, np.arange(5))
+    assert out.tokens.shape == (5, 3) and out.kept_positions.shape == (2, 5, 5, 1, 4)
+    np.testing.assert_array_equal(out.kept_positions[1, 4, :, 0, 0], np.arange(5))
+    none = concat_rollouts([part(2, 0).replace(kept_positions=None)] * 2)
+    assert none.kept_positions is None and none.tokens.shape == (4, 3)
