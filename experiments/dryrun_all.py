@@ -6,7 +6,7 @@ For every model in experiments/configs/real/ and every mesh overlay (1 GPU and 8
 a TPU v5p-32 slice with 95 GiB per chip), writes <model>_<mesh>.md and .json through
 `python -m sparserl_jax.dryrun` (each report holds its exact command), then summary.md: peak per
 device at data.max_prompt_len (the worst case the config admits) and at a typical padded MATH
-prompt of 256 tokens.
+prompt of 256 tokens, with each overlay's rollout.rows_per_call.
 """
 
 from __future__ import annotations
@@ -61,19 +61,23 @@ def main() -> None:
         "```",
         "",
         "128 prompts x 8 samples per rollout, 4096 new tokens, R-KV budget 512 + buffer 128, bf16, "
-        "AdamW, remat. Each <model>_<mesh>.md holds the full table and its command. Columns: peak "
+        "AdamW, remat. Rows/call is the mesh overlay's rollout.rows_per_call (the rows one sampler "
+        "call decodes; 'all' = the 1024 rows at once); the rollout phase scales with it, the "
+        "update phase does not. Each <model>_<mesh>.md holds the full table and its command. Columns: peak "
         f"GiB per device (phase) and the verdict with a 10% margin, at data.max_prompt_len = 1024 "
         f"(worst case) and at a {TYPICAL_PROMPT}-token padded prompt (`--prompt-len "
         f"{TYPICAL_PROMPT}`); the last column is the worst case with dense rollouts.",
         "",
-        "| model | params | mesh | GiB/device | peak, P=1024 | fits | peak, P=256 | fits | dense P=1024 |",
-        "|---|---:|---|---:|---:|---|---:|---|---|",
+        "| model | params | mesh | GiB/device | rows/call | peak, P=1024 | fits | peak, P=256 | fits "
+        "| dense P=1024 |",
+        "|---|---:|---|---:|---:|---:|---|---:|---|---|",
     ]
     for model, mesh, rep, typ in rows:
         d = rep["dense_rollouts"]
         lines.append(
             f"| {model} | {rep['model']['params'] / 1e9:.2f}B | {mesh} ({rep['devices']}) | "
-            f"{rep['device_memory_gib']:g} | {gib(rep['peak_bytes'])} ({rep['peak_phase']}) | "
+            f"{rep['device_memory_gib']:g} | {rep['rollout']['rows_per_call'] or 'all'} | "
+            f"{gib(rep['peak_bytes'])} ({rep['peak_phase']}) | "
             f"{'yes' if rep['fits'] else 'no'} | {gib(typ['peak_bytes'])} ({typ['peak_phase']}) | "
             f"{'yes' if typ['fits'] else 'no'} | {gib(d['peak_bytes'])}, "
             f"{'fits' if d['fits'] else 'no'} |"

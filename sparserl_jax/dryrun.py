@@ -37,6 +37,10 @@ by mesh.tensor where it divides them; a bytes per activation (model dtype), f32 
                                                            one layer's scores and compacted K/V
   fsdp gathers   = 2 (one layer's weights) / t + V D a / t  (when mesh.fsdp > 1)
 
+The rollout phase's b is the rows of one sampler call: rollout.rows_per_call when set (the
+trainer samples the batch in consecutive calls of that many rows and fetches each call's outputs
+to the host), else every row; the update batch holds every row.
+
 Phases (the trainer runs them one after another): rollout (cache + max(prefill, decode + compress)
 + outputs), score, update (gradients: a float32 accumulator and one micro-batch's gradient; the
 update step is not donated, so new params and optimizer state coexist with the old). Peak =
@@ -223,8 +227,9 @@ def estimate(
     M = -(-r.max_new_tokens // cfg.kv.buffer) * cfg.kv.buffer  # decoded in whole chunks
     T = P_len + r.max_new_tokens  # width of the update batch (rl.batch.assemble)
 
-    rows = r.prompts * r.samples
+    rows, call_rows = r.rows, r.call_rows
     b_roll = per_device_rows(rows, "rollout.prompts x rollout.samples", sizes)
+    b_call = per_device_rows(call_rows, "rollout.rows_per_call", sizes) if r.rows_per_call else b_roll
     b_micro = per_device_rows(u.micro_batch_size, "rl.update.micro_batch_size", sizes)
     b_score = per_device_rows(min(u.score_batch_size, rows), "rl.update.score_batch_size", sizes)
 
@@ -232,9 +237,9 @@ def estimate(
     opt_state = jax.eval_shape(make_optimizer(cfg.rl.optim).init, params)
     p_bytes = tree_bytes(params, sizes)
     o_bytes = tree_bytes(opt_state, sizes)
-    sparse_cache, C = abstract_cache(cfg.kv, m, rows, P_len, r.max_new_tokens)
+    sparse_cache, C = abstract_cache(cfg.kv, m, call_rows, P_len, r.max_new_tokens)
     dense_kv = dataclasses.replace(cfg.kv, policy="none")
-    dense_cache, C_dense = abstract_cache(dense_kv, m, rows, P_len, r.max_new_tokens)
+    dense_cache, C_dense = abstract_cache(dense_kv, m, call_rows, P_len, r.max_new_tokens)
 
     hidden = lambda b, T_: b * T_ * D * a
     attn = lambda b, T_: 2 * b * Nt * T_ * T_ * f32
@@ -248,30 +253,31 @@ def estimate(
     else:
         acts, acts_how = acts_no_remat, "(L + 1) layer + head (no remat)"
     if cfg.kv.policy == "rkv":
-        scores, scores_how = 2 * b_roll * Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
+        scores, scores_how = 2 * b_call * Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
     else:
-        scores, scores_how = 2 * b_roll * Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
-    compress = 0 if cfg.kv.is_dense else scores + 2 * b_roll * Kt * C * H * a
+        scores, scores_how = 2 * b_call * Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
+    compress = 0 if cfg.kv.is_dense else scores + 2 * b_call * Kt * C * H * a
     gathers = 0
     if fsdp > 1:
         one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(params["layers"][0]))
         gathers = (2 * one_layer + V * D) * a // t
     batch_bytes = b_roll * T * (4 + 1 + 3 * f32) + b_roll * f32  # tokens, mask, 3 log-probs, adv.
 
+    per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
     items = [
         Item("params (theta)", "persistent", p_bytes, f"{m.dtype}, PARTITION_RULES"),
         Item("reference params (pi_ref)", "persistent", p_bytes, "a second copy after step 1"),
         Item("optimizer state", "persistent", o_bytes, "make_optimizer(rl.optim).init, like params"),
         Item("KV cache (rollout)", "rollout", cache_bytes(sparse_cache, sizes),
-             f"{rows} rows x C={C} slots ({cfg.kv.policy}), cache_specs"),
+             f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs"),
         Item("prefill activations", "rollout",
-             layer(b_roll, P_len) + 2 * L * b_roll * P_len * Kt * H * a,
-             f"layer(b={b_roll}, P={P_len}) + prompt K/V of every layer"),
+             layer(b_call, P_len) + 2 * L * b_call * P_len * Kt * H * a,
+             f"layer(b={b_call}, P={P_len}) + prompt K/V of every layer"),
         Item("decode step + compression", "rollout",
-             3 * b_roll * V * f32 + 2 * b_roll * Nt * C * f32 + compress,
-             f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}"),
-        Item("rollout outputs", "rollout", b_roll * (M * 13 + P_len * 4),
-             f"tokens, log-probs, mask, kept [b, {M}]"),
+             3 * b_call * V * f32 + 2 * b_call * Nt * C * f32 + compress,
+             f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}, b={b_call}"),
+        Item("rollout outputs", "rollout", b_call * (M * 13 + P_len * 4),
+             f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)"),
         Item("update batch", "score+update", batch_bytes, f"[b={b_roll}, T={T}] tokens, mask, log-probs"),
         Item("score activations", "score",
              layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
@@ -284,7 +290,8 @@ def estimate(
     ]
     facts = dict(
         prompt_len=P_len, max_new_tokens=r.max_new_tokens, update_width=T,
-        rollout_rows=rows, rows_per_device=dict(rollout=b_roll, micro_batch=b_micro, score=b_score),
+        rollout_rows=rows, rows_per_call=call_rows, rollout_calls=rows // call_rows,
+        rows_per_device=dict(rollout=b_roll, rollout_call=b_call, micro_batch=b_micro, score=b_score),
         cache_capacity=C, dense_capacity=C_dense,
         dense_cache_bytes=cache_bytes(dense_cache, sizes),
         sparse_cache_bytes=items[3].bytes,
@@ -345,6 +352,8 @@ def dry_run(
         "mesh": sizes,
         "devices": math.prod(sizes.values()),
         "kv": {"policy": cfg.kv.policy, "budget": cfg.kv.budget, "buffer": cfg.kv.buffer},
+        "rollout": {"rows": facts["rollout_rows"], "rows_per_call": cfg.rollout.rows_per_call,
+                    "calls": facts["rollout_calls"]},
         "shapes": facts,
         "items": [dataclasses.asdict(i) for i in items],
         "phase_bytes": totals,
@@ -377,10 +386,12 @@ def to_markdown(rep: dict, command: str | None = None) -> str:
         lines += ["```", command, "```", ""]
     lines += [
         f"- model: {m['family']}, {m['params'] / 1e9:.2f}B params, {m['dtype']}; mesh {mesh}",
-        f"- rollout: {s['rollout_rows']} rows, prompt {s['prompt_len']} + {s['max_new_tokens']} new "
+        f"- rollout: {s['rollout_rows']} rows in {s['rollout_calls']} sampler call(s) of "
+        f"{s['rows_per_call']} (rollout.rows_per_call={rep['rollout']['rows_per_call']}), "
+        f"prompt {s['prompt_len']} + {s['max_new_tokens']} new "
         f"tokens; KV cache {rep['kv']['policy']} C={s['cache_capacity']} slots vs dense "
         f"C={s['dense_capacity']} ({_gib(s['sparse_cache_bytes'])} vs {_gib(s['dense_cache_bytes'])} "
-        "GiB per device)",
+        "GiB per device, one call's rows)",
         f"- rows per device: {s['rows_per_device']}; update width T={s['update_width']}",
         "",
         "| component | phase | GiB / device | how |",

@@ -50,6 +50,7 @@ def test_every_real_config_loads_with_every_overlay():
             )
             assert cfg.kv.policy == "snapkv" and cfg.kv.budget == 512 and cfg.kv.buffer == 128
             assert cfg.rollout.prompts * cfg.rollout.samples == 1024
+            assert cfg.rollout.rows_per_call == {"1gpu": 64, "8gpu": 512, "tpu_pod": 0}[mesh]
             assert cfg.rl.optim.lr == 1e-6 and cfg.rl.loss.beta == 1e-4
             assert cfg.model.dtype == "bfloat16" and cfg.data.dataset.endswith(".jsonl")
         assert real(model, "8gpu").mesh == sharding.MeshConfig(data=1, fsdp=8, tensor=1)
@@ -76,7 +77,8 @@ def item(rep: dict, name: str) -> int:
 
 
 def test_fsdp_divides_params_and_optimizer_state():
-    one, eight = run("qwen2.5-7b", "1gpu"), run("qwen2.5-7b", "8gpu")
+    whole = "rollout.rows_per_call=0"  # every row in one sampler call on both meshes
+    one, eight = run("qwen2.5-7b", "1gpu", whole), run("qwen2.5-7b", "8gpu", whole)
     p1, p8 = item(one, "params (theta)"), item(eight, "params (theta)")
     assert p1 == param_count(dryrun.model_config(real("qwen2.5-7b"), arch("qwen2.5-7b"))[0]) * 2
     assert 7.95 < p1 / p8 <= 8.0  # norms (replicated) are the only unsplit leaves
@@ -107,12 +109,45 @@ def test_sparse_cache_is_much_smaller_than_dense():
 
 
 def test_cache_bytes_match_the_formula():
-    rep = run("qwen2.5-1.5b", "1gpu", "kv.policy=streaming")  # no policy state besides pos
-    m = rep["model"]
-    C = rep["shapes"]["cache_capacity"]
-    kv_bytes = 1024 * C * 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 2
-    pos_bytes = 1024 * C * m["n_layers"] * m["n_kv_heads"] * 4
-    assert item(rep, "KV cache (rollout)") == kv_bytes + pos_bytes + 2 * 1024 * 4
+    for rows_per_call in (0, 64):  # the cache holds one sampler call's rows
+        rep = run("qwen2.5-1.5b", "1gpu", "kv.policy=streaming", f"rollout.rows_per_call={rows_per_call}")
+        m, b = rep["model"], rows_per_call or 1024  # streaming: no policy state besides pos
+        assert rep["shapes"]["rows_per_call"] == b and rep["shapes"]["rollout_calls"] == 1024 // b
+        C = rep["shapes"]["cache_capacity"]
+        kv_bytes = b * C * 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 2
+        pos_bytes = b * C * m["n_layers"] * m["n_kv_heads"] * 4
+        assert item(rep, "KV cache (rollout)") == kv_bytes + pos_bytes + 2 * b * 4
+
+
+def test_rows_per_call_scales_the_rollout_phase_only():
+    full, half = (run("qwen2.5-1.5b", "1gpu", f"rollout.rows_per_call={n}") for n in (128, 64))
+    for name in ("KV cache (rollout)", "prefill activations", "decode step + compression",
+                 "rollout outputs"):
+        assert item(half, name) * 2 == item(full, name), name
+    assert half["phase_bytes"]["rollout"] < full["phase_bytes"]["rollout"]
+    for phase in ("persistent", "score", "update"):
+        assert half["phase_bytes"][phase] == full["phase_bytes"][phase], phase
+    assert item(half, "update batch") == item(full, "update batch")  # every row, whatever the calls
+    assert half["shapes"]["rows_per_device"]["rollout_call"] == 64
+    assert half["rollout"] == {"rows": 1024, "rows_per_call": 64, "calls": 16}
+    md = dryrun.to_markdown(half)
+    assert "1024 rows in 16 sampler call(s) of 64 (rollout.rows_per_call=64)" in md
+    # without chunking the same config does not fit one GPU: the rollout phase sets the peak
+    whole = run("qwen2.5-1.5b", "1gpu", "rollout.rows_per_call=0")
+    assert not whole["fits"] and whole["peak_phase"] == "rollout"
+
+
+def test_1gpu_overlay_fits_every_model_whose_update_fits():
+    """With the 1gpu overlay's rows_per_call the rollout phase is never the peak; the models
+    whose persistent state + update phase fit 80 GiB (1.5B, Llama 1B) fit, 3B and 7B do not."""
+    for model in sorted(PUBLISHED):
+        rep = run(model, "1gpu")
+        pb = rep["phase_bytes"]
+        assert pb["rollout"] < pb["update"] and rep["peak_phase"] == "update", model
+        update_fits = pb["persistent"] + pb["update"] <= rep["budget_bytes"]
+        assert rep["fits"] == update_fits == (model in ("qwen2.5-1.5b", "llama-3.2-1b-instruct")), model
+    for model in sorted(PUBLISHED):  # and every model fits its 8gpu overlay
+        assert run(model, "8gpu")["fits"], model
 
 
 def test_small_device_memory_does_not_fit_and_large_does():
@@ -145,6 +180,10 @@ def test_bad_settings_error_clearly(tmp_path):
         dryrun.dry_run(real("qwen2.5-1.5b"), arch=arch("qwen2.5-1.5b"))
     with pytest.raises(ValueError, match="rl.update.micro_batch_size=4 is not a multiple of mesh"):
         run("qwen2.5-1.5b", "8gpu", "rl.update.micro_batch_size=4")
+    with pytest.raises(ValueError, match="rollout.rows_per_call=4 is not a multiple of mesh"):
+        run("qwen2.5-1.5b", "8gpu", "rollout.rows_per_call=4")
+    with pytest.raises(ValueError, match=r"rollout\.rows_per_call=48 must be 0 .* or a divisor"):
+        run("qwen2.5-1.5b", "1gpu", "rollout.rows_per_call=48")
     with pytest.raises(ValueError, match="max_seq_len"):
         run("qwen2.5-3b", "8gpu", "rollout.max_new_tokens=40000")
     with pytest.raises(ValueError, match="device-memory-gib"):
@@ -178,6 +217,7 @@ def test_committed_reports_match_the_code():
             os.path.basename(path)[: -len("_tpu_pod.json")], "tpu_pod")
         new = run(model, mesh, device_memory_gib=old["device_memory_gib"])
         assert new["peak_bytes"] == old["peak_bytes"] and new["fits"] == old["fits"]
+        assert new["rollout"] == old["rollout"] and new["phase_bytes"] == old["phase_bytes"]
 
 
 @pytest.mark.parametrize("remat", [False, True])
