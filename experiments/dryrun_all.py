@@ -61,7 +61,8 @@ def main() -> None:
         "```",
         "",
         "128 prompts x 8 samples per rollout, 4096 new tokens, R-KV budget 512 + buffer 128, bf16, "
-        "AdamW, remat. Rows/call is the mesh overlay's rollout.rows_per_call (the rows one sampler "
+        "AdamW, remat, the update step donating the old weights and AdamW state "
+        "(rl.update.donate). Rows/call is the mesh overlay's rollout.rows_per_call (the rows one sampler "
         "call decodes; 'all' = the 1024 rows at once); the rollout phase scales with it, the "
         "update phase does not. Each <model>_<mesh>.md holds the full table and its command. Columns: peak "
         f"GiB per device (phase) and the verdict with a 10% margin, at data.max_prompt_len = 1024 "

@@ -42,8 +42,9 @@ trainer samples the batch in consecutive calls of that many rows and fetches eac
 to the host), else every row; the update batch holds every row.
 
 Phases (the trainer runs them one after another): rollout (cache + max(prefill, decode + compress)
-+ outputs), score, update (gradients: a float32 accumulator and one micro-batch's gradient; the
-update step is not donated, so new params and optimizer state coexist with the old). Peak =
++ outputs), score, update (gradients: a float32 accumulator and one micro-batch's gradient; with
+rl.update.donate the new params and optimizer state reuse the donated buffers of the old, else
+both coexist and the update phase holds one more copy of each). Peak =
 persistent (params, reference params, optimizer state) + the largest phase. The run fits when
 peak <= (1 - margin) x device memory; on GPU also set XLA_PYTHON_CLIENT_MEM_FRACTION (JAX
 preallocates 75% by default).
@@ -284,7 +285,9 @@ def estimate(
              f"layer + hidden + head, b={b_score}"),
         Item("gradients (f32 accumulator + micro-batch)", "update",
              tree_bytes(params, sizes, dtype=jnp.float32) + p_bytes, "f32 sum + param dtype"),
-        Item("update outputs (not donated)", "update", p_bytes + o_bytes, "new params + opt state"),
+        Item("update outputs", "update", 0 if u.donate else p_bytes + o_bytes,
+             "in the donated buffers (rl.update.donate)" if u.donate
+             else "new params + opt state (rl.update.donate=false)"),
         Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
         Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
     ]

@@ -104,10 +104,12 @@ class Trainer:
                 f"= {dp}: each sampler call's rows are split over those devices"
             )
         self.params = self._place(parts.params)
-        self.ref_params = self.params
+        parts.params = None  # self.params may be the same buffers, which the update donates
+        self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.optimizer = make_optimizer(cfg.rl.optim)
         self.opt_state = self.optimizer.init(self.params)
-        self.update = make_update_fn(self.model_cfg, cfg.rl, self.optimizer)
+        self.update = make_update_fn(self.model_cfg, cfg.rl, self.optimizer,
+                                     donate=cfg.rl.update.donate)
         self.score = make_score_fn(self.model_cfg, cfg.rl.update)
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
@@ -151,7 +153,8 @@ class Trainer:
             )
             self.params = self._place(self.params)
             self.opt_state = self.optimizer.init(self.params)
-        self.ref_params = self.params
+        # pi_ref gets its own buffers: the update step donates (deletes) those of self.params
+        self.ref_params = jax.tree.map(jnp.copy, self.params)
         self.ref_ckpt.save(0, {"params": self.ref_params}, {"what": "reference policy pi_ref"})
 
     def save(self) -> None:
@@ -219,6 +222,8 @@ class Trainer:
         return concat_rollouts(outs)
 
     def step(self) -> dict:
+        if not self.started:  # start() gives pi_ref its own buffers before the first donation
+            self.start()
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), self.iteration)
         batch, metrics, _ = self.rollout_batch(key)
         t0 = time.perf_counter()

@@ -3,7 +3,9 @@
 import dataclasses
 import json
 import os
+import warnings
 
+import jax
 import numpy as np
 import pytest
 
@@ -99,3 +101,25 @@ def test_training_raises_the_reward_on_an_easy_task(tmp_path):
     after = trainer.evaluate(n=64)["accuracy"]
     assert after > before + 0.1, (before, after)
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
+
+
+def test_donated_update_keeps_the_reference_params(tmp_path):
+    """The update step donates params and optimizer state (rl.update.donate): their old buffers
+    are gone after a step, while pi_ref, a copy taken at start(), still reads as the warm start."""
+    trainer = Trainer(_cfg(tmp_path, "sft.steps=2", "train.iterations=1"))
+    assert trainer.cfg.rl.update.donate
+    trainer.start()
+    ref_before = jax.device_get(trainer.ref_params)
+    old_params, old_opt_state = trainer.params, trainer.opt_state
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.step()
+    assert not [w for w in caught if "donated buffers" in str(w.message)]
+    assert all(x.is_deleted() for x in jax.tree.leaves((old_params, old_opt_state)))
+    ref_after = jax.device_get(trainer.ref_params)
+    for a, b in zip(jax.tree.leaves(ref_before), jax.tree.leaves(ref_after)):
+        np.testing.assert_array_equal(a, b)
+    moved = [not np.array_equal(a, b) for a, b in
+             zip(jax.tree.leaves(ref_before), jax.tree.leaves(jax.device_get(trainer.params)))]
+    assert any(moved)  # the policy took a step away from pi_ref
+    trainer.save()  # the new params and optimizer state are live buffers

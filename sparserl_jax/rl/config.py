@@ -199,7 +199,9 @@ class UpdateConfig:
     """How one rollout batch is consumed: `minibatch_size` responses per optimizer step, each
     minibatch accumulated over micro-batches of `micro_batch_size`, `epochs` passes. The learner
     recomputes log-probs at the sampler's `temperature`. `score_batch_size` rows per chunk when
-    scoring pi_old / pi_ref."""
+    scoring pi_old / pi_ref. `donate`: the trainer donates params and optimizer state to the
+    update step, so the new ones reuse their buffers instead of coexisting with them (one copy of
+    the weights and AdamW state less at the update's peak; python -m sparserl_jax.dryrun)."""
 
     minibatch_size: int = 256
     micro_batch_size: int = 16
@@ -208,6 +210,7 @@ class UpdateConfig:
     remat: bool = False
     chunk_tokens: int = 1024
     score_batch_size: int = 16
+    donate: bool = True
 
     def __post_init__(self):
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
