@@ -53,13 +53,33 @@ _NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.k
 # ----------------------------------------------------------------------------- runs
 
 
+def _non_default(tree: dict, default: dict) -> dict:
+    """The leaves of `tree` whose value differs from `default` (nested sections recursed)."""
+    out = {}
+    for key, value in tree.items():
+        ref = default.get(key, object())
+        if isinstance(value, dict) and isinstance(ref, dict):
+            sub = _non_default(value, ref)
+            if sub:
+                out[key] = sub
+        elif value != ref:
+            out[key] = value
+    return out
+
+
 def config_key(cfg: TrainConfig) -> str:
-    """A stable hash of everything that decides a run's numbers."""
+    """A stable hash of the settings that differ from the defaults: what decides a run's numbers.
+
+    Adding a setting with a default therefore keeps every cached run valid; changing a default
+    value does not change the keys (clear the run cache after such a change). The warm start a run
+    starts from enters by its own key (the basename of model.init_from), not by its location."""
     tree = to_dict(cfg)
     for dotted in _NOT_IDENTITY:
         section, name = dotted.split(".")
         tree[section].pop(name, None)
-    blob = json.dumps(tree, sort_keys=True, default=str)
+    if tree["model"]["init_from"]:
+        tree["model"]["init_from"] = os.path.basename(os.path.normpath(tree["model"]["init_from"]))
+    blob = json.dumps(_non_default(tree, to_dict(TrainConfig())), sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 

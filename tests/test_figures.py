@@ -100,3 +100,16 @@ def test_fig_f_throughput(tmp_path):
     assert {r["policy"] for r in data["rows"]} == {"none", "streaming", "snapkv"}
     assert data["kv_ratio_at_longest"]["none"] == 1.0
     assert data["kv_ratio_at_longest"]["snapkv"] < 1.0  # the sparse cache is smaller
+
+
+def test_run_identity_ignores_defaults_and_locations():
+    base = figlib.load_config([figlib.DEFAULT_CONFIG])
+    key = figlib.config_key(base)
+    # spelling out a default value, or moving the output, is the same run
+    assert figlib.config_key(figlib.load_config([figlib.DEFAULT_CONFIG], ["rollout.top_k=0"])) == key
+    assert figlib.config_key(figlib.load_config([figlib.DEFAULT_CONFIG], ["train.out_dir=/elsewhere"])) == key
+    # a setting that changes the numbers is another run
+    assert figlib.config_key(figlib.load_config([figlib.DEFAULT_CONFIG], ["kv.budget=16"])) != key
+    a = figlib.load_config([figlib.DEFAULT_CONFIG], ["model.init_from=/x/abc123"])
+    b = figlib.load_config([figlib.DEFAULT_CONFIG], ["model.init_from=/y/abc123/"])
+    assert figlib.config_key(a) == figlib.config_key(b) != key
