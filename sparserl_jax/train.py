@@ -10,6 +10,12 @@ With `rollout.rows_per_call` set, the rows are sampled that many per sampler cal
 fold_in(key, i)) and joined, which bounds the rollout's device memory (python -m sparserl_jax.dryrun).
 Randomness is a function of (train.seed, iteration), so a run resumed from its last checkpoint
 continues exactly as the uninterrupted run would have.
+
+On several processes (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; see
+sparserl_jax/distributed.py) every process runs this same loop over one global mesh: each draws the
+same prompts from the same seeded source, keeps only its own shards of the batch, and fetches the
+full rollout and metrics (distributed.to_host); process 0 alone writes config.yaml, metrics.jsonl
+and TensorBoard, while every process takes part in the (orbax) checkpoints.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from sparserl_jax import components
+from sparserl_jax import components, distributed
 from sparserl_jax.checkpoint import Checkpointer
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 from sparserl_jax.evaluate import evaluate_examples
@@ -79,7 +86,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, log=print):
         self.cfg = cfg
-        self.log = log
+        self.coordinator = distributed.is_coordinator()
+        self.log = log if self.coordinator else (lambda *args, **kwargs: None)
         r = cfg.rollout
         self.batch_rows = r.prompts * r.samples
         mb = cfg.rl.update.minibatch_size
@@ -107,7 +115,7 @@ class Trainer:
         parts.params = None  # self.params may be the same buffers, which the update donates
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.optimizer = make_optimizer(cfg.rl.optim)
-        self.opt_state = self.optimizer.init(self.params)
+        self.opt_state = self._init_opt_state()
         self.update = make_update_fn(self.model_cfg, cfg.rl, self.optimizer,
                                      donate=cfg.rl.update.donate)
         self.score = make_score_fn(self.model_cfg, cfg.rl.update)
@@ -118,10 +126,19 @@ class Trainer:
         os.makedirs(cfg.train.out_dir, exist_ok=True)
         self.ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "checkpoints"), cfg.train.keep_checkpoints)
         self.ref_ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "reference"), 1)
-        self.logger = MetricsLogger(cfg.train.out_dir)
+        self.logger = MetricsLogger(cfg.train.out_dir) if self.coordinator else None
 
     def _place(self, params):
         return sharding.shard_params(params, self.mesh) if self.mesh.size > 1 else params
+
+    def _init_opt_state(self):
+        """optimizer.init, its scalars (step counts) replicated on the mesh as the update step
+        returns them, so that the second update does not compile again for other input shardings."""
+        state = self.optimizer.init(self.params)
+        if self.mesh.size == 1:
+            return state
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
 
     def _batch(self, x):
         return sharding.shard_batch(jnp.asarray(x), self.mesh) if self.mesh.size > 1 else jnp.asarray(x)
@@ -131,7 +148,8 @@ class Trainer:
     def start(self) -> None:
         """Resume from the latest checkpoint, or warm-start (SFT) and save the reference model."""
         self.started = True
-        dump_config(self.cfg, os.path.join(self.cfg.train.out_dir, "config.yaml"))
+        if self.coordinator:
+            dump_config(self.cfg, os.path.join(self.cfg.train.out_dir, "config.yaml"))
         step = self.ckpt.latest_step()
         if step is not None:
             items, meta = self.ckpt.restore(
@@ -141,7 +159,8 @@ class Trainer:
             self.ref_params = self.ref_ckpt.restore(0, {"params": self.params})[0]["params"]
             self.prompts.load_state_dict(meta["data"])
             self.iteration = int(meta["iteration"])
-            self.logger.truncate_after(self.iteration)
+            if self.logger:
+                self.logger.truncate_after(self.iteration)
             self.log(f"resumed from {self.ckpt.directory} at iteration {self.iteration}")
             return
         sft = self.cfg.sft
@@ -152,7 +171,7 @@ class Trainer:
                 seed=self.cfg.train.seed, width=width, log=self.log,
             )
             self.params = self._place(self.params)
-            self.opt_state = self.optimizer.init(self.params)
+            self.opt_state = self._init_opt_state()
         # pi_ref gets its own buffers: the update step donates (deletes) those of self.params
         self.ref_params = jax.tree.map(jnp.copy, self.params)
         self.ref_ckpt.save(0, {"params": self.ref_params}, {"what": "reference policy pi_ref"})
@@ -208,14 +227,14 @@ class Trainer:
                 "source returned fewer prompts than rollout.prompts?)"
             )
         if R == B:
-            return jax.device_get(generate_jit(
+            return distributed.to_host(generate_jit(
                 self.params, self.model_cfg, self._batch(tokens), self._batch(lengths), key,
                 self.sampler_cfg,
             ))
         outs = []
         for i, start in enumerate(range(0, B, R)):
             rows = slice(start, start + R)
-            outs.append(jax.device_get(generate_jit(
+            outs.append(distributed.to_host(generate_jit(
                 self.params, self.model_cfg, self._batch(tokens[rows]), self._batch(lengths[rows]),
                 jax.random.fold_in(key, i), self.sampler_cfg,
             )))
@@ -232,9 +251,9 @@ class Trainer:
         jax.block_until_ready(batch["ref_logp"])
         t1 = time.perf_counter()
         self.params, self.opt_state, upd = self.update(self.params, self.opt_state, batch)
-        upd = jax.device_get(upd)
+        upd = distributed.to_host(upd)
         t2 = time.perf_counter()
-        n_tokens = float(np.sum(np.asarray(batch["response_mask"])))
+        n_tokens = float(np.sum(distributed.to_host(batch["response_mask"])))
         metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in upd.items()})
         metrics.update({
             "time/score_s": t1 - t0,
@@ -263,19 +282,21 @@ class Trainer:
             self.start()
         t = self.cfg.train
         history = []
-        bar = tqdm(range(self.iteration, t.iterations), disable=not t.progress, desc="train",
-                   initial=self.iteration, total=t.iterations)
+        bar = tqdm(range(self.iteration, t.iterations), disable=not (t.progress and self.coordinator),
+                   desc="train", initial=self.iteration, total=t.iterations)
         for _ in bar:
             metrics = self.step()
             self.iteration += 1
             if t.eval_every and self.iteration % t.eval_every == 0:
                 metrics["eval/accuracy"] = self.evaluate()["accuracy"]
-            self.logger.log(self.iteration, metrics)
+            if self.logger:
+                self.logger.log(self.iteration, metrics)
             history.append(metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kv=f"{metrics['kv/saving']:.0%}")
             if self.iteration % t.save_every == 0 or self.iteration == t.iterations:
                 self.save()
-        self.logger.close()
+        if self.logger:
+            self.logger.close()
         return history
 
 
@@ -284,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--config", action="append", default=[], help="YAML file(s), merged in order")
     p.add_argument("overrides", nargs="*", help="key=value settings, e.g. kv.budget=256")
     args = p.parse_args(argv)
+    distributed.initialize()  # before any other JAX call; a no-op on a single process
     cfg = load_config(args.config, args.overrides)
     return Trainer(cfg).run()
 

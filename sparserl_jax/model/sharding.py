@@ -205,10 +205,11 @@ def param_shardings(
 
 def place(tree: Any, shardings: Any) -> Any:
     """Put host or single-device arrays onto global shardings; on several processes every
-    process must hold the same full values (each one then keeps only its own shards)."""
+    process must hold the same full values (each one then keeps only its own shards). Arrays
+    already spread over the processes (e.g. a jit's outputs) are resharded."""
 
     def put(x, sharding):
-        if sharding.is_fully_addressable:
+        if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
             return jax.device_put(x, sharding)
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
