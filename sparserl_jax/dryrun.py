@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from sparserl_jax import cli
 from sparserl_jax import kvcache as kv
 from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.model import sharding
@@ -452,8 +453,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)

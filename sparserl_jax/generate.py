@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparserl_jax import cli
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
@@ -158,8 +158,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
 from typing import Sequence
 
@@ -33,6 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from sparserl_jax import cli
 from sparserl_jax import components, distributed
 from sparserl_jax.checkpoint import Checkpointer
 from sparserl_jax.config import TrainConfig, dump_config, load_config
@@ -311,8 +311,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cli.run(main)

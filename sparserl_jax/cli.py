@@ -1,0 +1,16 @@
+"""The shared shell of the command-line entry points (train, evaluate, generate, dryrun)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+
+def run(main: Callable[[], object]) -> None:
+    """Run `main`; a bad setting or a missing file (ValueError, FileNotFoundError, whose messages
+    name the setting or path) becomes a one-line error and exit status 2 instead of a traceback."""
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
