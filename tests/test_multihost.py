@@ -29,6 +29,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_all(procs: list[subprocess.Popen], timeout_s: int = TIMEOUT_S) -> list[tuple[str, str]]:
+    """(stdout, stderr) of every process. A run that hangs past `timeout_s` fails the test; one
+    whose jaxlib lacks gloo CPU collectives skips it."""
+    try:
+        outputs = [p.communicate(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = [p.communicate() for p in procs]
+        pytest.fail(f"multi-process run hung past {timeout_s} s:\n" + "\n".join(e[-3000:] for _, e in logs))
+    failed = [e for p, (_, e) in zip(procs, outputs) if p.returncode]
+    if failed and any(GLOO_MISSING.search(e) for e in failed):
+        pytest.skip("this jaxlib has no gloo CPU collectives: " + failed[0][-500:])
+    return outputs
+
+
 def test_two_processes_match_single_process_reference():
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
@@ -42,18 +58,8 @@ def test_two_processes_match_single_process_reference():
         )
         for i in range(n)
     ]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=TIMEOUT_S))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        logs = [p.communicate() for p in procs]
-        pytest.fail(f"multi-process run hung past {TIMEOUT_S} s:\n" + "\n".join(e[-3000:] for _, e in logs))
+    outputs = wait_all(procs)
     failed = [(i, o, e) for i, (p, (o, e)) in enumerate(zip(procs, outputs)) if p.returncode]
-    if failed and any(GLOO_MISSING.search(e) for _, _, e in failed):
-        pytest.skip("this jaxlib has no gloo CPU collectives: " + failed[0][2][-500:])
     assert not failed, "\n".join(f"process {i}:\n{o[-2000:]}\n{e[-5000:]}" for i, o, e in failed)
 
     rows = []
