@@ -20,7 +20,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from typing import Callable, Iterable, Sequence
@@ -222,16 +221,6 @@ def fmt(values: Sequence[float], spec: str = ".3f") -> str:
     return f"{m:{spec}}" if len(values) == 1 else f"{m:{spec}} ± {s:{spec}}"
 
 
-def aggregate(rows: Sequence[dict]) -> dict:
-    """Per key: the list of values over seeds, their mean and their standard deviation."""
-    out = {}
-    for key in rows[0]:
-        vals = [r[key] for r in rows]
-        m, s = mean_std(vals)
-        out[key] = {"values": vals, "mean": m, "std": s}
-    return out
-
-
 def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Iterations, mean and std over seeds of one metric."""
     n = min(len(h) for h in histories)
@@ -283,6 +272,3 @@ def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figu
 def default_out(name: str) -> str:
     return os.path.join(HERE, "results", name)
 
-
-def clear(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
