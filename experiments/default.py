@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from figlib import SMOKE_OVERRIDES  # noqa: E402
 from sparserl_jax import kvcache as kv  # noqa: E402
 from sparserl_jax.config import dump_config, load_config  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
@@ -150,9 +151,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     overrides = list(args.overrides)
     if args.smoke:
-        overrides += ["sft.steps=5", "train.iterations=2", "train.eval_prompts=4",
-                      "rollout.prompts=2", "rollout.samples=4", "rl.update.minibatch_size=8",
-                      "rl.update.micro_batch_size=8", "train.progress=false"]
+        overrides += [*SMOKE_OVERRIDES, "train.progress=false"]
     return run(args.config, overrides, args.out)
 
 

@@ -50,12 +50,7 @@ def run_arms(study: figlib.Study, seeds, arms=ARMS) -> dict:
 
 
 def evaluate_run(run: figlib.Run, sparse_policy: str) -> dict:
-    return {
-        "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
-        "sparse_acc": run.evaluate({"policy": sparse_policy})["accuracy"],
-        **figlib.summarize(run),
-        "collapse_iteration": collapse_iteration(run.history),
-    }
+    return {**figlib.scores(run, sparse_policy), "collapse_iteration": collapse_iteration(run.history)}
 
 
 def main(argv=None) -> dict:

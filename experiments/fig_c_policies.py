@@ -33,11 +33,7 @@ def main(argv=None) -> dict:
             runs = [study.arm(f"{policy}/{mode}/seed{s}", mode=mode, policy=policy, seed=s)
                     for s in args.seeds]
             sparse_policy = policy if policy != "none" else study.base.kv.policy
-            per_seed = [{
-                "dense_acc": r.evaluate({"policy": "none"})["accuracy"],
-                "sparse_acc": r.evaluate({"policy": sparse_policy})["accuracy"],
-                **figlib.summarize(r),
-            } for r in runs]
+            per_seed = [figlib.scores(r, sparse_policy) for r in runs]
             cells.append({"policy": policy, "mode": mode, "sparse_inference_policy": sparse_policy,
                           "per_seed": per_seed})
 

@@ -41,11 +41,7 @@ def main(argv=None) -> dict:
         runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=policy, seed=s, extra=extra)
                 for s in args.seeds]
         histories[name] = [r.history for r in runs]
-        results[name] = [{
-            "dense_acc": r.evaluate({"policy": "none"})["accuracy"],
-            "sparse_acc": r.evaluate({"policy": policy})["accuracy"],
-            **figlib.summarize(r),
-        } for r in runs]
+        results[name] = [figlib.scores(r, policy) for r in runs]
 
     kvc = study.base.kv
     lines = [

@@ -209,6 +209,16 @@ def summarize(run: Run) -> dict:
     }
 
 
+def scores(run: Run, sparse_policy: str) -> dict:
+    """Accuracy of the final weights under dense and under `sparse_policy` inference, with the
+    training-time summary: one row of a figure's table."""
+    return {
+        "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
+        "sparse_acc": run.evaluate({"policy": sparse_policy})["accuracy"],
+        **summarize(run),
+    }
+
+
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     v = np.asarray(list(values), np.float64)

@@ -32,8 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from sparserl_jax import cli
-from sparserl_jax import components, distributed
+from sparserl_jax import cli, components, distributed
 from sparserl_jax.checkpoint import Checkpointer
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 from sparserl_jax.evaluate import evaluate_examples
@@ -89,7 +88,7 @@ class Trainer:
         self.coordinator = distributed.is_coordinator()
         self.log = log if self.coordinator else (lambda *args, **kwargs: None)
         r = cfg.rollout
-        self.batch_rows = r.prompts * r.samples
+        self.batch_rows = r.rows
         mb = cfg.rl.update.minibatch_size
         if self.batch_rows % mb:
             raise ValueError(
@@ -226,19 +225,16 @@ class Trainer:
                 f"rollout.rows_per_call={R} does not divide this batch of {B} rows (the prompt "
                 "source returned fewer prompts than rollout.prompts?)"
             )
-        if R == B:
-            return distributed.to_host(generate_jit(
-                self.params, self.model_cfg, self._batch(tokens), self._batch(lengths), key,
-                self.sampler_cfg,
+        n_calls = B // R
+        outs = [
+            distributed.to_host(generate_jit(
+                self.params, self.model_cfg, self._batch(tokens[i * R:(i + 1) * R]),
+                self._batch(lengths[i * R:(i + 1) * R]),
+                key if n_calls == 1 else jax.random.fold_in(key, i), self.sampler_cfg,
             ))
-        outs = []
-        for i, start in enumerate(range(0, B, R)):
-            rows = slice(start, start + R)
-            outs.append(distributed.to_host(generate_jit(
-                self.params, self.model_cfg, self._batch(tokens[rows]), self._batch(lengths[rows]),
-                jax.random.fold_in(key, i), self.sampler_cfg,
-            )))
-        return concat_rollouts(outs)
+            for i in range(n_calls)
+        ]
+        return outs[0] if n_calls == 1 else concat_rollouts(outs)
 
     def step(self) -> dict:
         if not self.started:  # start() gives pi_ref its own buffers before the first donation
