@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.quant.core import dot
 
 
 def rms_norm(x: Float[Array, "... D"], weight: Float[Array, "D"], eps: float) -> Float[Array, "... D"]:
@@ -51,6 +52,6 @@ def apply_rope(
 
 
 def swiglu_mlp(x: Float[Array, "B T D"], layer: dict) -> Float[Array, "B T D"]:
-    gate_BxTxF = x @ layer["gate"]
-    up_BxTxF = x @ layer["up"]
-    return (jax.nn.silu(gate_BxTxF) * up_BxTxF) @ layer["down"]
+    gate_BxTxF = dot("btd,df->btf", x, layer["gate"])
+    up_BxTxF = dot("btd,df->btf", x, layer["up"])
+    return dot("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer["down"])

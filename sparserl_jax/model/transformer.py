@@ -29,6 +29,7 @@ from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
+from sparserl_jax.quant.core import dot
 
 Params = dict
 
@@ -82,9 +83,9 @@ def head_weight(params: Params) -> Float[Array, "D V"]:
 
 def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cfg: ModelConfig):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, layer["q"])
-    k = jnp.einsum("btd,dkh->btkh", h, layer["k"])
-    v = jnp.einsum("btd,dkh->btkh", h, layer["v"])
+    q = dot("btd,dnh->btnh", h, layer["q"])
+    k = dot("btd,dkh->btkh", h, layer["k"])
+    v = dot("btd,dkh->btkh", h, layer["v"])
     if "q_bias" in layer:
         q, k, v = q + layer["q_bias"], k + layer["k_bias"], v + layer["v_bias"]
     if cfg.qk_norm:
@@ -95,7 +96,7 @@ def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cf
 
 
 def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N H"], cfg: ModelConfig):
-    x = x + jnp.einsum("btnh,nhd->btd", o, layer["o"])
+    x = x + dot("btnh,nhd->btd", o, layer["o"])
     return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
 
 
@@ -151,7 +152,7 @@ def forward(
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
     """Float32 logits (use only where [..., V] is small: decode steps, tests)."""
-    return jnp.einsum("...d,dv->...v", h, head_weight(params), preferred_element_type=jnp.float32)
+    return dot("...d,dv->...v", h, head_weight(params), preferred_element_type=jnp.float32)
 
 
 def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:
@@ -179,7 +180,7 @@ def chunked_logprobs(
 
     @jax.checkpoint
     def one_chunk(h_cxD, t_c):
-        logits_cxV = jnp.einsum("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
+        logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
         logits_cxV = logits_cxV / temperature
         lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
         picked_c = jnp.take_along_axis(logits_cxV, t_c[:, None], axis=-1)[:, 0]

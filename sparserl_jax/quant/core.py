@@ -1,0 +1,104 @@
+"""The quantized weight type and the one matmul every projection of the model goes through.
+
+Symmetric absmax quantization: weights per output channel (the scale reduces over the contracting
+axes only), activations per token (over the contracting axes of the activation). int8 rounds to
+[-127, 127]; fp8 (e4m3) clips to +-448 before the cast, since an overflowing float8 cast gives NaN,
+not saturation. A channel (or token) of zeros gets scale 1 instead of 0/0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Float
+
+from sparserl_jax.quant.config import fp8_dtype
+
+QMAX = {"int8": 127.0, "fp8": 448.0}
+
+
+def storage_dtype(fmt: str):
+    return jnp.int8 if fmt == "int8" else fp8_dtype()
+
+
+def quantize(x: Array, fmt: str, axes: tuple[int, ...]) -> tuple[Array, Float[Array, "..."]]:
+    """(values, scale) with x ~ values * scale; `scale` is float32, reduced over `axes` (kept as
+    size-1 axes)."""
+    x32 = x.astype(jnp.float32)
+    qmax = QMAX[fmt]
+    scale = jnp.max(jnp.abs(x32), axis=axes, keepdims=True) / qmax
+    scale = jnp.where(scale >= jnp.finfo(jnp.float32).tiny, scale, 1.0)  # zero channels
+    y = x32 / scale
+    if fmt == "int8":
+        y = jnp.round(y)
+    return jnp.clip(y, -qmax, qmax).astype(storage_dtype(fmt)), scale
+
+
+@struct.dataclass
+class QWeight:
+    """A quantized kernel: `values` (int8 or float8_e4m3fn, the kernel's shape) and float32
+    `scale` (the kernel's shape with the contracting axes of size 1). `act` is the activation
+    format of the dot (None: weight-only W8A16); `impl` "native" or "fake"."""
+
+    values: Array
+    scale: Float[Array, "..."]
+    fmt: str = struct.field(pytree_node=False, default="int8")
+    act: str | None = struct.field(pytree_node=False, default="int8")
+    impl: str = struct.field(pytree_node=False, default="native")
+
+    @property
+    def shape(self):
+        return self.values.shape
+
+    def dequantize(self) -> Float[Array, "..."]:
+        return self.values.astype(jnp.float32) * self.scale
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.size * self.values.dtype.itemsize + self.scale.size * 4
+
+
+def _tokens(subscripts: str) -> list[str]:
+    head, ell, tail = subscripts.partition("...")
+    return list(head) + (["..."] if ell else []) + list(tail)
+
+
+def _axes(tokens: list[str], letters: set[str]) -> tuple[int, ...]:
+    """Positions of `letters` in an operand's tokens (counted from the end after an ellipsis)."""
+    n = len(tokens)
+    ell = tokens.index("...") if "..." in tokens else n
+    return tuple(i - n if i > ell else i for i, t in enumerate(tokens) if t in letters)
+
+
+def dot(spec: str, x: Array, w, *, preferred_element_type=None) -> Array:
+    """einsum(spec, x, w) for a full-precision kernel; for a QWeight, the quantized product
+    rescaled by the activation and weight scales. The output must list x's free axes then w's
+    (as every projection of the model does), so the scales broadcast without a transpose."""
+    if not isinstance(w, QWeight):
+        return jnp.einsum(spec, x, w, preferred_element_type=preferred_element_type)
+    out_dtype = preferred_element_type or x.dtype
+    inputs, out = spec.replace(" ", "").split("->")
+    xs, ws = (_tokens(s) for s in inputs.split(","))
+    contract = (set(xs) & set(ws)) - set(_tokens(out)) - {"..."}
+    x_free = [t for t in xs if t not in contract]
+    w_free = [t for t in ws if t not in contract]
+    if _tokens(out) != x_free + w_free:
+        raise ValueError(f"quant.dot({spec!r}): the output must be x's free axes then w's")
+    w_axes = _axes(ws, contract)
+    w_scale = jnp.squeeze(w.scale, w_axes)  # [w free axes]
+    if w.act is None:  # W8A16: the kernel upcast inside the dot, one rescale per output channel
+        if w.impl == "fake":
+            return jnp.einsum(spec, x.astype(jnp.float32), w.dequantize()).astype(out_dtype)
+        acc = jnp.einsum(spec, x, w.values.astype(x.dtype), preferred_element_type=jnp.float32)
+        return (acc * w_scale).astype(out_dtype)
+    x_axes = _axes(xs, contract)
+    xq, x_scale = quantize(x, w.act, x_axes)
+    if w.impl == "fake":
+        x_deq = xq.astype(jnp.float32) * x_scale
+        return jnp.einsum(spec, x_deq, w.dequantize()).astype(out_dtype)
+    acc_dtype = jnp.int32 if w.act == "int8" else jnp.float32
+    acc = jnp.einsum(spec, xq, w.values, preferred_element_type=acc_dtype).astype(jnp.float32)
+    x_scale = jnp.squeeze(x_scale, x_axes)  # [x free axes] (per token)
+    x_scale = x_scale.reshape(x_scale.shape + (1,) * len(w_free))
+    return (acc * x_scale * w_scale).astype(out_dtype)
