@@ -18,6 +18,7 @@ import yaml
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import ModelConfig, RopeScaling
 from sparserl_jax.model.sharding import MeshConfig
+from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig
 
 
@@ -132,6 +133,7 @@ class TrainConfig:
     sft: SFTConfig = SFTConfig()
     train: RunConfig = RunConfig()
     mesh: MeshConfig = MeshConfig()
+    quant: QuantConfig = QuantConfig()
 
 
 # ----------------------------------------------------------------------------- loading
@@ -218,6 +220,7 @@ def dump_config(cfg: TrainConfig, path: str) -> None:
 __all__ = [
     "DataConfig",
     "ModelSource",
+    "QuantConfig",
     "RolloutConfig",
     "RopeScaling",
     "RunConfig",

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from sparserl_jax import cli, components, distributed
+from sparserl_jax import cli, components, distributed, quant
 from sparserl_jax.checkpoint import Checkpointer
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 from sparserl_jax.evaluate import evaluate_examples
@@ -158,6 +158,12 @@ class Trainer:
             self.ref_params = self.ref_ckpt.restore(0, {"params": self.params})[0]["params"]
             self.prompts.load_state_dict(meta["data"])
             self.iteration = int(meta["iteration"])
+            saved = meta.get("invariant_scale", 1.0)  # already in the saved weights: never again
+            if saved != self._scaling_meta()["invariant_scale"]:
+                raise ValueError(
+                    f"quant.invariant_scaling / quant.invariant_s: the checkpoint's weights were "
+                    f"scaled by {saved}, this config asks for {self._scaling_meta()['invariant_scale']}"
+                )
             if self.logger:
                 self.logger.truncate_after(self.iteration)
             self.log(f"resumed from {self.ckpt.directory} at iteration {self.iteration}")
@@ -171,12 +177,21 @@ class Trainer:
             )
             self.params = self._place(self.params)
             self.opt_state = self._init_opt_state()
+        q = self.cfg.quant
+        if q.invariant_scaling:  # once, before pi_ref and the optimizer state (checkpoints hold it)
+            self.params = self._place(quant.invariant_scale(self.params, q.invariant_s))
+            self.opt_state = self._init_opt_state()
         # pi_ref gets its own buffers: the update step donates (deletes) those of self.params
         self.ref_params = jax.tree.map(jnp.copy, self.params)
-        self.ref_ckpt.save(0, {"params": self.ref_params}, {"what": "reference policy pi_ref"})
+        self.ref_ckpt.save(0, {"params": self.ref_params},
+                           {"what": "reference policy pi_ref", **self._scaling_meta()})
+
+    def _scaling_meta(self) -> dict:
+        q = self.cfg.quant
+        return {"invariant_scale": q.invariant_s if q.invariant_scaling else 1.0}
 
     def save(self) -> None:
-        meta = {"iteration": self.iteration, "data": self.prompts.state_dict()}
+        meta = {"iteration": self.iteration, "data": self.prompts.state_dict(), **self._scaling_meta()}
         self.ckpt.save(self.iteration, {"params": self.params, "opt_state": self.opt_state}, meta)
 
     # ------------------------------------------------------------------ one iteration
@@ -226,9 +241,11 @@ class Trainer:
                 "source returned fewer prompts than rollout.prompts?)"
             )
         n_calls = B // R
+        # QuRL: the behaviour policy is theta_old quantized afresh from full precision
+        params = quant.quantize_params(self.params, self.cfg.quant)
         outs = [
             distributed.to_host(generate_jit(
-                self.params, self.model_cfg, self._batch(tokens[i * R:(i + 1) * R]),
+                params, self.model_cfg, self._batch(tokens[i * R:(i + 1) * R]),
                 self._batch(lengths[i * R:(i + 1) * R]),
                 key if n_calls == 1 else jax.random.fold_in(key, i), self.sampler_cfg,
             ))

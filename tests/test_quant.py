@@ -1,0 +1,164 @@
+"""sparserl_jax.quant: quantized weights, the native vs fake dot, quantized sampling, invariant
+scaling, the sharded quantize_params, and the errors that name the setting."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax import quant
+from sparserl_jax.model import transformer as tf
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.quant.core import QMAX
+from sparserl_jax.rollout import sampler as smp
+from sparserl_jax.rollout.sampling import SamplingConfig
+from test_sharding import fake_device_env
+
+CFG = ModelConfig.tiny("qwen2", vocab_size=64, tie_embeddings=False)
+PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))
+TOKENS = jax.random.randint(jax.random.key(1), (3, 10), 1, CFG.vocab_size)
+INT8 = quant.QuantConfig(format="int8")
+
+
+def test_weight_scales_per_output_channel_and_int8_round_trip():
+    q = quant.quantize_params(PARAMS, INT8)
+    layer, full = q["layers"][0], PARAMS["layers"][0]
+    D, N, K, H, F = CFG.d_model, CFG.n_heads, CFG.n_kv_heads, CFG.head_dim, CFG.d_ff
+    expected = {"q": (1, N, H), "k": (1, K, H), "v": (1, K, H), "o": (1, 1, D),
+                "gate": (1, F), "up": (1, F), "down": (1, D)}
+    for name, shape in expected.items():
+        w = layer[name]
+        assert isinstance(w, quant.QWeight) and w.values.dtype == jnp.int8, name
+        assert w.scale.shape == shape and w.scale.dtype == jnp.float32, name
+        err = np.abs(np.asarray(w.dequantize()) - np.asarray(full[name]))
+        assert np.all(err <= np.asarray(w.scale) / 2 * (1 + 1e-6)), name
+    # full precision by default: embedding, lm_head, norms and biases
+    assert q["lm_head"] is PARAMS["lm_head"] or np.array_equal(q["lm_head"], PARAMS["lm_head"])
+    assert not isinstance(layer["attn_norm"], quant.QWeight) and not isinstance(layer["q_bias"], quant.QWeight)
+    assert isinstance(quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", skip=("embed",)))
+                      ["lm_head"], quant.QWeight)
+
+
+def test_fp8_overflow_zeros_and_zero_channels_give_no_nan():
+    x = jnp.array([[1e6, -1e6, 448.0, 0.0], [0.0, 0.0, 0.0, 0.0], [3.0, -2.0, 1e-3, 0.5]])
+    for fmt in ("fp8", "int8"):
+        values, scale = quant.quantize(x, fmt, (1,))
+        back = np.asarray(values.astype(jnp.float32) * scale)
+        assert np.all(np.isfinite(back)) and np.all(np.isfinite(np.asarray(scale))), fmt
+        assert scale[1, 0] == 1.0 and np.all(back[1] == 0.0), fmt  # zero channel: safe scale
+        np.testing.assert_allclose(back[0, :2], [1e6, -1e6], rtol=1e-6)
+    # values beyond +-448 with a unit scale saturate instead of overflowing to NaN
+    values, _ = quant.quantize(jnp.array([[448.0]]), "fp8", (1,))
+    w = quant.QWeight(jnp.array([[1e4, -1e4]]).clip(-QMAX["fp8"], QMAX["fp8"]).astype(values.dtype),
+                      jnp.ones((1, 2)), fmt="fp8")
+    assert np.all(np.isfinite(np.asarray(w.dequantize())))
+
+
+@pytest.mark.parametrize("fmt,mode", [("int8", "w8a8"), ("fp8", "w8a8"), ("int8", "w8a16")])
+def test_native_dot_matches_fake_and_is_a_low_precision_dot(fmt, mode):
+    native = quant.quantize_params(PARAMS, quant.QuantConfig(format=fmt, mode=mode))
+    fake = quant.quantize_params(PARAMS, quant.QuantConfig(format=fmt, mode=mode, impl="fake"))
+    ln, lf = tf.logits(native, CFG, TOKENS), tf.logits(fake, CFG, TOKENS)
+    scale = float(jnp.max(jnp.abs(lf)))
+    assert float(jnp.max(jnp.abs(ln - lf))) <= 1e-5 * scale
+    full = tf.logits(PARAMS, CFG, TOKENS)
+    assert 0 < float(jnp.mean(jnp.abs(ln - full))) < 0.1 * float(jnp.mean(jnp.abs(full)))  # close
+    hlo = jax.jit(lambda p: tf.logits(p, CFG, TOKENS)).lower(native).as_text()
+    operand = {"int8": "xi8>", "fp8": "xf8E4M3FN>"}[fmt]
+    dots = [line for line in hlo.splitlines() if "dot_general" in line and operand in line]
+    assert len(dots) == (7 * CFG.n_layers if mode == "w8a8" else 0)
+    if fmt == "int8" and mode == "w8a8":
+        assert all("xi32>" in line.split("->")[-1] for line in dots)  # int32 accumulation
+
+
+def test_dot_matches_qwix_and_numpy_oracles():
+    """The rescaled dot against qwix.einsum on the same QArrays (qwix's int8 grid is absmax / 127.5,
+    ours absmax / 127, so the quantized values come from a NumPy reference instead)."""
+    qwix = pytest.importorskip("qwix")
+    x = jax.random.normal(jax.random.key(2), (2, 3, 16))
+    w = jax.random.normal(jax.random.key(3), (16, 4, 8))
+    values, scale = quant.quantize(w, "int8", (0,))
+    w_np = np.asarray(w)
+    s_np = np.abs(w_np).max(0, keepdims=True) / 127.0
+    np.testing.assert_array_equal(values, np.clip(np.round(w_np / s_np), -127, 127))
+    np.testing.assert_allclose(scale, s_np, rtol=1e-6)
+    xv, xs = quant.quantize(x, "int8", (2,))
+    ours = quant.dot("btd,dnh->btnh", x, quant.QWeight(values, scale))
+    theirs = qwix.einsum("btd,dnh->btnh", qwix.QArray(xv, xs, qtype=jnp.int8),
+                         qwix.QArray(values, scale, qtype=jnp.int8))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_quantized_sampler_greedy_and_logprobs_match_teacher_forcing():
+    qparams = quant.quantize_params(PARAMS, INT8)
+    fake = quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", impl="fake"))
+    lengths = jnp.array([6, 10, 8])
+    prompts = jnp.where(jnp.arange(10)[None] < lengths[:, None], TOKENS, 0)
+    greedy = smp.SamplerConfig(max_new_tokens=6, sampling=SamplingConfig(temperature=0.0),
+                               kv=kv.KVConfig(buffer=3))
+    out_native = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(0), greedy)
+    out_fake = smp.generate_jit(fake, CFG, prompts, lengths, jax.random.key(0), greedy)
+    np.testing.assert_array_equal(out_native.tokens, out_fake.tokens)
+    # a sparse (snapkv) quantized rollout: one behaviour policy, scored teacher-forced
+    cfg = smp.SamplerConfig(max_new_tokens=6, sampling=SamplingConfig(temperature=0.8),
+                            kv=kv.KVConfig(buffer=3))
+    out = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(3), cfg)
+    seq = np.zeros((3, 16), np.int32)
+    for b in range(3):
+        P = int(lengths[b])
+        seq[b, :P], seq[b, P:P + 6] = prompts[b, :P], out.tokens[b]
+    lp, _ = tf.token_logprobs(qparams, CFG, jnp.asarray(seq), temperature=0.8)
+    for b in range(3):
+        P = int(lengths[b])
+        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1:P + 5], atol=2e-5)
+
+
+def test_invariant_scaling_keeps_the_logits():
+    scaled = quant.invariant_scale(PARAMS, 1.5)
+    np.testing.assert_allclose(scaled["layers"][0]["attn_norm"], 1.5 * PARAMS["layers"][0]["attn_norm"])
+    ref = tf.logits(PARAMS, CFG, TOKENS)
+    assert float(jnp.max(jnp.abs(tf.logits(scaled, CFG, TOKENS) - ref))) <= 1e-5 * float(jnp.max(jnp.abs(ref)))
+
+
+def test_sharded_quantize_params_equals_one_device():
+    code = """
+import jax, numpy as np
+from sparserl_jax import quant
+from sparserl_jax.model import sharding as shd, transformer as tf
+from sparserl_jax.model.config import ModelConfig
+cfg = ModelConfig.tiny("qwen2", vocab_size=64, d_model=32, d_ff=64, tie_embeddings=False)
+params = tf.init_params(cfg, jax.random.key(0))
+mesh = shd.make_mesh(shd.MeshConfig(data=2, fsdp=2, tensor=2))
+qcfg = quant.QuantConfig(format="int8", skip=("embed",))
+one = quant.quantize_params(params, qcfg)
+many = quant.quantize_params(shd.shard_params(params, mesh), qcfg)
+for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+q, fp = many["layers"][0]["q"], shd.shard_params(params, mesh)["layers"][0]["q"]
+assert q.values.sharding.spec == fp.sharding.spec and q.values.dtype == np.int8, q.values.sharding
+assert tuple(q.scale.sharding.spec)[:1] in ((None,), ()), q.scale.sharding
+assert len(q.values.sharding.device_set) == 8
+print("QUANT_SHARDED_OK")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=fake_device_env(8),
+                          capture_output=True, text=True, timeout=300)
+    assert "QUANT_SHARDED_OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_bad_input_names_the_setting(monkeypatch):
+    with pytest.raises(ValueError, match=r"quant\.format='int4'.*accepted"):
+        quant.QuantConfig(format="int4")
+    with pytest.raises(ValueError, match=r"quant\.mode='w4a16'.*accepted"):
+        quant.QuantConfig(format="int8", mode="w4a16")
+    with pytest.raises(ValueError, match=r"quant\.skip.*'embed'"):
+        quant.QuantConfig(format="int8", skip=())
+    odd = {**PARAMS, "layers": [{**PARAMS["layers"][0], "w_fused": PARAMS["layers"][0]["q"]}]}
+    with pytest.raises(ValueError, match=r"quant\.format='int8'.*layers\[0\]\.w_fused"):
+        quant.quantize_params(odd, INT8)
+    monkeypatch.delattr(jnp, "float8_e4m3fn")
+    with pytest.raises(ValueError, match=r"quant\.format='fp8' needs a jax with float8"):
+        quant.QuantConfig(format="fp8")
