@@ -16,7 +16,10 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.core import QMAX
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.metrics_log import read_metrics
+from sparserl_jax.train import Trainer
 from test_sharding import fake_device_env
+from test_train import _cfg, _strip_timing
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, tie_embeddings=False)
 PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))
@@ -162,3 +165,24 @@ def test_bad_input_names_the_setting(monkeypatch):
     monkeypatch.delattr(jnp, "float8_e4m3fn")
     with pytest.raises(ValueError, match=r"quant\.format='fp8' needs a jax with float8"):
         quant.QuantConfig(format="fp8")
+
+
+def test_qurl_int8_run_trains_logs_mismatch_and_acr_and_resumes_exactly(tmp_path):
+    """Sparse (snapkv) + int8 W8A8 rollouts with QuRL's ACR and invariant scaling: nonzero
+    mismatch and ACR activity; stopped after 1 iteration and resumed, the run matches the
+    uninterrupted one (the resumed trainer does not scale again)."""
+    common = ("train.iterations=2", "sft.steps=8", "train.save_every=1", "rl.mode=qurl",
+              "rl.acr.c=1.01", "quant.format=int8", "quant.invariant_scaling=true")
+    Trainer(_cfg(tmp_path / "a", *common)).run()
+    Trainer(_cfg(tmp_path / "b", *common, "train.iterations=1")).run()
+    resumed = Trainer(_cfg(tmp_path / "b", *common))
+    resumed.run()
+    a, b = _strip_timing(read_metrics(tmp_path / "a")), _strip_timing(read_metrics(tmp_path / "b"))
+    assert [r["step"] for r in b] == [1, 2]
+    for ra, rb in zip(a, b):
+        for k in ra:
+            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    assert all(r["mismatch/kl_k3"] > 0 and r["acr/active_frac"] > 0 for r in a), a
+    assert a[-1]["update/tokens"] > 0
+    with pytest.raises(ValueError, match=r"quant\.invariant_scaling.*scaled by 1\.5"):
+        Trainer(_cfg(tmp_path / "b", *common[:-1], "train.iterations=3")).run()
