@@ -26,7 +26,7 @@ from sparserl_jax import components
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
-from sparserl_jax.generate import add_kv_args, kv_config_from_args
+from sparserl_jax.generate import add_kv_args, add_quant_args, kv_config_from_args, quantized
 from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
 
 
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--output-json", default=None)
     add_kv_args(p)
+    add_quant_args(p)
     return p
 
 
@@ -138,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                                   top_p=args.top_p)
     )
     result = evaluate_examples(
-        parts.params, parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
+        quantized(parts.params, args), parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
         k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=args.max_prompt_len,
     )
     print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "

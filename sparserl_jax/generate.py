@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparserl_jax import cli
+from sparserl_jax import cli, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
@@ -97,6 +97,17 @@ def add_kv_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attn-impl", default="auto", help="decode attention: auto, xla, pallas, interpret")
 
 
+def add_quant_args(p: argparse.ArgumentParser) -> None:
+    """Sample with a quantized copy of the weights (QuRL's behaviour policy), shared with the evaluator."""
+    g = p.add_argument_group("quantized sampling (methods.md 2)")
+    g.add_argument("--quant", choices=quant.FORMATS, default="none")
+    g.add_argument("--quant-mode", choices=quant.MODES, default="w8a8")
+
+
+def quantized(params, args: argparse.Namespace):
+    return quant.quantize_params(params, quant.QuantConfig(format=args.quant, mode=args.quant_mode))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sparserl_jax.generate", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="HF directory: config.json, *.safetensors, tokenizer.json")
@@ -110,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--output-json", default=None)
     add_kv_args(p)
+    add_quant_args(p)
     return p
 
 
@@ -130,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         attn_impl=args.attn_impl,
     )
     out = generate_jit(
-        params, model_cfg, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(args.seed), cfg
+        quantized(params, args), model_cfg, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(args.seed), cfg
     )
     out = jax.device_get(out)
     results = []
@@ -151,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         )
         print(f"=== prompt {i}: {prompt!r}\n{text}\n")
     if args.output_json:
-        meta = {"sampler": dataclasses.asdict(cfg), "checkpoint": args.checkpoint, "seed": args.seed}
+        meta = {"sampler": dataclasses.asdict(cfg), "checkpoint": args.checkpoint, "seed": args.seed,
+                "quant": {"format": args.quant, "mode": args.quant_mode}}
         with open(args.output_json, "w") as f:
             json.dump({"config": meta, "results": results}, f, indent=1)
     return results

@@ -186,3 +186,18 @@ def test_qurl_int8_run_trains_logs_mismatch_and_acr_and_resumes_exactly(tmp_path
     assert a[-1]["update/tokens"] > 0
     with pytest.raises(ValueError, match=r"quant\.invariant_scaling.*scaled by 1\.5"):
         Trainer(_cfg(tmp_path / "b", *common[:-1], "train.iterations=3")).run()
+
+
+def test_generate_and_evaluate_quant_flags():
+    """--quant / --quant-mode on both CLIs reach quantize_params (main() samples with its result)."""
+    from sparserl_jax import evaluate, generate
+
+    args = generate.build_parser().parse_args(["--checkpoint", "x", "--prompt", "p", "--quant", "int8"])
+    q = generate.quantized(PARAMS, args)["layers"][0]["q"]
+    assert isinstance(q, quant.QWeight) and (q.fmt, q.act) == ("int8", "int8")
+    args = evaluate.build_parser().parse_args(["--checkpoint", "x", "--quant", "fp8", "--quant-mode", "w8a16"])
+    q = generate.quantized(PARAMS, args)["layers"][0]["down"]
+    assert (q.fmt, q.act, q.values.dtype) == ("fp8", None, jnp.float8_e4m3fn)
+    assert generate.quantized(PARAMS, evaluate.build_parser().parse_args(["--checkpoint", "x"])) is PARAMS
+    with pytest.raises(SystemExit):
+        generate.build_parser().parse_args(["--checkpoint", "x", "--prompt", "p", "--quant", "int4"])
