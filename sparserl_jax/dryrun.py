@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sparserl_jax import cli
+from sparserl_jax import cli, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.model import sharding
@@ -164,6 +164,22 @@ def tree_bytes(tree: Any, sizes: dict[str, int], *, dtype=None) -> int:
     return total
 
 
+def quantized_copy_bytes(cfg: TrainConfig, params: Any, sizes: dict[str, int]) -> int:
+    """Per-device bytes of the rollout's quantized copy (QWeight values + float32 scales, laid out
+    like their kernels); its full-precision leaves are theta's own buffers."""
+    if not cfg.quant.enabled:
+        return 0
+    qparams = quant.abstract_quantized(params, cfg.quant)
+    total = 0
+    flat = jax.tree_util.tree_flatten_with_path(qparams, is_leaf=lambda x: isinstance(x, quant.QWeight))[0]
+    for path, leaf in flat:
+        if isinstance(leaf, quant.QWeight):
+            spec = spec_for_path(sharding.path_str(path), leaf.values.shape, sizes)
+            total += device_bytes(leaf.values.shape, leaf.values.dtype, spec, sizes)
+            total += device_bytes(leaf.scale.shape, jnp.float32, spec, sizes)
+    return total
+
+
 def cache_bytes(cache: kv.KVCache, sizes: dict[str, int]) -> int:
     """Per-device bytes of a KVCache (or its eval_shape) under sharding.cache_specs."""
     specs = sharding.cache_specs(cache, sizes)
@@ -220,7 +236,7 @@ def estimate(
     """Per-device memory items of one training iteration, and facts used (shapes, capacities)."""
     P_len = prompt_len or cfg.data.max_prompt_len
     check_config(cfg, m, P_len)
-    r, u = cfg.rollout, cfg.rl.update
+    r, u, q = cfg.rollout, cfg.rl.update, cfg.quant
     t, fsdp = sizes["tensor"], sizes["fsdp"]
     split = lambda n: n // t if n % t == 0 else n  # a dim the tensor axis splits when it divides it
     D, L, H = m.d_model, m.n_layers, m.head_dim
@@ -292,6 +308,10 @@ def estimate(
         Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
         Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
     ]
+    if q.enabled:  # QuRL: the sampler's quantized copy of theta, made before every rollout
+        items.insert(3, Item("quantized params (behaviour copy)", "rollout",
+                             quantized_copy_bytes(cfg, params, sizes),
+                             f"quant.format={q.format} quant.mode={q.mode}: values + f32 scales"))
     facts = dict(
         prompt_len=P_len, max_new_tokens=r.max_new_tokens, update_width=T,
         rollout_rows=rows, rows_per_call=call_rows, rollout_calls=rows // call_rows,

@@ -201,3 +201,18 @@ def test_generate_and_evaluate_quant_flags():
     assert generate.quantized(PARAMS, evaluate.build_parser().parse_args(["--checkpoint", "x"])) is PARAMS
     with pytest.raises(SystemExit):
         generate.build_parser().parse_args(["--checkpoint", "x", "--prompt", "p", "--quant", "int4"])
+
+
+def test_dry_run_counts_the_quantized_copy_in_the_rollout_phase():
+    from test_dryrun import item, run
+
+    base = run("qwen2.5-1.5b", "1gpu")
+    q = run("qwen2.5-1.5b", "1gpu", "quant.format=int8")
+    m = q["model"]
+    D, N, K, H, L = (m[k] for k in ("d_model", "n_heads", "n_kv_heads", "head_dim", "n_layers"))
+    F = 8960  # Qwen2.5-1.5B's MLP width
+    values = L * (2 * D * N * H + 2 * D * K * H + 3 * D * F)  # int8: one byte each
+    scales = L * 4 * (N * H + 2 * K * H + D + 2 * F + D)  # float32: q, k, v, o, gate, up, down
+    assert item(q, "quantized params (behaviour copy)") == values + scales
+    assert q["phase_bytes"]["rollout"] == base["phase_bytes"]["rollout"] + values + scales
+    assert q["phase_bytes"]["persistent"] == base["phase_bytes"]["persistent"]

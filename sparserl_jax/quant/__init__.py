@@ -19,9 +19,9 @@ serves as the independent oracle in tests/test_quant.py.
 
 from sparserl_jax.quant.config import FORMATS, IMPLS, MODES, QuantConfig
 from sparserl_jax.quant.core import QWeight, dot, quantize
-from sparserl_jax.quant.params import invariant_scale, quantize_params, quantized_bytes
+from sparserl_jax.quant.params import abstract_quantized, invariant_scale, quantize_params, quantized_bytes
 
 __all__ = [
-    "FORMATS", "IMPLS", "MODES", "QWeight", "QuantConfig", "dot", "invariant_scale", "quantize",
+    "FORMATS", "abstract_quantized", "IMPLS", "MODES", "QWeight", "QuantConfig", "dot", "invariant_scale", "quantize",
     "quantize_params", "quantized_bytes",
 ]

@@ -88,6 +88,13 @@ def quantize_params(params: dict, cfg: QuantConfig) -> dict:
     return _compiled(cfg, treedef, tuple(leaves))(params)
 
 
+def abstract_quantized(params_or_shapes: dict, cfg: QuantConfig) -> dict:
+    """jax.eval_shape of quantize_params (plans the quantized copy's memory without allocating)."""
+    _check_weights(params_or_shapes, cfg)
+    return jax.eval_shape(functools.partial(_map_kernels, cfg=cfg, fn=functools.partial(
+        _quantize_weight, cfg=cfg)), params_or_shapes)
+
+
 def invariant_scale(params: dict, s: float) -> dict:
     """QuRL's invariant scaling: each attention RMSNorm scale (the one feeding q/k/v) times s and
     the q/k/v kernels divided by s: the same function in exact arithmetic, with larger norm
