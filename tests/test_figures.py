@@ -15,6 +15,7 @@ import fig_c_policies  # noqa: E402
 import fig_d_corrections  # noqa: E402
 import fig_e_robustness  # noqa: E402
 import fig_f_throughput  # noqa: E402
+import fig_qurl  # noqa: E402
 import figlib  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
@@ -88,6 +89,17 @@ def test_fig_d_corrections(runs_dir, tmp_path):
     _outputs(tmp_path, "corrections")
     assert data["results"]["none"][0]["token_reject_rate"] == 0.0  # naive sparse rejects nothing
     assert set(data["results"]) == {"none", "both", "both_geometric_level"}
+
+
+def test_fig_qurl(runs_dir, tmp_path):
+    data = fig_qurl.main(["--smoke", "--seeds", "0", "--variants", "int8_acr",
+                          "--out", str(tmp_path), "--runs-dir", runs_dir])
+    saved = _outputs(tmp_path, "qurl")
+    (q,) = data["results"]["int8_acr"]
+    assert _acc_ok(q["dense_acc"]) and q["mismatch_kl_k3"] > 0.0  # int8 rollouts move pi_behav
+    assert 0.0 <= q["acr_active"] <= 1.0 and q["rollout_tokens_per_s"] > 0
+    assert saved["paper_gsm8k"] == {"int8_acr": 53.55}
+    assert "| int8_acr | qurl |" in (tmp_path / "results.md").read_text()
 
 
 def test_fig_e_robustness(runs_dir, tmp_path):

@@ -1,0 +1,105 @@
+"""Figure QuRL: quantized rollouts at tiny scale (methods.md 2): full-precision rollouts, naive
+INT8 (no correction), TIS (FlashRL), ACR (QuRL), ACR + invariant scaling, and sparse + quantized
+rollouts (one behaviour policy: evicted KV and int8 weights), beside the paper's GSM8K numbers.
+
+  python experiments/fig_qurl.py                                # 7 variants x 3 seeds
+  python experiments/fig_qurl.py --seeds 0 --variants fp int8_tis --smoke
+
+Every variant starts from the same warm start with the same seeds; accuracy is that of the final
+full-precision weights under dense inference; mismatch KL (k3) is KL(pi_behav || pi_old) over the
+response tokens, ACR activity the fraction of tokens whose rho exceeds C, both averaged over the
+run; rollout tokens/s is measured on this machine (on CPU a quantized dot may be slower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import figlib
+from figlib import fmt
+
+INT8 = ("quant.format=int8",)
+VARIANTS = {  # name -> (rl.mode, sparse KV rollouts?, extra overrides, paper GSM8K accuracy)
+    "fp": ("dense", False, (), 55.35),
+    "int8_naive": ("dense", False, INT8, 48.78),
+    "int8_tis": ("tis", False, INT8, 51.40),
+    "int8_acr": ("qurl", False, INT8, 53.55),
+    "int8_acr_invariant_scaling": ("qurl", False, INT8 + ("quant.invariant_scaling=true",), None),
+    "sparse_int8_acr": ("qurl", True, INT8, None),
+    "sparse_int8_sparse_rl_acr": ("sparse_rl", True, INT8 + ("rl.acr.enabled=true",), None),
+}
+
+
+def row(run) -> dict:
+    h = run.history
+    return {
+        "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
+        "mismatch_kl_k3": figlib.run_mean(h, "mismatch/kl_k3"),
+        "acr_active": figlib.run_mean(h, "acr/active_frac"),
+        "rollout_tokens_per_s": figlib.run_mean(h, "throughput/rollout_tokens_per_s"),
+        **figlib.summarize(run),
+    }
+
+
+def main(argv=None) -> dict:
+    p = figlib.parser(__doc__)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = p.parse_args(argv)
+    study = figlib.study_from_args(args)
+    out = args.out or figlib.default_out("fig_qurl")
+    sparse = study.base.kv.policy
+
+    results, histories = {}, {}
+    for name in args.variants:
+        mode, is_sparse, extra, _ = VARIANTS[name]
+        runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=sparse if is_sparse else "none",
+                          seed=s, extra=extra) for s in args.seeds]
+        histories[name] = [r.history for r in runs]
+        results[name] = [row(r) for r in runs]
+
+    b = study.base
+    lines = [
+        f"{b.train.iterations} iterations; seeds {args.seeds} (mean ± std); int8 W8A8 rollouts "
+        f"(embedding and lm_head full precision), ACR C = {b.rl.acr.c}, invariant s = "
+        f"{b.quant.invariant_s}; sparse rows: {sparse}, budget {b.kv.budget} + buffer {b.kv.buffer}. "
+        "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).",
+        "",
+        "| rollouts | mode | accuracy | train reward (last 25%) | mismatch KL (k3) | ACR active | "
+        "rollout tokens/s | paper GSM8K |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in results.items():
+        col = lambda k: [r[k] for r in rows]  # noqa: E731
+        paper = VARIANTS[name][3]
+        lines.append(
+            f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | "
+            f"{fmt(col('train_reward_last25'))} | {fmt(col('mismatch_kl_k3'), '.2e')} | "
+            f"{fmt(col('acr_active'), '.4f')} | {fmt(col('rollout_tokens_per_s'), '.0f')} | "
+            f"{'—' if paper is None else f'{paper:.2f}'} |"
+        )
+
+    fig, axes = figlib.plt.subplots(1, 3, figsize=(14, 3.6))
+    names = list(results)
+    for ax, key, title in zip(axes[:2], ("dense_acc", "mismatch_kl_k3"),
+                              ("accuracy (dense inference)", "mismatch KL (k3)")):
+        stats = [figlib.mean_std(r[key] for r in results[n]) for n in names]
+        ax.bar(np.arange(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
+        ax.set_xticks(np.arange(len(names)), names, fontsize=7, rotation=30)
+        ax.set_title(title)
+    for name in names:
+        x, m, _ = figlib.curve(histories[name], "reward/mean")
+        axes[2].plot(x, m, label=name)
+    axes[2].set_title("train reward (mean over seeds)")
+    axes[2].set_xlabel("iteration")
+    axes[2].legend(fontsize=7)
+    data = {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in names},
+            "paper_gsm8k": {n: VARIANTS[n][3] for n in names}}
+    figlib.write_outputs(out, "Figure QuRL: quantized rollouts", "\n".join(lines), data, fig,
+                         "qurl", study)
+    return data
+
+
+if __name__ == "__main__":
+    main()
