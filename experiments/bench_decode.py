@@ -10,6 +10,13 @@ the acceptance targets are sparse tokens/s >= 2x dense at 8k new tokens on the C
     python experiments/bench_decode.py --profile gpu           # Qwen2.5-1.5B-shaped, bf16
     python experiments/bench_decode.py --profile gpu --dry-run # lower the GPU path at reduced size
     python experiments/bench_decode.py --lengths 1024 4096 --policies none streaming --batch 4
+    python experiments/bench_decode.py --quant none w8a16 int8 fp8  # QuRL's quantized weights
+
+`--quant` adds rows with quantized weights (sparserl_jax.quant): w8a16 (int8 weight-only), int8
+(W8A8, int8 dot with int32 accumulation) and fp8 (W8A8 e4m3); weight MiB is what one decode step
+reads (quantized values + float32 scales, embedding and lm_head in full precision). On CPU a
+quantized dot may be slower than the full-precision one; the GPU target is W8A8 faster than bf16
+at batch >= 64 on the 1.5B shape.
 
 Every sequence decodes exactly max_new_tokens (no EOS). Compile time is an AOT lower + compile;
 the timed figure is the median over the calls of a row (at least --repeats, and at least
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
@@ -35,13 +43,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from sparserl_jax import kernels
+from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
 
 DENSE = "none"
+QUANT = {  # --quant label -> (quant.format, quant.mode)
+    "none": ("none", "w8a8"), "w8a16": ("int8", "w8a16"), "int8": ("int8", "w8a8"),
+    "fp8": ("fp8", "w8a8"),
+}
 SPARSE_POLICIES = ("streaming", "h2o", "snapkv", "rkv", "random")
 
 
@@ -92,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, help="prompt tokens per sequence")
     p.add_argument("--policies", nargs="+", default=[DENSE, *SPARSE_POLICIES],
                    help=f"'{DENSE}' (dense) and/or eviction policies {SPARSE_POLICIES}")
+    p.add_argument("--quant", nargs="+", default=["none"], choices=tuple(QUANT),
+                   help="weight formats: none (the model dtype), w8a16, int8 (W8A8), fp8 (W8A8)")
     p.add_argument("--budget", type=int, help="kv.budget B of kept entries")
     p.add_argument("--buffer", type=int, help="kv.buffer of new entries between compressions")
     p.add_argument("--window", type=int, help="kv.window w")
@@ -153,8 +167,20 @@ def make_inputs(prof: Profile, key: jax.Array) -> tuple[Int[Array, "B P"], Int[A
     return prompts_BxP, lengths_B
 
 
+def quantized(params, label: str):
+    fmt, mode = QUANT[label]
+    return quant.quantize_params(params, quant.QuantConfig(format=fmt, mode=mode))
+
+
+def low_precision_dots(hlo_text: str) -> int:
+    """dot_generals of the lowered text with an int8 or float8 operand."""
+    return sum(1 for line in hlo_text.splitlines()
+               if "dot_general" in line and ("xi8>" in line or "xf8E4M3FN>" in line))
+
+
 def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, lengths_B,
-              *, repeats: int, min_seconds: float, seed: int, attn_impl: str) -> dict:
+              *, repeats: int, min_seconds: float, seed: int, attn_impl: str,
+              quant_label: str = "none") -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
     and at least `min_seconds` in all; the median call is reported."""
     kv_cfg = kv_config(policy, prof)
@@ -179,6 +205,8 @@ def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, 
     wall_s = statistics.median(seconds)
     return dict(
         policy=policy,
+        quant=quant_label,
+        weight_bytes=quant.quantized_bytes(params),
         new_tokens=new_tokens,
         batch=prof.batch,
         prompt_len=prof.prompt_len,
@@ -197,17 +225,22 @@ def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, 
 def add_speedups(rows: list[dict]) -> None:
     """speedup_vs_dense = tokens/s over the dense row's at the same length (None without one)."""
     rows = [r for r in rows if "error" not in r]
-    dense = {r["new_tokens"]: r["tokens_per_s"] for r in rows if r["policy"] == DENSE}
+    dense = {(r["new_tokens"], r.get("quant", "none")): r["tokens_per_s"]
+             for r in rows if r["policy"] == DENSE}
+    full = {(r["policy"], r["new_tokens"]): r["tokens_per_s"]
+            for r in rows if r.get("quant", "none") == "none"}
     for r in rows:
-        base = dense.get(r["new_tokens"])
+        base = dense.get((r["new_tokens"], r.get("quant", "none")))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
+        base = full.get((r["policy"], r["new_tokens"]))
+        r["speedup_vs_full_precision"] = r["tokens_per_s"] / base if base else None
 
 
 def acceptance(rows: list[dict], prof: Profile) -> dict:
     """The target speedup at prof.target_length, and per policy the flatness ratio of step time
     (longest / shortest length; 1.0 = flat in the generated length)."""
     lo, hi = min(prof.lengths), max(prof.lengths)
-    rows = [r for r in rows if "error" not in r]
+    rows = [r for r in rows if "error" not in r and r.get("quant", "none") == "none"]
     by = {(r["policy"], r["new_tokens"]): r for r in rows}
     at_target = {
         r["policy"]: r["speedup_vs_dense"]
@@ -241,7 +274,8 @@ def reduced(prof: Profile) -> Profile:
     )
 
 
-def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str) -> dict:
+def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str,
+            quant_labels: tuple[str, ...] = ("none",)) -> dict:
     """eval_shape the full params (no allocation), give the full-size KV bytes of every row, and
     lower every (policy, length) of the reduced profile (no compile, no run)."""
     key_shape = jax.eval_shape(lambda: jax.random.key(seed))
@@ -264,19 +298,22 @@ def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str) -> di
     prompts = jax.ShapeDtypeStruct((small.batch, small.prompt_len), jnp.int32)
     lengths = jax.ShapeDtypeStruct((small.batch,), jnp.int32)
     lowered = []
-    for new_tokens in small.lengths:
-        for policy in policies:
-            cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_config(policy, small),
-                                eos_token_ids=(), attn_impl=attn_impl)
-            t0 = time.perf_counter()
-            text = (
-                jax.jit(generate, static_argnames=("model_cfg", "cfg"))
-                .lower(params, small.model, prompts, lengths, key_shape, cfg)
-                .as_text()
-            )
-            lowered.append(dict(policy=policy, new_tokens=new_tokens, batch=small.batch,
-                                n_layers=small.model.n_layers,
-                                lower_s=time.perf_counter() - t0, hlo_chars=len(text)))
+    for new_tokens, label, policy in itertools.product(small.lengths, quant_labels, policies):
+        fmt, mode = QUANT[label]
+        qcfg = quant.QuantConfig(format=fmt, mode=mode)
+        row_params = quant.abstract_quantized(params, qcfg) if qcfg.enabled else params
+        cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_config(policy, small),
+                            eos_token_ids=(), attn_impl=attn_impl)
+        t0 = time.perf_counter()
+        text = (
+            jax.jit(generate, static_argnames=("model_cfg", "cfg"))
+            .lower(row_params, small.model, prompts, lengths, key_shape, cfg)
+            .as_text()
+        )
+        lowered.append(dict(policy=policy, quant=label, new_tokens=new_tokens,
+                            batch=small.batch, n_layers=small.model.n_layers,
+                            lower_s=time.perf_counter() - t0, hlo_chars=len(text),
+                            low_precision_dots=low_precision_dots(text)))
     return dict(n_params_full=n_params(param_shapes(prof.model)),
                 n_params_lowered=n_params(params), full_size_rows=full_rows, lowered=lowered)
 
@@ -297,37 +334,38 @@ def main(argv: list[str] | None = None) -> dict:
         "setting": dict(batch=prof.batch, prompt_len=prof.prompt_len, lengths=list(prof.lengths),
                         budget=prof.budget, buffer=prof.buffer, window=prof.window,
                         repeats=args.repeats, min_seconds=args.min_seconds,
-                        attn_impl=args.attn_impl),
+                        attn_impl=args.attn_impl, quant=list(args.quant)),
     }
     if args.dry_run:
-        report["dry_run"] = dry_run(prof, args.policies, args.seed, args.attn_impl)
+        report["dry_run"] = dry_run(prof, args.policies, args.seed, args.attn_impl, tuple(args.quant))
         print(json.dumps(report["dry_run"], indent=2))
         return report
 
     params = jax.block_until_ready(transformer.init_params(prof.model, jax.random.key(args.seed)))
+    params_by_quant = {label: quantized(params, label) for label in args.quant}
     prompts_BxP, lengths_B = make_inputs(prof, jax.random.key(args.seed + 1))
     out = args.out or os.path.join("experiments", "results", f"bench_decode_{name}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     rows = report["results"] = []
     t_start = time.perf_counter()
-    for new_tokens in prof.lengths:  # every policy at one length before the next length
-        for policy in args.policies:
-            try:
-                row = bench_row(params, prof, policy, new_tokens, prompts_BxP, lengths_B,
-                                repeats=args.repeats, min_seconds=args.min_seconds,
-                                seed=args.seed, attn_impl=args.attn_impl)
-                print(f"{policy:>9} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
-                      f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
-                      flush=True)
-            except Exception as err:  # e.g. a dense cache out of device memory: record, go on
-                row = dict(policy=policy, new_tokens=new_tokens, batch=prof.batch,
-                           error=f"{type(err).__name__}: {str(err)[:300]}")
-                print(f"{policy:>9} {new_tokens:>6}: {row['error']}", flush=True)
-            rows.append(row)
-            add_speedups(rows)
-            report["acceptance"] = acceptance(rows, prof)
-            report["total_s"] = time.perf_counter() - t_start
-            write(report, out)  # after every row, so a run cut short keeps what it measured
+    # every (weights, policy) at one length before the next length
+    for new_tokens, label, policy in itertools.product(prof.lengths, args.quant, args.policies):
+        try:
+            row = bench_row(params_by_quant[label], prof, policy, new_tokens, prompts_BxP,
+                            lengths_B, repeats=args.repeats, min_seconds=args.min_seconds,
+                            seed=args.seed, attn_impl=args.attn_impl, quant_label=label)
+            print(f"{policy:>9} {label:>5} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
+                  f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
+                  flush=True)
+        except Exception as err:  # e.g. a dense cache out of device memory: record, go on
+            row = dict(policy=policy, quant=label, new_tokens=new_tokens, batch=prof.batch,
+                       error=f"{type(err).__name__}: {str(err)[:300]}")
+            print(f"{policy:>9} {new_tokens:>6}: {row['error']}", flush=True)
+        rows.append(row)
+        add_speedups(rows)
+        report["acceptance"] = acceptance(rows, prof)
+        report["total_s"] = time.perf_counter() - t_start
+        write(report, out)  # after every row, so a run cut short keeps what it measured
     print(markdown(report))
     print(f"\nwrote {out}")
     return report
@@ -363,19 +401,21 @@ def markdown(report: dict) -> str:
         f"tokens (prefill and compressions included). Run time {report['total_s']:.0f} s.",
         "",
         "| policy | new tokens | batch | tokens/s | ms/step | compile s | calls | KV slots C | "
-        "KV MiB | speedup vs dense |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "KV MiB | speedup vs dense | weights | weight MiB | speedup vs full precision |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         if "error" in r:
             lines.append(f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
-                         f"error: {r['error'][:100]} | | | | | | |")
+                         f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | |")
             continue
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | {r['tokens_per_s']:.1f} | "
             f"{r['step_ms']:.3f} | {r['compile_s']:.1f} | {len(r['wall_s_all'])} | "
             f"{r['kv_capacity']} | "
-            f"{r['kv_bytes'] / 2**20:.1f} | {_fmt(r['speedup_vs_dense'], '.2f')} |"
+            f"{r['kv_bytes'] / 2**20:.1f} | {_fmt(r['speedup_vs_dense'], '.2f')} | "
+            f"{r.get('quant', 'none')} | {_fmt(r.get('weight_bytes', 0) / 2**20, '.1f')} | "
+            f"{_fmt(r.get('speedup_vs_full_precision'), '.2f')} |"
         )
     lo, hi = acc["flatness_lengths"]
     lines += [

@@ -117,3 +117,22 @@ def test_markdown_keeps_error_rows_out_of_the_figures(bench):
     md = bench.markdown(report)
     assert "| rkv | 8192 | 4 | error: XlaRuntimeError: out of memory |" in md
     assert "snapkv 6.00x" in md and "PASS" in md
+
+
+def test_quantized_rows_record_weight_bytes_and_lower_to_low_precision_dots(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
+            "--lengths", "16", "--budget", "8", "--buffer", "8", "--window", "2",
+            "--policies", "streaming", "--quant", "none", "int8", "--min-seconds", "0",
+            "--out", str(out)]
+    rows = bench.main(argv)["results"]
+    assert [(r["policy"], r["quant"]) for r in rows] == [("streaming", "none"), ("streaming", "int8")]
+    full, q = rows
+    assert full["speedup_vs_full_precision"] == 1.0 and q["speedup_vs_full_precision"] > 0
+    assert q["weight_bytes"] < full["weight_bytes"]  # f32 kernels -> int8 + per-channel scales
+    assert "| streaming | 16 | 2 |" in out.with_suffix(".md").read_text()
+    assert "| int8 |" in out.with_suffix(".md").read_text()
+    dry = bench.main(["--profile", "cpu", "--dry-run", "--policies", "none", "--quant", "w8a16",
+                      "int8", "fp8"])["dry_run"]["lowered"]
+    dots = {r["quant"]: r["low_precision_dots"] for r in dry}
+    assert dots["w8a16"] == 0 and dots["int8"] > 0 and dots["fp8"] > 0  # 7 per layer and phase
