@@ -120,11 +120,17 @@ def test_quantized_sampler_greedy_and_logprobs_match_teacher_forcing():
         np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1:P + 5], atol=2e-5)
 
 
-def test_invariant_scaling_keeps_the_logits():
+def test_invariant_scaling_keeps_the_logits_and_exports_the_scaled_weights(tmp_path):
+    from sparserl_jax.model import hf
+
     scaled = quant.invariant_scale(PARAMS, 1.5)
     np.testing.assert_allclose(scaled["layers"][0]["attn_norm"], 1.5 * PARAMS["layers"][0]["attn_norm"])
     ref = tf.logits(PARAMS, CFG, TOKENS)
     assert float(jnp.max(jnp.abs(tf.logits(scaled, CFG, TOKENS) - ref))) <= 1e-5 * float(jnp.max(jnp.abs(ref)))
+    hf.save_params(tmp_path, CFG, scaled)  # the HF export holds the scaled, equivalent weights
+    _, loaded = hf.load_params(tmp_path)
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(scaled)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_sharded_quantize_params_equals_one_device():
