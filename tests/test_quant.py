@@ -1,6 +1,7 @@
 """sparserl_jax.quant: quantized weights, the native vs fake dot, quantized sampling, invariant
 scaling, the sharded quantize_params, and the errors that name the setting."""
 
+import shutil
 import subprocess
 import sys
 
@@ -97,27 +98,27 @@ def test_dot_matches_qwix_and_numpy_oracles():
 
 
 def test_quantized_sampler_greedy_and_logprobs_match_teacher_forcing():
+    """One greedy rollout with native int8 params: its tokens are the argmax of the fake
+    (quantize -> dequantize) model's teacher-forced logits at every step, so the fake sampler
+    would decode the same tokens, and its log-probs equal token_logprobs(qparams)."""
     qparams = quant.quantize_params(PARAMS, INT8)
     fake = quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", impl="fake"))
     lengths = jnp.array([6, 10, 8])
     prompts = jnp.where(jnp.arange(10)[None] < lengths[:, None], TOKENS, 0)
-    greedy = smp.SamplerConfig(max_new_tokens=6, sampling=SamplingConfig(temperature=0.0),
+    M = 6
+    greedy = smp.SamplerConfig(max_new_tokens=M, sampling=SamplingConfig(temperature=0.0),
                                kv=kv.KVConfig(buffer=3))
-    out_native = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(0), greedy)
-    out_fake = smp.generate_jit(fake, CFG, prompts, lengths, jax.random.key(0), greedy)
-    np.testing.assert_array_equal(out_native.tokens, out_fake.tokens)
-    # a sparse (snapkv) quantized rollout: one behaviour policy, scored teacher-forced
-    cfg = smp.SamplerConfig(max_new_tokens=6, sampling=SamplingConfig(temperature=0.8),
-                            kv=kv.KVConfig(buffer=3))
-    out = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(3), cfg)
-    seq = np.zeros((3, 16), np.int32)
+    out = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(0), greedy)
+    seq = np.zeros((3, 10 + M), np.int32)
     for b in range(3):
         P = int(lengths[b])
-        seq[b, :P], seq[b, P:P + 6] = prompts[b, :P], out.tokens[b]
-    lp, _ = tf.token_logprobs(qparams, CFG, jnp.asarray(seq), temperature=0.8)
+        seq[b, :P], seq[b, P:P + M] = prompts[b, :P], out.tokens[b]
+    fake_logits = tf.logits(fake, CFG, jnp.asarray(seq))
+    lp, _ = tf.token_logprobs(qparams, CFG, jnp.asarray(seq))
     for b in range(3):
         P = int(lengths[b])
-        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1:P + 5], atol=2e-5)
+        np.testing.assert_array_equal(jnp.argmax(fake_logits[b, P - 1:P - 1 + M], -1), out.tokens[b])
+        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1:P - 1 + M], atol=2e-5)
 
 
 def test_invariant_scaling_keeps_the_logits_and_exports_the_scaled_weights(tmp_path):
@@ -175,19 +176,18 @@ def test_bad_input_names_the_setting(monkeypatch):
 
 def test_qurl_int8_run_trains_logs_mismatch_and_acr_and_resumes_exactly(tmp_path):
     """Sparse (snapkv) + int8 W8A8 rollouts with QuRL's ACR and invariant scaling: nonzero
-    mismatch and ACR activity; stopped after 1 iteration and resumed, the run matches the
-    uninterrupted one (the resumed trainer does not scale again)."""
-    common = ("train.iterations=2", "sft.steps=8", "train.save_every=1", "rl.mode=qurl",
+    mismatch and ACR activity; resumed from its iteration-1 checkpoint, the run repeats
+    iteration 2 exactly (the resumed trainer does not scale again) and refuses another scale."""
+    common = ("train.iterations=2", "sft.steps=4", "train.save_every=1", "rl.mode=qurl",
               "rl.acr.c=1.01", "quant.format=int8", "quant.invariant_scaling=true")
     Trainer(_cfg(tmp_path / "a", *common)).run()
-    Trainer(_cfg(tmp_path / "b", *common, "train.iterations=1")).run()
-    resumed = Trainer(_cfg(tmp_path / "b", *common))
-    resumed.run()
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "2")  # as if stopped after iteration 1
+    Trainer(_cfg(tmp_path / "b", *common)).run()
     a, b = _strip_timing(read_metrics(tmp_path / "a")), _strip_timing(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2]
-    for ra, rb in zip(a, b):
-        for k in ra:
-            np.testing.assert_allclose(rb[k], ra[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for k in a[1]:
+        np.testing.assert_allclose(b[1][k], a[1][k], rtol=1e-6, atol=1e-7, err_msg=k)
     assert all(r["mismatch/kl_k3"] > 0 and r["acr/active_frac"] > 0 for r in a), a
     assert a[-1]["update/tokens"] > 0
     with pytest.raises(ValueError, match=r"quant\.invariant_scaling.*scaled by 1\.5"):
