@@ -11,8 +11,6 @@ seeds; the table gives the mean ± standard deviation over seeds.
 
 from __future__ import annotations
 
-import numpy as np
-
 import figlib
 from figlib import fmt
 
@@ -27,21 +25,13 @@ VARIANTS = {  # name -> (rl.mode, extra overrides)
 
 
 def main(argv=None) -> dict:
-    p = figlib.parser(__doc__)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    args = p.parse_args(argv)
+    args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
     study = figlib.study_from_args(args)
     out = args.out or figlib.default_out("fig_d_corrections")
     policy = study.base.kv.policy
-
-    results, histories = {}, {}
-    for name in args.variants:
-        mode, extra = VARIANTS[name]
-        runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=policy, seed=s, extra=extra)
-                for s in args.seeds]
-        histories[name] = [r.history for r in runs]
-        results[name] = [figlib.scores(r, policy) for r in runs]
+    results, histories = figlib.run_variants(
+        study, args.variants, args.seeds, lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),
+        lambda run: figlib.scores(run, policy))
 
     kvc = study.base.kv
     lines = [
@@ -61,20 +51,9 @@ def main(argv=None) -> dict:
             f"{fmt(col('entropy_last25'))} | {fmt(col('skipped_steps'), '.0f')} |"
         )
 
-    fig, axes = figlib.plt.subplots(1, 3, figsize=(14, 3.6))
+    fig = figlib.bars_and_reward_curves(results, histories, [
+        ("dense_acc", "accuracy, dense inference"), ("sparse_acc", "accuracy, sparse inference")])
     names = list(results)
-    for ax, key, title in zip(axes[:2], ("dense_acc", "sparse_acc"),
-                              ("accuracy, dense inference", "accuracy, sparse inference")):
-        stats = [figlib.mean_std(r[key] for r in results[n]) for n in names]
-        ax.bar(np.arange(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
-        ax.set_xticks(np.arange(len(names)), names, fontsize=7, rotation=30)
-        ax.set_title(title)
-    for name in names:
-        x, m, s = figlib.curve(histories[name], "reward/mean")
-        axes[2].plot(x, m, label=name)
-    axes[2].set_title("train reward (mean over seeds)")
-    axes[2].set_xlabel("iteration")
-    axes[2].legend(fontsize=7)
     data = {"results": results, "seeds": args.seeds, "histories": histories,
             "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in names}}
     figlib.write_outputs(out, "Figure d: correction ablation", "\n".join(lines), data, fig,

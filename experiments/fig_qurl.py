@@ -13,8 +13,6 @@ run; rollout tokens/s is measured on this machine (on CPU a quantized dot may be
 
 from __future__ import annotations
 
-import numpy as np
-
 import figlib
 from figlib import fmt
 
@@ -42,21 +40,16 @@ def row(run) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = figlib.parser(__doc__)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    args = p.parse_args(argv)
+    args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
     study = figlib.study_from_args(args)
     out = args.out or figlib.default_out("fig_qurl")
     sparse = study.base.kv.policy
 
-    results, histories = {}, {}
-    for name in args.variants:
+    def arm_of(name):
         mode, is_sparse, extra, _ = VARIANTS[name]
-        runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=sparse if is_sparse else "none",
-                          seed=s, extra=extra) for s in args.seeds]
-        histories[name] = [r.history for r in runs]
-        results[name] = [row(r) for r in runs]
+        return mode, sparse if is_sparse else "none", extra
+
+    results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of, row)
 
     b = study.base
     lines = [
@@ -79,20 +72,9 @@ def main(argv=None) -> dict:
             f"{'—' if paper is None else f'{paper:.2f}'} |"
         )
 
-    fig, axes = figlib.plt.subplots(1, 3, figsize=(14, 3.6))
+    fig = figlib.bars_and_reward_curves(results, histories, [
+        ("dense_acc", "accuracy (dense inference)"), ("mismatch_kl_k3", "mismatch KL (k3)")])
     names = list(results)
-    for ax, key, title in zip(axes[:2], ("dense_acc", "mismatch_kl_k3"),
-                              ("accuracy (dense inference)", "mismatch KL (k3)")):
-        stats = [figlib.mean_std(r[key] for r in results[n]) for n in names]
-        ax.bar(np.arange(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
-        ax.set_xticks(np.arange(len(names)), names, fontsize=7, rotation=30)
-        ax.set_title(title)
-    for name in names:
-        x, m, _ = figlib.curve(histories[name], "reward/mean")
-        axes[2].plot(x, m, label=name)
-    axes[2].set_title("train reward (mean over seeds)")
-    axes[2].set_xlabel("iteration")
-    axes[2].legend(fontsize=7)
     data = {"results": results, "seeds": args.seeds, "histories": histories,
             "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in names},
             "paper_gsm8k": {n: VARIANTS[n][3] for n in names}}

@@ -238,6 +238,41 @@ def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.nda
     return np.arange(1, n + 1), ys.mean(0), ys.std(0)
 
 
+def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
+                 arm_of: Callable[[str], tuple[str, str, Sequence[str]]],
+                 score: Callable[[Run], dict]) -> tuple[dict, dict]:
+    """Train (or reuse) every variant x seed; `arm_of(name)` gives its (rl.mode, kv.policy, extra
+    overrides). Returns results[name] = [score(run) per seed] and histories[name]."""
+    results, histories = {}, {}
+    for name in names:
+        mode, policy, extra = arm_of(name)
+        runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=policy, seed=s, extra=extra)
+                for s in seeds]
+        histories[name] = [r.history for r in runs]
+        results[name] = [score(r) for r in runs]
+    return results, histories
+
+
+def bars_and_reward_curves(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
+                           bars: Sequence[tuple[str, str]]):
+    """One bar chart (mean ± std over seeds, one bar per variant) per (key, title) in `bars`, then
+    the train reward curves of every variant (mean over seeds)."""
+    fig, axes = plt.subplots(1, len(bars) + 1, figsize=(14, 3.6))
+    names = list(results)
+    for ax, (key, title) in zip(axes[:-1], bars):
+        stats = [mean_std(r[key] for r in results[n]) for n in names]
+        ax.bar(np.arange(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
+        ax.set_xticks(np.arange(len(names)), names, fontsize=7, rotation=30)
+        ax.set_title(title)
+    for name in names:
+        x, m, _ = curve(histories[name], "reward/mean")
+        axes[-1].plot(x, m, label=name)
+    axes[-1].set_title("train reward (mean over seeds)")
+    axes[-1].set_xlabel("iteration")
+    axes[-1].legend(fontsize=7)
+    return fig
+
+
 # ----------------------------------------------------------------------------- command line, outputs
 
 
@@ -249,6 +284,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=DEFAULT_RUNS, help="cache of training runs, shared by figures")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
     p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
+    return p
+
+
+def variants_parser(doc: str, variants: Sequence[str]) -> argparse.ArgumentParser:
+    """parser() plus --variants (default: all) and --seeds (default: 0 1 2)."""
+    p = parser(doc)
+    p.add_argument("--variants", nargs="+", default=list(variants), choices=list(variants))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     return p
 
 
