@@ -82,7 +82,6 @@ def test_native_dot_matches_fake_and_is_a_low_precision_dot(fmt, mode):
 def test_dot_matches_qwix_and_numpy_oracles():
     """The rescaled dot against qwix.einsum on the same QArrays (qwix's int8 grid is absmax / 127.5,
     ours absmax / 127, so the quantized values come from a NumPy reference instead)."""
-    qwix = pytest.importorskip("qwix")
     x = jax.random.normal(jax.random.key(2), (2, 3, 16))
     w = jax.random.normal(jax.random.key(3), (16, 4, 8))
     values, scale = quant.quantize(w, "int8", (0,))
@@ -92,6 +91,10 @@ def test_dot_matches_qwix_and_numpy_oracles():
     np.testing.assert_allclose(scale, s_np, rtol=1e-6)
     xv, xs = quant.quantize(x, "int8", (2,))
     ours = quant.dot("btd,dnh->btnh", x, quant.QWeight(values, scale))
+    x_np = np.asarray(xv, np.float64) * np.asarray(xs)
+    deq = np.asarray(values, np.float64) * np.asarray(scale)
+    np.testing.assert_allclose(ours, np.einsum("btd,dnh->btnh", x_np, deq), rtol=1e-5, atol=1e-5)
+    qwix = pytest.importorskip("qwix")
     theirs = qwix.einsum("btd,dnh->btnh", qwix.QArray(xv, xs, qtype=jnp.int8),
                          qwix.QArray(values, scale, qtype=jnp.int8))
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
