@@ -41,7 +41,8 @@ def test_weight_scales_per_output_channel_and_int8_round_trip():
         err = np.abs(np.asarray(w.dequantize()) - np.asarray(full[name]))
         assert np.all(err <= np.asarray(w.scale) / 2 * (1 + 1e-6)), name
     # full precision by default: embedding, lm_head, norms and biases
-    assert q["lm_head"] is PARAMS["lm_head"] or np.array_equal(q["lm_head"], PARAMS["lm_head"])
+    assert q["lm_head"] is PARAMS["lm_head"] and q["embed"] is PARAMS["embed"]  # shared, not copied
+    assert layer["attn_norm"] is full["attn_norm"]
     assert not isinstance(layer["attn_norm"], quant.QWeight) and not isinstance(layer["q_bias"], quant.QWeight)
     assert isinstance(quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", skip=("embed",)))
                       ["lm_head"], quant.QWeight)

@@ -26,16 +26,27 @@ def _quantize_weight(name: str, w, cfg: QuantConfig) -> QWeight:
     return _qweight(*quantize(w, cfg.format, _contracting_axes(name, w.ndim)), cfg)
 
 
-def _map_kernels(params: dict, cfg: QuantConfig, fn) -> dict:
-    """params with fn(name, w) in place of every kernel to quantize."""
-    out = dict(params)
+def _select(params: dict, cfg: QuantConfig) -> dict:
+    """The kernels to quantize, as {"layers": [{name: w}], ("lm_head": w)}."""
+    sel = {"layers": [{n: w for n, w in layer.items() if n in PROJECTIONS and n not in cfg.skip}
+                      for layer in params["layers"]]}
     if HEAD in params and HEAD not in cfg.skip:
-        out[HEAD] = fn(HEAD, params[HEAD])
-    out["layers"] = [
-        {name: fn(name, w) if name in PROJECTIONS and name not in cfg.skip else w
-         for name, w in layer.items()}
-        for layer in params["layers"]
-    ]
+        sel[HEAD] = params[HEAD]
+    return sel
+
+
+def _map_selected(sel: dict, fn) -> dict:
+    out = {"layers": [{n: fn(n, w) for n, w in layer.items()} for layer in sel["layers"]]}
+    if HEAD in sel:
+        out[HEAD] = fn(HEAD, sel[HEAD])
+    return out
+
+
+def _merge(params: dict, quantized: dict) -> dict:
+    """params with the quantized kernels swapped in; every other leaf is params' own buffer."""
+    out = {**params, "layers": [{**layer, **q} for layer, q in zip(params["layers"], quantized["layers"])]}
+    if HEAD in quantized:
+        out[HEAD] = quantized[HEAD]
     return out
 
 
@@ -60,39 +71,34 @@ def _out_sharding(name: str, s, ndim: int):
     return s, NamedSharding(s.mesh, PartitionSpec(*spec))
 
 
-def _out_shardings(params: dict, cfg: QuantConfig):
-    """Output shardings following the kernels' NamedShardings (None when not on a mesh)."""
-    if not all(isinstance(getattr(x, "sharding", None), NamedSharding) for x in jax.tree.leaves(params)):
-        return None
-    tree = _map_kernels(params, cfg, lambda name, w: _qweight(*_out_sharding(name, w.sharding, w.ndim), cfg))
-    return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else x, tree)
-
-
 @functools.lru_cache(maxsize=16)
 def _compiled(cfg: QuantConfig, treedef, shardings):
     out_shardings = None if shardings is None else jax.tree.unflatten(treedef, shardings)
-    return jax.jit(functools.partial(_map_kernels, cfg=cfg, fn=functools.partial(
-        _quantize_weight, cfg=cfg)), out_shardings=out_shardings)
+    return jax.jit(functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)),
+                   out_shardings=out_shardings)
 
 
 def quantize_params(params: dict, cfg: QuantConfig) -> dict:
-    """The same tree with the q/k/v/o and gate/up/down kernels (and lm_head unless skipped) as
-    QWeights; one jitted program per (config, layout). Sharded params give sharded QWeights."""
+    """The same tree with the q/k/v/o and gate/up/down kernels (and lm_head when not skipped) as
+    QWeights, quantized by one jitted program per (config, layout); the other leaves are params'
+    own buffers. Sharded kernels give QWeights sharded like them."""
     if not cfg.enabled:
         return params
     _check_weights(params, cfg)
-    shardings = _out_shardings(params, cfg)
-    if shardings is None:
-        return _compiled(cfg, None, None)(params)
+    sel = _select(params, cfg)
+    if not all(isinstance(getattr(w, "sharding", None), NamedSharding) for w in jax.tree.leaves(sel)):
+        return _merge(params, _compiled(cfg, None, None)(sel))
+    shardings = _map_selected(sel, lambda n, w: _qweight(*_out_sharding(n, w.sharding, w.ndim), cfg))
     leaves, treedef = jax.tree.flatten(shardings)
-    return _compiled(cfg, treedef, tuple(leaves))(params)
+    return _merge(params, _compiled(cfg, treedef, tuple(leaves))(sel))
 
 
 def abstract_quantized(params_or_shapes: dict, cfg: QuantConfig) -> dict:
     """jax.eval_shape of quantize_params (plans the quantized copy's memory without allocating)."""
     _check_weights(params_or_shapes, cfg)
-    return jax.eval_shape(functools.partial(_map_kernels, cfg=cfg, fn=functools.partial(
-        _quantize_weight, cfg=cfg)), params_or_shapes)
+    sel = _select(params_or_shapes, cfg)
+    return _merge(params_or_shapes, jax.eval_shape(
+        functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)), sel))
 
 
 def invariant_scale(params: dict, s: float) -> dict:
