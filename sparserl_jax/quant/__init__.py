@@ -22,6 +22,6 @@ from sparserl_jax.quant.core import QWeight, dot, quantize
 from sparserl_jax.quant.params import abstract_quantized, invariant_scale, quantize_params, quantized_bytes
 
 __all__ = [
-    "FORMATS", "abstract_quantized", "IMPLS", "MODES", "QWeight", "QuantConfig", "dot", "invariant_scale", "quantize",
-    "quantize_params", "quantized_bytes",
+    "FORMATS", "IMPLS", "MODES", "QWeight", "QuantConfig", "abstract_quantized", "dot",
+    "invariant_scale", "quantize", "quantize_params", "quantized_bytes",
 ]
