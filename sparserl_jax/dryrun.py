@@ -45,8 +45,8 @@ Phases (the trainer runs them one after another): rollout (cache + max(prefill, 
 + outputs, + the quantized copy of the params with quant.format set), score, update (gradients: a
 float32 accumulator and one micro-batch's gradient; with rl.update.donate the new params and
 optimizer state reuse the donated buffers of the old, else both coexist and the update phase holds
-one more copy of each). Peak = persistent (params, reference params, optimizer state) + the largest phase. The run fits when
-peak <= (1 - margin) x device memory; on GPU also set XLA_PYTHON_CLIENT_MEM_FRACTION (JAX
+one more copy of each). Peak = persistent (params, reference params, optimizer state) + the
+largest phase. The run fits when peak <= (1 - margin) x device memory; on GPU also set XLA_PYTHON_CLIENT_MEM_FRACTION (JAX
 preallocates 75% by default).
 """
 
