@@ -46,8 +46,8 @@ Phases (the trainer runs them one after another): rollout (cache + max(prefill, 
 float32 accumulator and one micro-batch's gradient; with rl.update.donate the new params and
 optimizer state reuse the donated buffers of the old, else both coexist and the update phase holds
 one more copy of each). Peak = persistent (params, reference params, optimizer state) + the
-largest phase. The run fits when peak <= (1 - margin) x device memory; on GPU also set XLA_PYTHON_CLIENT_MEM_FRACTION (JAX
-preallocates 75% by default).
+largest phase. The run fits when peak <= (1 - margin) x device memory; on GPU also set
+XLA_PYTHON_CLIENT_MEM_FRACTION (JAX preallocates 75% by default).
 """
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ def quantized_copy_bytes(cfg: TrainConfig, params: Any, sizes: dict[str, int]) -
         return 0
     qparams = quant.abstract_quantized(params, cfg.quant)
     total = 0
-    flat = jax.tree_util.tree_flatten_with_path(qparams, is_leaf=lambda x: isinstance(x, quant.QWeight))[0]
-    for path, leaf in flat:
+    is_q = lambda x: isinstance(x, quant.QWeight)  # noqa: E731
+    for path, leaf in jax.tree_util.tree_flatten_with_path(qparams, is_leaf=is_q)[0]:
         if isinstance(leaf, quant.QWeight):
             spec = spec_for_path(sharding.path_str(path), leaf.values.shape, sizes)
             total += device_bytes(leaf.values.shape, leaf.values.dtype, spec, sizes)
