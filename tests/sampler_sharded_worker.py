@@ -3,7 +3,8 @@ shard_map on data, fsdp and tensor layouts equals one device (XLA reference and 
 kernel) and its compiled HLO gathers no KV cache; a sharded decode step with the interpreted
 kernel likewise; the sparse sampler with params sharded by the partition rules and the batch over
 data x fsdp equals the single-device rollout; and a sampler whose batch is split 8 ways holds
-about 1/8 of the single-device KV cache per device. Prints SAMPLER SHARDED OK."""
+about 1/8 of the single-device KV cache per device; the sampler lowers for TPU and GPU on the
+mesh with per-device cache shards in the kernel call. Prints SAMPLER SHARDED OK."""
 
 import dataclasses
 import re
@@ -25,13 +26,14 @@ SHAPE = re.compile(r"\b[a-z]+\d*\[([\d,]*)\]")
 
 
 def cache_collectives(hlo: str, C: int, H: int) -> list[str]:
-    """All-gather / all-to-all lines of compiled HLO with an operand or result shaped like a K/V
-    cache shard or the whole cache ([..., C, H]; pick C and H distinct from every other dim)."""
+    """All-gather / all-to-all lines of compiled HLO with an operand or result shaped like (a
+    shard of) the K/V cache [..., C, H] or of per-slot data [..., C] (positions, mass, eviction
+    scores); pick C and H distinct from every other dim."""
     hits = []
     for line in hlo.splitlines():
         if COLLECTIVE.search(line):
             shapes = [tuple(int(d) for d in s.split(",") if d) for s in SHAPE.findall(line)]
-            if any(len(s) >= 3 and s[-2:] == (C, H) for s in shapes):
+            if any(len(s) >= 2 and (s[-1] == C or s[-2:] == (C, H)) for s in shapes):
                 hits.append(line.strip()[:200])
     return hits
 
@@ -44,7 +46,7 @@ def check_attention_layouts() -> None:
     fill = jax.random.randint(keys[3], (B,), 1, C + 1)
     cache = jax.eval_shape(lambda: kvc.init_cache(B, 1, K, C, H))
     layouts = {  # name: (data, fsdp, tensor) and the cache spec it implies
-        "data": (8, 1, 1), "fsdp": (1, 8, 1), "tensor": (2, 1, 4), "all": (2, 2, 2),
+        "data": (8, 1, 1), "fsdp": (1, 8, 1), "tensor": (2, 1, 4),  # 2 x 2 x 2: check_decode_step
         "tensor not dividing K (replicated heads)": (1, 1, 8),
     }
     for impl in ("xla", "interpret"):
@@ -139,10 +141,41 @@ def check_sampler_memory() -> None:
     print(f"MEMORY cache {cache_bytes} B; temp one device {temp_one} B, per device of 8 {temp_eight} B")
 
 
+def check_sharded_lowering() -> None:
+    """The sampler for TPU and GPU on a 2 x 2 x 2 mesh of fake devices, at Qwen2.5-1.5B's
+    attention shapes (12 query / 2 KV heads, head_dim 128, bf16, R-KV 512 + 128 slots; 2 of its
+    28 layers: tests/test_lowering.py lowers all of them unsharded): the kernel's custom call
+    sees one device's shard of the cache, [64 / 4, 2 / 2, 640, 128]."""
+    from test_lowering import PLATFORMS, lower, real, sds
+
+    from sparserl_jax.kernels import decode_attention_gpu as gpu
+
+    cfg, m = real("qwen2.5-1.5b")
+    m = dataclasses.replace(m, n_layers=2)
+    mesh = shd.make_mesh(shd.MeshConfig(2, 2, 2))
+    B, P = 64, 128
+    params = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+        shd.abstract_params(m), shd.param_shardings(shd.abstract_params(m), mesh),
+    )
+    batch = shd.data_sharding(mesh)
+    key = jax.eval_shape(jax.random.key, 0)
+    for platform, (kernel_platform, marker) in PLATFORMS.items():
+        if platform == "cuda" and not gpu.TRITON_AVAILABLE:
+            continue
+        scfg = smp.SamplerConfig(max_new_tokens=256, kv=cfg.kv, attn_impl="pallas",
+                                 attn_platform=kernel_platform, mesh=mesh)
+        gen = jax.jit(lambda p, t, n, k, c=scfg: smp.generate(p, m, t, n, k, c))
+        text = lower(gen, platform, params, sds((B, P), "int32", batch), sds((B,), "int32", batch), key)
+        local_kv = f"tensor<{B // 4}x{m.n_kv_heads // 2}x640x{m.head_dim}xbf16>"
+        assert marker in text and local_kv in text, platform
+
+
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.device_count()
     check_attention_layouts()
     check_decode_step()
     check_sampler_matches_one_device()
     check_sampler_memory()
+    check_sharded_lowering()
     print("SAMPLER SHARDED OK")

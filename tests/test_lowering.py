@@ -57,8 +57,8 @@ def lower(fn, platform: str, *args) -> str:
     return export.export(fn, platforms=[platform], disabled_checks=DISABLED)(*args).mlir_module()
 
 
-def sds(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+def sds(shape, dtype, sharding=None):
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding)
 
 
 @pytest.mark.parametrize("platform", _platforms())
