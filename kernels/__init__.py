@@ -1,17 +1,19 @@
 """Attention kernels with their jnp references (importable as `sparserl_jax.kernels`).
 
 `decode_attention` is the dispatcher used by the model's decode step: the Pallas kernel on GPU
-(Triton) or TPU (Mosaic), the XLA reference on CPU.
+(Triton) or TPU (Mosaic), the XLA reference on CPU; given a mesh, under shard_map (sharded.py).
 """
 
 from __future__ import annotations
 
 import jax
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
 from sparserl_jax.kernels import decode_attention_gpu as _gpu
 from sparserl_jax.kernels import decode_attention_tpu as _tpu
 from sparserl_jax.kernels.decode_attention_ref import decode_attention_ref
+from sparserl_jax.kernels.sharded import shard_attention
 
 IMPLS = ("auto", "xla", "pallas", "interpret")
 PALLAS_PLATFORMS = ("gpu", "tpu")
@@ -56,6 +58,7 @@ def decode_attention(
     platform: str | None = None,
     block_c: int | None = None,
     num_splits: int | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[Float[Array, "B N H"], Float[Array, "B N"]]:
     """Single-query slot-cache attention; see `decode_attention_ref` for the contract.
 
@@ -64,11 +67,21 @@ def decode_attention(
     (on CPU the GPU kernel, unless platform="tpu" or this jax lacks Pallas Triton); "auto"
     Pallas on GPU/TPU and the reference on CPU, and also the reference for shapes the GPU
     kernel cannot tile (head_dim not a power of two >= 16). block_c / num_splits tune the
-    Pallas kernels (None: their defaults).
+    Pallas kernels (None: their defaults). mesh: a ("data", "fsdp", "tensor") mesh over which
+    q, k, v and fill are sharded like the KV cache; each device then attends with its own
+    shard (`shard_attention`) instead of XLA gathering the cache before an opaque Pallas call.
     """
     if impl not in IMPLS:
         raise ValueError(f"attention impl={impl!r}: expected one of {IMPLS}")
     platform = _PLATFORM_ALIASES.get(platform, platform) if platform else current_platform(q)
+
+    def attend(q, k, v, fill):
+        return _dispatch(q, k, v, fill, scale, impl, platform, block_c, num_splits)
+
+    return shard_attention(attend, mesh, q, k, v, fill)
+
+
+def _dispatch(q, k, v, fill, scale, impl, platform, block_c, num_splits):
     if impl == "xla":
         return decode_attention_ref(q, k, v, fill, scale)
     if impl == "interpret":
@@ -87,4 +100,6 @@ def decode_attention(
     return _pallas(q, k, v, fill, scale, platform, False, block_c, num_splits)
 
 
-__all__ = ["IMPLS", "current_platform", "decode_attention", "decode_attention_ref"]
+__all__ = [
+    "IMPLS", "current_platform", "decode_attention", "decode_attention_ref", "shard_attention",
+]

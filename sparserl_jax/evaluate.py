@@ -18,16 +18,17 @@ import os
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sparserl_jax import cli
 from sparserl_jax import components
+from sparserl_jax import distributed
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
 from sparserl_jax.generate import add_kv_args, add_quant_args, kv_config_from_args, quantized
-from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
+from sparserl_jax.model import sharding
+from sparserl_jax.rollout.sampler import SamplerConfig
 
 
 def evaluate_examples(
@@ -42,8 +43,14 @@ def evaluate_examples(
     seed: int = 0,
     batch_size: int = 64,
     max_prompt_len: int = 1 << 30,
+    mesh=None,
 ) -> dict:
-    """avg@k accuracy, mean response length and KV saving of `sampler_cfg` on `examples`."""
+    """avg@k accuracy, mean response length and KV saving of `sampler_cfg` on `examples`.
+
+    With a mesh (`params` laid out on it) every process passes the same examples; each batch's
+    rows are split over the processes' devices and the outputs gathered to all of them
+    (distributed.generate_on_mesh), so every process returns the one-process numbers.
+    """
     if not examples:
         raise ValueError("evaluation: no examples (empty dataset)")
     per_batch = max(batch_size // k, 1)
@@ -53,8 +60,8 @@ def evaluate_examples(
         ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
         tokens, plens = components.pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
         key = jax.random.fold_in(jax.random.key(seed), start)
-        out = jax.device_get(
-            generate_jit(params, model_cfg, jnp.asarray(tokens), jnp.asarray(plens), key, sampler_cfg)
+        out = distributed.generate_on_mesh(
+            params, model_cfg, tokens, plens, key, sampler_cfg, mesh
         )
         for i, e in enumerate(x for x in chunk for _ in range(k)):
             n = int(out.lengths[i])
@@ -128,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    distributed.initialize()  # before any other JAX call; a no-op on a single process
     cfg, parts = _load_policy(args)
+    mesh = sharding.make_mesh(cfg.mesh)  # every process's devices; prompts split over them
+    params = sharding.shard_params(parts.params, mesh) if mesh.size > 1 else parts.params
     examples = components.eval_examples(cfg, parts.tokenizer, n=args.n)
     sampler_cfg = components.sampler_config(
         cfg, parts.tokenizer, kv_cfg=kv_config_from_args(args, parts.tokenizer),
@@ -139,9 +149,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                                   top_p=args.top_p)
     )
     result = evaluate_examples(
-        quantized(parts.params, args), parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
+        quantized(params, args), parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
         k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=args.max_prompt_len,
+        mesh=mesh,
     )
+    if not distributed.is_coordinator():
+        return result
     print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "
           f"(kv policy {args.kv_policy}, mean length {result['mean_length']:.1f}, "
           f"kv saving {result['kv_saving']:.1%})")

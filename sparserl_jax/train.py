@@ -41,7 +41,7 @@ from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_score_fn, make_update_fn
-from sparserl_jax.rollout.sampler import Rollout, cache_capacity, generate_jit
+from sparserl_jax.rollout.sampler import Rollout, cache_capacity
 from sparserl_jax.model import sharding
 from sparserl_jax.sft import sft_warm_start
 
@@ -244,11 +244,10 @@ class Trainer:
         # QuRL: the behaviour policy is theta_old quantized afresh from full precision
         params = quant.quantize_params(self.params, self.cfg.quant)
         outs = [
-            distributed.to_host(generate_jit(
-                params, self.model_cfg, self._batch(tokens[i * R:(i + 1) * R]),
-                self._batch(lengths[i * R:(i + 1) * R]),
-                key if n_calls == 1 else jax.random.fold_in(key, i), self.sampler_cfg,
-            ))
+            distributed.generate_on_mesh(
+                params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
+                key if n_calls == 1 else jax.random.fold_in(key, i), self.sampler_cfg, self.mesh,
+            )
             for i in range(n_calls)
         ]
         return outs[0] if n_calls == 1 else concat_rollouts(outs)
@@ -285,7 +284,7 @@ class Trainer:
         return evaluate_examples(
             self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
             seed=self.cfg.train.seed + 1, batch_size=max(self.call_rows, 1),
-            max_prompt_len=self.cfg.data.max_prompt_len,
+            max_prompt_len=self.cfg.data.max_prompt_len, mesh=self.mesh,
         )
 
     # ------------------------------------------------------------------ loop

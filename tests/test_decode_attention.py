@@ -16,6 +16,7 @@ from sparserl_jax import kernels
 from sparserl_jax.kernels import decode_attention_gpu as gpu
 from sparserl_jax.kernels import decode_attention_tpu as tpu
 from sparserl_jax.kernels.decode_attention_ref import decode_attention_ref
+from test_lowering import lower
 
 needs_triton = pytest.mark.skipif(
     not gpu.TRITON_AVAILABLE, reason="this jax has no Pallas Triton (deprecated since jax 0.11)"
@@ -162,10 +163,7 @@ def test_dispatcher_interpret_under_jit_and_vmap():
 
 
 def _lowered_text(fn, *args, platform):
-    checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-    return jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(
-        *args
-    ).mlir_module()
+    return lower(jax.jit(fn), platform, *args)
 
 
 @needs_triton

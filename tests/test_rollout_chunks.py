@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from sparserl_jax import evaluate as evaluate_mod
+from sparserl_jax import distributed
 from sparserl_jax.config import load_config
 from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.rollout.sampler import Rollout, generate_jit
@@ -81,13 +81,13 @@ def test_chunked_training_iteration_is_finite_and_eval_uses_rows_per_call(tmp_pa
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     assert metrics["update/tokens"] > 0
     seen = []
-    real = evaluate_mod.generate_jit
+    real = distributed.generate_jit
 
     def counting(params, model_cfg, tokens, *args):
         seen.append(tokens.shape[0])
         return real(params, model_cfg, tokens, *args)
 
-    monkeypatch.setattr(evaluate_mod, "generate_jit", counting)
+    monkeypatch.setattr(distributed, "generate_jit", counting)
     res = trainer.evaluate(n=16)
     assert seen == [8, 8] and np.isfinite(res["accuracy"])
 

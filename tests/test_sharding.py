@@ -113,7 +113,11 @@ def test_unknown_param_and_cache_specs():
     assert few.k[0] == P("data", None) and few.window_q[0] == P("data", "tensor")
 
 
-def test_sparse_sampler_with_sharded_params_and_batch_matches_one_device():
+def test_sharded_decode_attention_and_sampler_match_one_device_without_gathering_the_cache():
+    """tests/sampler_sharded_worker.py: decode attention under shard_map (data, fsdp, tensor
+    layouts; XLA reference and interpreted kernel), a sharded decode step and the sparse sampler
+    equal one device; no compiled HLO all-gathers the K/V cache (and without shard_map the
+    interpreted kernel's does); 8-way batch sharding leaves ~1/8 of the cache per device."""
     proc = subprocess.run(
         [sys.executable, str(TESTS / "sampler_sharded_worker.py")],
         env=fake_device_env(8), capture_output=True, text=True, timeout=600,

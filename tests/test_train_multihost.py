@@ -1,6 +1,8 @@
-"""The trainer across processes: `python -m sparserl_jax.train` as two processes (gloo over
-127.0.0.1, 2 fake CPU devices each) on one global data 2 x fsdp 2 mesh logs the same
-per-iteration metrics as one process on 4 fake devices with the same mesh shape."""
+"""The trainer and the evaluator across processes: `python -m sparserl_jax.train` (with
+train.eval_every) and `python -m sparserl_jax.evaluate` as two processes (gloo over 127.0.0.1,
+2 fake CPU devices each) on one global data 2 x fsdp 2 mesh give the same per-iteration metrics,
+evaluation accuracy included, and the same evaluation samples as one process on 4 fake devices
+with the same mesh shape."""
 
 from __future__ import annotations
 
@@ -23,8 +25,12 @@ TIMING = ("time/", "throughput/")
 OVERRIDES = [
     "train.progress=false", "train.iterations=2", "train.save_every=2", "mesh.data=2",
     "mesh.fsdp=2", "rollout.prompts=2", "data.max_prompt_len=16", "sft.steps=2",
-    "data.task_options.max_value=1", "rl.loss.entropy_coef=0.01",
+    "data.task_options.max_value=1", "rl.loss.entropy_coef=0.01", "train.eval_every=2",
+    "train.eval_prompts=6",
 ]
+# 5 prompts x 2 samples: 10 rows, padded to a multiple of data x fsdp = 4 on the mesh
+EVALUATE = ["--task", "arithmetic", "--n", "5", "--k", "2", "--max-new-tokens", "8",
+            "--batch-size", "10", "--temperature", "1.0"]
 
 
 def _env(devices: int, **extra: str) -> dict:
@@ -38,6 +44,13 @@ def _env(devices: int, **extra: str) -> dict:
 def _train(out_dir: pathlib.Path, env: dict) -> subprocess.Popen:
     argv = [sys.executable, "-m", "sparserl_jax.train", "--config",
             str(ROOT / "experiments/configs/smoke.yaml"), f"train.out_dir={out_dir}", *OVERRIDES]
+    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _evaluate(run_dir: pathlib.Path, out_json: pathlib.Path, env: dict) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "sparserl_jax.evaluate", "--checkpoint", str(run_dir), *EVALUATE,
+            "--output-json", str(out_json)]
     return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -63,7 +76,7 @@ def test_two_process_training_matches_one_process(tmp_path):
 
     one, two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     assert [r["step"] for r in two] == [1, 2]  # written once, by process 0
-    assert two[-1]["update/grad_norm"] > 0
+    assert two[-1]["update/grad_norm"] > 0 and "eval/accuracy" in two[-1]
     for r1, r2 in zip(one, two):
         assert r1.keys() == r2.keys()
         for k in r1:
@@ -72,3 +85,22 @@ def test_two_process_training_matches_one_process(tmp_path):
     assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["2"]
     assert "sft step 2/2" in outputs[1][0] + outputs[1][1]  # process 0 logs,
     assert "sft step" not in outputs[2][0] + outputs[2][1]  # process 1 does not
+
+    # python -m sparserl_jax.evaluate on the trained run: two processes equal one
+    port = free_port()
+    procs = [
+        _evaluate(tmp_path / "two", tmp_path / "one.json", _env(4)),
+        *(_evaluate(tmp_path / "two", tmp_path / "two.json",
+                    _env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                         JAX_PROCESS_ID=str(i)))
+          for i in range(2)),
+    ]
+    outputs = wait_all(procs, TIMEOUT_S)
+    failed = [(i, e) for i, (p, (_, e)) in enumerate(zip(procs, outputs)) if p.returncode]
+    assert not failed, "\n".join(f"process {i}:\n{e[-5000:]}" for i, e in failed)
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert len(two["samples"]) == 10 and two["n_prompts"] == 5
+    assert [s["response"] for s in two["samples"]] == [s["response"] for s in one["samples"]]
+    for k in ("accuracy", "mean_length", "kv_saving"):
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-6, err_msg=k)
+    assert "avg@2" in outputs[1][0] and "avg@2" not in outputs[2][0]  # process 0 reports

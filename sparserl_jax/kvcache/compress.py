@@ -26,9 +26,10 @@ def select_slots(
 ) -> Int[Array, "B K budget"]:
     """Slots to keep, ascending (= original-position order): forced slots first, then the
     highest scores among the other filled slots; empty slots only when fewer than `budget` are
-    filled (such rows are never compacted). Ties go to the lower slot (jax.lax.top_k)."""
+    filled (such rows are never compacted). Ties go to the lower slot (a stable sort: unlike
+    lax.top_k, which XLA's partitioner gathers whole, a sort stays split over the batch)."""
     ranked = jnp.where(forced[:, None, :], jnp.inf, jnp.where(valid[:, None, :], score, -jnp.inf))
-    _, idx = jax.lax.top_k(ranked, budget)
+    idx = jnp.argsort(ranked, axis=-1, descending=True, stable=True)[..., :budget]
     return jnp.sort(idx, axis=-1)
 
 

@@ -338,12 +338,15 @@ def sharded_decode_step(
     observe: Callable | None = None,
 ) -> Callable:
     """jit of transformer.decode_step: (params, cache, tokens [B]) -> (logits [B, V], cache),
-    the cache keeping its layout from step to step (donated, so updated in place)."""
+    the cache keeping its layout from step to step (donated, so updated in place); attention
+    runs per device on its cache shard (shard_map over `mesh`)."""
     batch = data_sharding(mesh)
     c_sh = cache_shardings(cache, mesh)
 
     def fn(params, cache, tokens):
-        return transformer.decode_step(params, cfg, cache, tokens, attn_impl=attn_impl, observe=observe)
+        return transformer.decode_step(
+            params, cfg, cache, tokens, attn_impl=attn_impl, observe=observe, mesh=mesh
+        )
 
     p_sh = param_shardings(abstract_params(cfg), mesh)
     return jax.jit(

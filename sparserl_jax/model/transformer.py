@@ -252,11 +252,15 @@ def decode_step(
     *,
     attn_impl: str = "auto",
     observe: Callable | None = None,
+    attn_platform: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Float[Array, "B V"], kvc.KVCache]:
     """Feed one token per sequence at position cache.length; return next-token float32 logits.
 
     `observe(cache, layer, q_BxNxH, lse_BxN) -> cache` lets an eviction policy record what it
-    needs (attention mass, recent queries) while the layer's query is at hand.
+    needs (attention mass, recent queries) while the layer's query is at hand. attn_impl and
+    attn_platform pick the attention kernel (kernels.decode_attention); with `mesh` (the cache
+    sharded on it) each device attends with its own cache shard under shard_map.
     """
     positions = cache.length[:, None]
     x = params["embed"][tokens][:, None, :]
@@ -264,7 +268,8 @@ def decode_step(
         q, k, v = _qkv(layer, x, positions, cfg)
         cache = kvc.write_token(cache, i, k[:, 0], v[:, 0])
         o, lse = kernels.decode_attention(
-            q[:, 0], cache.k[i], cache.v[i], cache.fill + 1, impl=attn_impl
+            q[:, 0], cache.k[i], cache.v[i], cache.fill + 1, impl=attn_impl,
+            platform=attn_platform, mesh=mesh,
         )
         if observe is not None:
             cache = observe(cache, i, q[:, 0], lse)

@@ -16,6 +16,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import kvcache as kv
@@ -32,6 +33,12 @@ class SamplerConfig:
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
     attn_impl: str = "auto"
+    # The platform the attention kernel is built for (None: where the arrays live); set it to
+    # lower a program for a platform this machine lacks (tests/test_lowering.py).
+    attn_platform: Optional[str] = None
+    # The mesh the batch is sharded on: decode attention runs per device under shard_map on it
+    # (None: no shard_map; with a sharded cache XLA would then gather it before a Pallas call).
+    mesh: Optional[Mesh] = None
     record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
 
     def __post_init__(self):
@@ -117,7 +124,8 @@ def generate(
         done_B = done_B | jnp.isin(token_B, eos) | (i + 1 >= M)
         ys = (token_B, logp_B, live_B, kept_B)
         logits, cache = transformer.decode_step(
-            params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=observe
+            params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=observe,
+            attn_platform=cfg.attn_platform, mesh=cfg.mesh,
         )
         return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
 
