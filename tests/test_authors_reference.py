@@ -28,14 +28,9 @@ from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.rl import advantages as adv_lib
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import corrections, loss
+from fresh_rng import keys_with_near_duplicates, rng_from
 
 pytestmark = pytest.mark.xdist_group("authors_reference")
-
-
-def rng_from(seed: int) -> np.random.Generator:
-    """A NumPy generator seeded from a fresh jax.random key."""
-    data = np.asarray(jax.random.key_data(jax.random.key(seed)), dtype=np.uint32)
-    return np.random.default_rng(data)
 
 
 # ============================================================================ corrections + loss
@@ -396,12 +391,7 @@ def random_kv(seed: int):
     """Keys with many near-duplicates (so R-KV's similarity search finds some and misses some),
     sharp queries, garbage in the empty slots."""
     rng = rng_from(seed)
-    k = rng.normal(size=(KL, KB, KK, KC, KH))
-    for j in range(1, KC):
-        for idx in np.ndindex(KL, KB, KK):
-            if rng.random() < 0.35:
-                i = rng.integers(0, j)
-                k[idx + (j,)] = k[idx + (i,)] * rng.uniform(0.5, 2.0) + 0.4 * rng.normal(size=KH)
+    k = keys_with_near_duplicates(rng, (KL, KB, KK, KC, KH), p=0.35, noise=0.4)
     q = 2.0 * rng.normal(size=(KL, KB, KN, WINDOW, KH))
     return k, q
 

@@ -17,6 +17,7 @@ from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.kvcache import observe
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
+from fresh_rng import keys_with_near_duplicates, rng_from
 
 L, B, K, N, H, C = 2, 4, 2, 4, 8, 24
 G = N // K
@@ -27,24 +28,13 @@ LENGTHS = [40, 30, 25, 7]
 compress = jax.jit(kv.compress, static_argnums=0)  # eager dispatch of every op is far slower
 
 
-def rng_from(seed: int) -> np.random.Generator:
-    """A NumPy generator seeded from a fresh jax.random key."""
-    data = np.asarray(jax.random.key_data(jax.random.key(seed)), dtype=np.uint32)
-    return np.random.default_rng(data)
-
-
 def random_cache(seed: int, fills=FILLS, lengths=LENGTHS, window=WINDOW) -> dict:
     """Random slot contents as float64 NumPy arrays [L, ...]. Slots are in position order, the
     last `window` filled slots hold the latest positions, and heads differ (earlier per-head
     evictions). Empty slots hold garbage (never -1 free) in k, v and mass to catch masking bugs;
     about a third of keys are noisy copies of an earlier key, so R-KV finds near-duplicates."""
     rng = rng_from(seed)
-    k = rng.normal(size=(L, B, K, C, H))
-    for j in range(1, C):
-        for idx in np.ndindex(L, B, K):
-            if rng.random() < 0.3:
-                i = rng.integers(0, j)
-                k[idx + (j,)] = k[idx + (i,)] * rng.uniform(0.5, 2.0) + 0.5 * rng.normal(size=H)
+    k = keys_with_near_duplicates(rng, (L, B, K, C, H), p=0.3, noise=0.5)
     pos = -np.ones((L, B, K, C), np.int64)
     for l, b, h in np.ndindex(L, B, K):
         f, n = fills[b], lengths[b]

@@ -327,29 +327,29 @@ def test_metrics_match_numpy():
     assert m["acr/active_frac"] > 0
 
 
+BAD_SETTINGS = (
+    (C.RLConfig, dict(mode="bogus"), r"rl\.mode='bogus'.*sparse_rl"),
+    (C.SarsConfig, dict(token_level="word"), r"sars\.token_level"),
+    (C.SarsConfig, dict(veto_level="batch"), r"sars\.veto_level"),
+    (C.SarsConfig, dict(token_lo=1.5, token_hi=0.5), r"sars\.token_hi"),
+    (C.IbrConfig, dict(normalisation="batch"), r"ibr\.normalisation.*global"),
+    (C.IbrConfig, dict(mode="soft"), r"ibr\.mode"),
+    (C.IbrConfig, dict(normalise_over="tokens"), r"ibr\.normalise_over='tokens'.*valid"),
+    (C.IbrConfig, dict(mask_rejects="yes"), r"ibr\.mask_rejects"),
+    (C.RLConfig, dict(ratio_against="dense"), r"rl\.ratio_against='dense'.*sampler"),
+    (C.LossConfig, dict(aggregation="sum"), r"loss\.aggregation.*seq_mean"),
+    (C.AcrConfig, dict(c=0.0), r"acr\.c"),
+    (C.UpdateConfig, dict(minibatch_size=10, micro_batch_size=4),
+     r"update\.minibatch_size.*micro_batch_size"),
+    (C.OptimConfig, dict(schedule="linear"), r"optim\.schedule"),
+    (C.OptimConfig, dict(schedule="cosine", warmup_steps=10, total_steps=5), r"optim\.total_steps"),
+)
+
+
 def test_config_validation_names_the_setting():
-    with pytest.raises(ValueError, match=r"rl\.mode='bogus'.*sparse_rl"):
-        C.RLConfig(mode="bogus")
-    with pytest.raises(ValueError, match=r"sars\.token_level"):
-        C.SarsConfig(token_level="word")
-    with pytest.raises(ValueError, match=r"sars\.veto_level"):
-        C.SarsConfig(veto_level="batch")
-    with pytest.raises(ValueError, match=r"sars\.token_hi"):
-        C.SarsConfig(token_lo=1.5, token_hi=0.5)
-    with pytest.raises(ValueError, match=r"ibr\.normalisation.*global"):
-        C.IbrConfig(normalisation="batch")
-    with pytest.raises(ValueError, match=r"ibr\.mode"):
-        C.IbrConfig(mode="soft")
-    with pytest.raises(ValueError, match=r"loss\.aggregation.*seq_mean"):
-        C.LossConfig(aggregation="sum")
-    with pytest.raises(ValueError, match=r"acr\.c"):
-        C.AcrConfig(c=0.0)
-    with pytest.raises(ValueError, match=r"update\.minibatch_size.*micro_batch_size"):
-        C.UpdateConfig(minibatch_size=10, micro_batch_size=4)
-    with pytest.raises(ValueError, match=r"optim\.schedule"):
-        C.OptimConfig(schedule="linear")
-    with pytest.raises(ValueError, match=r"optim\.total_steps"):
-        C.OptimConfig(schedule="cosine", warmup_steps=10, total_steps=5)
+    for factory, kwargs, pattern in BAD_SETTINGS:
+        with pytest.raises(ValueError, match=pattern):
+            factory(**kwargs)
     cfg = C.RLConfig.from_dict(
         {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}
     )
@@ -358,12 +358,6 @@ def test_config_validation_names_the_setting():
     assert C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).spec.acr
     with pytest.raises(ValueError, match=r"rl\.sars\.lo: unknown setting"):
         C.RLConfig.from_dict({"sars": {"lo": 0.1}})
-    with pytest.raises(ValueError, match=r"ibr\.normalise_over='tokens'.*valid"):
-        C.IbrConfig(normalise_over="tokens")
-    with pytest.raises(ValueError, match=r"ibr\.mask_rejects"):
-        C.IbrConfig(mask_rejects="yes")
-    with pytest.raises(ValueError, match=r"rl\.ratio_against='dense'.*sampler"):
-        C.RLConfig(ratio_against="dense")
 
 
 def test_training_sampling_must_match_the_scorer():
