@@ -19,7 +19,7 @@ from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import ModelConfig, RopeScaling
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
-from sparserl_jax.rl.config import RLConfig
+from sparserl_jax.rl.config import RLConfig, check_training_sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +134,10 @@ class TrainConfig:
     train: RunConfig = RunConfig()
     mesh: MeshConfig = MeshConfig()
     quant: QuantConfig = QuantConfig()
+
+    def __post_init__(self):
+        r = self.rollout
+        check_training_sampling(self.rl.update, r.temperature, r.top_p, r.top_k)
 
 
 # ----------------------------------------------------------------------------- loading

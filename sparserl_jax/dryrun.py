@@ -189,7 +189,10 @@ def cache_bytes(cache: kv.KVCache, sizes: dict[str, int]) -> int:
 
 
 def abstract_cache(kv_cfg: kv.KVConfig, m: ModelConfig, batch: int, prompt_len: int, max_new: int):
-    """eval_shape of the cache the sampler decodes with (rollout.sampler.generate)."""
+    """eval_shape of the cache the sampler decodes with (rollout.sampler.generate). With
+    kv.compress_prompt=false (the authors') a prompt longer than the budget stays whole until the
+    first decode-time compression, so the cache has max(budget, prompt) + buffer slots; with true
+    the prefill still fills a prompt-sized cache before squeezing it (hence max(capacity, P))."""
     capacity = cache_capacity(kv_cfg, prompt_len, max_new)
     make = functools.partial(
         kv.cache_for, kv_cfg, m, batch, prompt_len, capacity=max(capacity, prompt_len)

@@ -100,7 +100,13 @@ def test_tensor_axis_splits_heads_and_mlp():
 def test_sparse_cache_is_much_smaller_than_dense():
     rep = run("qwen2.5-1.5b", "8gpu")
     s = rep["shapes"]
+    # kv.compress_prompt=false (the authors'): a 1024-token prompt stays whole until the first
+    # decode-time compression, so the cache holds prompt + buffer slots, not budget + buffer
     assert (s["cache_capacity"], s["dense_capacity"]) == (1024 + 128, 1024 + 4096)
+    squeezed = run("qwen2.5-1.5b", "8gpu", "kv.compress_prompt=true")["shapes"]
+    assert squeezed["cache_capacity"] == 512 + 128
+    # (its prefill still builds a prompt-sized cache before squeezing it: 1024 slots, not 1152)
+    assert squeezed["sparse_cache_bytes"] < s["sparse_cache_bytes"]
     assert s["sparse_cache_bytes"] * 4 < s["dense_cache_bytes"]
     assert rep["dense_rollouts"]["peak_bytes"] > rep["peak_bytes"]
     short = run("qwen2.5-1.5b", "8gpu", prompt_len=256)  # budget 512 + buffer 128 vs 256 + 4096

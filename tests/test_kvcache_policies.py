@@ -17,6 +17,7 @@ from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.kvcache import observe
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
+from fresh_rng import keys_with_near_duplicates, rng_from
 
 L, B, K, N, H, C = 2, 4, 2, 4, 8, 24
 G = N // K
@@ -27,24 +28,13 @@ LENGTHS = [40, 30, 25, 7]
 compress = jax.jit(kv.compress, static_argnums=0)  # eager dispatch of every op is far slower
 
 
-def rng_from(seed: int) -> np.random.Generator:
-    """A NumPy generator seeded from a fresh jax.random key."""
-    data = np.asarray(jax.random.key_data(jax.random.key(seed)), dtype=np.uint32)
-    return np.random.default_rng(data)
-
-
 def random_cache(seed: int, fills=FILLS, lengths=LENGTHS, window=WINDOW) -> dict:
     """Random slot contents as float64 NumPy arrays [L, ...]. Slots are in position order, the
     last `window` filled slots hold the latest positions, and heads differ (earlier per-head
     evictions). Empty slots hold garbage (never -1 free) in k, v and mass to catch masking bugs;
     about a third of keys are noisy copies of an earlier key, so R-KV finds near-duplicates."""
     rng = rng_from(seed)
-    k = rng.normal(size=(L, B, K, C, H))
-    for j in range(1, C):
-        for idx in np.ndindex(L, B, K):
-            if rng.random() < 0.3:
-                i = rng.integers(0, j)
-                k[idx + (j,)] = k[idx + (i,)] * rng.uniform(0.5, 2.0) + 0.5 * rng.normal(size=H)
+    k = keys_with_near_duplicates(rng, (L, B, K, C, H), p=0.3, noise=0.5)
     pos = -np.ones((L, B, K, C), np.int64)
     for l, b, h in np.ndindex(L, B, K):
         f, n = fills[b], lengths[b]
@@ -88,20 +78,24 @@ def softmax(xs):
 
 
 def ref_snapkv(d, cfg, l, b, h) -> dict:
-    """I_j over the non-window keys: softmax per window query, mean over queries, max over the
-    query heads of KV head h, then max-pool (kernel, stride 1, same padding) over those keys."""
+    """I_j over the non-window keys, per window query: the scaled logits of the query heads of
+    KV head h, their max ("max_logits") then one softmax, or one softmax per query head
+    ("max_probs"); mean over queries (then, for "max_probs", the max over the heads); then
+    max-pool (kernel, stride 1, same padding) over those keys."""
     keys = list(range(d["fill"][b] - cfg.window))
     per_head = []
     for g in range(G):
         n = h * G + g
-        avg = [0.0] * len(keys)
-        for w in range(cfg.window):
-            q = d["window_q"][l, b, n, w]
-            p = softmax([float(q @ d["k"][l, b, h, j]) / math.sqrt(H) for j in keys])
-            for a in range(len(keys)):
-                avg[a] += p[a] / cfg.window
-        per_head.append(avg)
-    raw = [max(per_head[g][a] for g in range(G)) for a in range(len(keys))]
+        per_head.append([[float(d["window_q"][l, b, n, w] @ d["k"][l, b, h, j]) / math.sqrt(H)
+                          for j in keys] for w in range(cfg.window)])
+    if cfg.gqa_reduce == "max_logits":
+        rows = [softmax([max(per_head[g][w][a] for g in range(G)) for a in range(len(keys))])
+                for w in range(cfg.window)]
+        raw = [sum(row[a] for row in rows) / cfg.window for a in range(len(keys))]
+    else:
+        avg = [[sum(softmax(per_head[g][w])[a] for w in range(cfg.window)) / cfg.window
+                for a in range(len(keys))] for g in range(G)]
+        raw = [max(avg[g][a] for g in range(G)) for a in range(len(keys))]
     half = cfg.pool_kernel // 2
     return {
         j: max(raw[a2] for a2 in range(max(0, a - half), min(len(keys), a + half + 1)))
@@ -110,15 +104,22 @@ def ref_snapkv(d, cfg, l, b, h) -> dict:
 
 
 def ref_redundancy(d, cfg, l, b, h) -> dict:
-    keys = list(range(d["fill"][b] - cfg.window))
+    """Over every filled key ("all_keys": a row with no near-duplicate zeroes its column 0) or
+    over the non-window keys ("candidates"); read on the non-window keys."""
+    f = d["fill"][b]
+    cand = list(range(f - cfg.window))
+    keys = list(range(f)) if cfg.rkv_redundancy == "all_keys" else cand
     unit = {j: d["k"][l, b, h, j] / (np.linalg.norm(d["k"][l, b, h, j]) + 1e-8) for j in keys}
     S = {(i, j): (float(unit[i] @ unit[j]) if i != j else 0.0) for i in keys for j in keys}
     for i in keys:
         similar = [j for j in keys if j != i and S[i, j] > cfg.redundancy_threshold]
         if similar:
             S[i, max(similar)] = 0.0  # the most recent near-duplicate of i
+        elif cfg.rkv_redundancy == "all_keys":
+            S[i, 0] = 0.0
     r = [sum(S[i, j] for i in keys) / len(keys) for j in keys]
-    return dict(zip(keys, softmax(r)))
+    sm = dict(zip(keys, softmax(r)))
+    return {j: sm[j] for j in cand}
 
 
 def ref_rkv(d, cfg, l, b, h) -> dict:
@@ -200,6 +201,8 @@ def assert_matches(got: kvc.KVCache, want: dict, tracks_mass: bool):
         ("snapkv", "shared", 2, {"pool_kernel": 3}),
         ("rkv", "per_head", 3, {}),
         ("rkv", "shared", 4, {"rkv_lambda": 0.3, "redundancy_threshold": 0.4}),
+        ("snapkv", "per_head", 9, {"gqa_reduce": "max_probs"}),
+        ("rkv", "per_head", 10, {"gqa_reduce": "max_probs", "rkv_redundancy": "candidates"}),
         ("h2o", "per_head", 5, {}),
         ("h2o", "shared", 6, {}),
         ("streaming", "per_head", 7, {"n_sinks": 2}),
@@ -472,6 +475,8 @@ def test_hooks_with_the_model_then_compress_and_decode():
         (dict(trigger="eos"), "kv.trigger"),
         (dict(trigger="newline"), "kv.trigger"),
         (dict(compress_prompt="yes"), "kv.compress_prompt"),
+        (dict(gqa_reduce="mean"), "kv.gqa_reduce"),
+        (dict(rkv_redundancy="window"), "kv.rkv_redundancy"),
     ],
 )
 def test_config_validation_names_the_setting(kwargs, setting):
@@ -484,6 +489,8 @@ def test_config_defaults_and_capacity():
     assert cfg.newline_token_ids == (198, 271) and hash(cfg)
     assert (cfg.budget, cfg.buffer, cfg.window, cfg.pool_kernel, cfg.n_sinks) == (512, 128, 8, 7, 4)
     assert (cfg.rkv_lambda, cfg.redundancy_threshold, cfg.selection) == (0.1, 0.5, "per_head")
+    assert (cfg.gqa_reduce, cfg.rkv_redundancy, cfg.compress_prompt) == ("max_logits", "all_keys",
+                                                                          False)
     assert kv.KVConfig().is_dense and not cfg.is_dense
     assert cfg.capacity(100) == 640 and cfg.capacity(600) == 728
     assert kv.KVConfig(policy="rkv", compress_prompt=True).capacity(600) == 640

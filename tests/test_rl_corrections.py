@@ -113,7 +113,7 @@ def test_log_ratios_clamped_and_padding_ignored():
         m = np_(mask)
         np.testing.assert_allclose(np_(c.xi)[m], np.exp(20.0), rtol=1e-5)
         np.testing.assert_allclose(np_(c.r)[m], np.exp(20.0), rtol=1e-5)
-        np.testing.assert_allclose(np_(c.kl_q)[m], -10.0)
+        np.testing.assert_allclose(np_(c.kl_q)[m], -20.0)  # overflow guard at log_ratio_clamp
 
 
 @pytest.mark.parametrize("level", C.LEVELS)
@@ -179,37 +179,60 @@ def test_ibr_weights_and_normalisation(ibr_mode):
     inp = inputs(4, scale=0.5)
     mask = np_(inp["mask"])
     xi = np.exp(np_(inp["old"] - inp["sampler"]).astype(np.float64))
-    raw = {"truncate": np.minimum(xi, 1.5), "clip": np.clip(xi, 0.5, 1.5),
-           "mask": np.where((xi >= 0.5) & (xi <= 1.5), xi, 0.0)}[ibr_mode]
+    in_range = (xi >= 0.5) & (xi <= 1.5)
+    raw = {"truncate": np.minimum(xi, 1.5), "clip": np.clip(xi, 0.5, 1.5), "mask": xi}[ibr_mode]
     cfgs = tuple(
         C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode=ibr_mode, normalisation=n))
         for n in ("micro_batch", "none")
     )
     normed, unnormed = corr_many(inp, cfgs)
-    np.testing.assert_allclose(np_(unnormed.weight), np.where(mask, raw, 0.0), rtol=1e-5)
-    # normalised weights average to 1 over the accepted tokens, and keep their proportions
+    # "mask" mode (mask_rejects, the authors'): out-of-range tokens leave the loss altogether
+    acc = mask & in_range if ibr_mode == "mask" else mask
+    np.testing.assert_array_equal(np_(normed.accept), acc)
+    np.testing.assert_allclose(np_(unnormed.weight), np.where(acc, raw, 0.0), rtol=1e-5)
+    # normalised over every valid token (the authors' loss masks), proportions kept
     w = np_(normed.weight)
-    assert w[mask].mean() == pytest.approx(1.0, rel=1e-5)
-    np.testing.assert_allclose(w, np.where(mask, raw / raw[mask].mean(), 0.0), rtol=1e-5)
-    assert 0 < np.mean((raw != xi)[mask]) < 1
+    np.testing.assert_allclose(w, np.where(acc, raw / raw[mask].mean(), 0.0), rtol=1e-5)
+    assert 0 < np.mean((np.minimum(xi, 1.5) != xi)[mask]) < 1
     if ibr_mode == "truncate":  # a given (global) normaliser is used as is
         given = corr(inp, cfgs[0], jnp.float32(2.0))
         np.testing.assert_allclose(np_(given.weight), np.where(mask, raw / 2.0, 0.0), rtol=1e-5)
 
 
-def test_normaliser_over_accepted_tokens_with_sars():
-    cfg = C.RLConfig(mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"))
-    inp = inputs(5, scale=0.6)
+def test_ibr_mask_mode_without_rejection_keeps_tokens_at_weight_zero():
+    inp = inputs(4, scale=0.5)
+    mask = np_(inp["mask"])
+    xi = np.exp(np_(inp["old"] - inp["sampler"]).astype(np.float64))
+    raw = np.where((xi >= 0.5) & (xi <= 1.5), xi, 0.0)
+    cfg = C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode="mask", mask_rejects=False,
+                                                      normalise_over="accepted"))
     c = corr(inp, cfg)
-    acc = np_(c.accept)
-    assert 0 < acc.sum() < np_(inp["mask"]).sum()
-    assert np_(c.weight)[acc].mean() == pytest.approx(1.0, rel=1e-5)
-    assert np.all(np_(c.weight)[~acc] == 0)
+    np.testing.assert_array_equal(np_(c.accept), mask)
+    np.testing.assert_allclose(np_(c.weight), np.where(mask, raw / raw[mask].mean(), 0.0),
+                               rtol=1e-5)
+    assert 0 < (raw[mask] == 0).sum() < mask.sum()
+
+
+def test_normaliser_over_valid_or_accepted_tokens_with_sars():
+    cfg = C.RLConfig(mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"))
+    cfg_acc = C.RLConfig(mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"),
+                         ibr=C.IbrConfig(normalise_over="accepted"))
+    inp = inputs(5, scale=0.6)
+    c, c_acc = corr_many(inp, (cfg, cfg_acc))
+    acc, mask = np_(c.accept), np_(inp["mask"])
+    assert 0 < acc.sum() < mask.sum()
+    xi = np_(c.xi).astype(np.float64)
+    w_raw = np.minimum(xi, 1.5)
+    # authors: the mean over every valid token, rejected ones included
+    np.testing.assert_allclose(np_(c.weight), np.where(acc, w_raw / w_raw[mask].mean(), 0),
+                               rtol=1e-5)
+    # "accepted": the accepted weights average exactly 1
+    assert np_(c_acc.weight)[acc].mean() == pytest.approx(1.0, rel=1e-5)
+    assert np.all(np_(c.weight)[~acc] == 0) and np.all(np_(c_acc.weight)[~acc] == 0)
     norm = jax.jit(corrections.ibr_normaliser, static_argnums=3)(
         inp["old"], inp["sampler"], inp["mask"], cfg
     )
-    xi = np_(c.xi)
-    assert float(norm) == pytest.approx(np.minimum(xi, 1.5)[acc].mean(), rel=1e-5)
+    assert float(norm) == pytest.approx(w_raw[mask].mean(), rel=1e-5)
     # the weights are constants for autodiff
     g = jax.jit(jax.grad(lambda old, s: jnp.sum(corrections.compute_corrections(
         inp["learner"], old, inp["ref"], s, inp["mask"], cfg, with_metrics=False).weight),
@@ -304,29 +327,29 @@ def test_metrics_match_numpy():
     assert m["acr/active_frac"] > 0
 
 
+BAD_SETTINGS = (
+    (C.RLConfig, dict(mode="bogus"), r"rl\.mode='bogus'.*sparse_rl"),
+    (C.SarsConfig, dict(token_level="word"), r"sars\.token_level"),
+    (C.SarsConfig, dict(veto_level="batch"), r"sars\.veto_level"),
+    (C.SarsConfig, dict(token_lo=1.5, token_hi=0.5), r"sars\.token_hi"),
+    (C.IbrConfig, dict(normalisation="batch"), r"ibr\.normalisation.*global"),
+    (C.IbrConfig, dict(mode="soft"), r"ibr\.mode"),
+    (C.IbrConfig, dict(normalise_over="tokens"), r"ibr\.normalise_over='tokens'.*valid"),
+    (C.IbrConfig, dict(mask_rejects="yes"), r"ibr\.mask_rejects"),
+    (C.RLConfig, dict(ratio_against="dense"), r"rl\.ratio_against='dense'.*sampler"),
+    (C.LossConfig, dict(aggregation="sum"), r"loss\.aggregation.*seq_mean"),
+    (C.AcrConfig, dict(c=0.0), r"acr\.c"),
+    (C.UpdateConfig, dict(minibatch_size=10, micro_batch_size=4),
+     r"update\.minibatch_size.*micro_batch_size"),
+    (C.OptimConfig, dict(schedule="linear"), r"optim\.schedule"),
+    (C.OptimConfig, dict(schedule="cosine", warmup_steps=10, total_steps=5), r"optim\.total_steps"),
+)
+
+
 def test_config_validation_names_the_setting():
-    with pytest.raises(ValueError, match=r"rl\.mode='bogus'.*sparse_rl"):
-        C.RLConfig(mode="bogus")
-    with pytest.raises(ValueError, match=r"sars\.token_level"):
-        C.SarsConfig(token_level="word")
-    with pytest.raises(ValueError, match=r"sars\.veto_level"):
-        C.SarsConfig(veto_level="batch")
-    with pytest.raises(ValueError, match=r"sars\.token_hi"):
-        C.SarsConfig(token_lo=1.5, token_hi=0.5)
-    with pytest.raises(ValueError, match=r"ibr\.normalisation.*global"):
-        C.IbrConfig(normalisation="batch")
-    with pytest.raises(ValueError, match=r"ibr\.mode"):
-        C.IbrConfig(mode="soft")
-    with pytest.raises(ValueError, match=r"loss\.aggregation.*seq_mean"):
-        C.LossConfig(aggregation="sum")
-    with pytest.raises(ValueError, match=r"acr\.c"):
-        C.AcrConfig(c=0.0)
-    with pytest.raises(ValueError, match=r"update\.minibatch_size.*micro_batch_size"):
-        C.UpdateConfig(minibatch_size=10, micro_batch_size=4)
-    with pytest.raises(ValueError, match=r"optim\.schedule"):
-        C.OptimConfig(schedule="linear")
-    with pytest.raises(ValueError, match=r"optim\.total_steps"):
-        C.OptimConfig(schedule="cosine", warmup_steps=10, total_steps=5)
+    for factory, kwargs, pattern in BAD_SETTINGS:
+        with pytest.raises(ValueError, match=pattern):
+            factory(**kwargs)
     cfg = C.RLConfig.from_dict(
         {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}
     )
@@ -335,3 +358,22 @@ def test_config_validation_names_the_setting():
     assert C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).spec.acr
     with pytest.raises(ValueError, match=r"rl\.sars\.lo: unknown setting"):
         C.RLConfig.from_dict({"sars": {"lo": 0.1}})
+
+
+def test_training_sampling_must_match_the_scorer():
+    u = C.UpdateConfig(minibatch_size=4, micro_batch_size=4, temperature=0.9)
+    C.check_training_sampling(u, 0.9, 1.0, 0)
+    with pytest.raises(ValueError, match=r"rollout\.temperature=1.0 differs.*rl\.update\.temperature=0\.9"):
+        C.check_training_sampling(u, 1.0, 1.0, 0)
+    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.95.*bias xi"):
+        C.check_training_sampling(u, 0.9, 0.95, 0)
+    with pytest.raises(ValueError, match=r"rollout\.top_k=20"):
+        C.check_training_sampling(u, 0.9, 1.0, 20)
+    # the run config refuses them too
+    from sparserl_jax.config import load_config
+
+    with pytest.raises(ValueError, match=r"rollout\.top_p"):
+        load_config([], ["rollout.top_p=0.9"])
+    with pytest.raises(ValueError, match=r"rollout\.temperature=0\.7 differs"):
+        load_config([], ["rollout.temperature=0.7"])
+    assert load_config([], ["rollout.temperature=0.7", "rl.update.temperature=0.7"])

@@ -63,34 +63,43 @@ def np_reference(inp, cfg: C.RLConfig) -> float:
                 keep &= (a >= s.token_lo) & (a <= s.token_hi)
             if s.veto and np.any(at_level(s.veto_level) < s.veto_threshold):
                 keep[:] = False
-        accept[i, idx] = keep
         if use_ibr:
+            in_band = (xi_i >= ib.lo) & (xi_i <= ib.hi)
             if ib.mode == "truncate":
                 wi = np.minimum(xi_i, ib.cap)
             elif ib.mode == "clip":
                 wi = np.clip(xi_i, ib.lo, ib.hi)
+            elif ib.mask_rejects:  # out-of-band tokens leave the loss; w = xi elsewhere
+                wi = xi_i
+                keep &= in_band
             else:
-                wi = np.where((xi_i >= ib.lo) & (xi_i <= ib.hi), xi_i, 0.0)
+                wi = np.where(in_band, xi_i, 0.0)
         elif use_tis:
             wi = np.minimum(xi_i, cfg.tis.cap)
         else:
             wi = np.ones(len(idx))
+        accept[i, idx] = keep
         w[i, idx] = wi
-    if use_ibr and ib.normalisation != "none" and accept.any():
-        w = w / w[accept].mean()
+    if use_ibr and ib.normalisation != "none":
+        over = accept if ib.normalise_over == "accepted" else mask
+        mean = w[over].sum() / max(over.sum(), 1)
+        if mean > 1e-8:
+            w = w / mean
 
     total, n_tok = 0.0, 0
     for i in range(B):
         per_resp = []
         for t in np.nonzero(accept[i])[0]:
-            r = np.exp(np.clip(learner[i, t] - old[i, t], -20, 20))
+            behaviour = sampler if cfg.ratio_against == "sampler" else old
+            r = np.exp(np.clip(learner[i, t] - behaviour[i, t], -20, 20))
             a = adv_B[i]
             upper = 1 + lc.eps_high
             if use_acr:
                 upper = upper / min(1.0, cfg.acr.c / xi[i, t])
             pg = max(-r * a, -np.clip(r, 1 - lc.eps_low, upper) * a)
-            q = np.clip(ref[i, t] - learner[i, t], -lc.kl_clamp, lc.kl_clamp)
-            lt = w[i, t] * pg + lc.beta * (np.exp(q) - q - 1) - lc.entropy_coef * ent[i, t]
+            q = ref[i, t] - learner[i, t]
+            kl = np.clip(np.exp(q) - q - 1, -lc.kl_clamp, lc.kl_clamp)
+            lt = w[i, t] * pg + lc.beta * kl - lc.entropy_coef * ent[i, t]
             per_resp.append(lt)
         n_tok += len(per_resp)
         if lc.aggregation == "token_mean":
@@ -184,6 +193,9 @@ CASES = (
         for nm in ("micro_batch", "none")
     ]
     + [
+        _cfg("ibr_only", "seq_mean", ibr=C.IbrConfig(mode="mask", mask_rejects=False)),
+        _cfg("sparse_rl", "seq_mean", ibr=C.IbrConfig(normalise_over="accepted")),
+        _cfg("naive_sparse", "seq_mean", ratio_against="sampler"),
         _cfg("sparse_rl", "seq_mean", acr=C.AcrConfig(enabled=True, c=1.2)),
         _cfg("qurl", "token_mean", tis=C.TisConfig(cap=1.3), acr=C.AcrConfig(c=1.3)),
         _cfg("sparse_rl", "token_mean", sars=C.SarsConfig(token_rule=False)),
@@ -194,7 +206,10 @@ CASES = (
 
 def _case_id(cfg):
     s = cfg.sars
-    return f"{cfg.mode}-{cfg.loss.aggregation}-{s.token_level}-{s.veto_level}-{cfg.ibr.mode}-{cfg.ibr.normalisation}-acr{int(cfg.spec.acr)}"
+    ib = cfg.ibr
+    return (f"{cfg.mode}-{cfg.loss.aggregation}-{s.token_level}-{s.veto_level}-{ib.mode}-"
+            f"{ib.normalisation}-{ib.normalise_over}-{ib.mask_rejects}-{cfg.ratio_against}-"
+            f"acr{int(cfg.spec.acr)}")
 
 
 SEEDS = (0, 1, 2)
@@ -326,11 +341,13 @@ def test_entropy_bonus_and_kl():
     )
     l0, l1 = many_losses(inp, [base, with_ent])
     np.testing.assert_allclose(float(l1), float(l0) - 0.1 * float(m["loss/entropy"]), rtol=1e-5)
-    q = np.clip(np.asarray(inp["ref"] - inp["learner"]), -10, 10)
+    q = np.asarray(inp["ref"] - inp["learner"], np.float64)
     np.testing.assert_allclose(
-        float(m["loss/kl_ref"]), (np.exp(q) - q - 1)[np.asarray(inp["mask"])].mean(), rtol=1e-5
+        float(m["loss/kl_ref"]), np.clip(np.exp(q) - q - 1, -10, 10)[np.asarray(inp["mask"])].mean(),
+        rtol=1e-5,
     )
-    assert np.all(np.asarray(loss.k3_kl(jnp.linspace(-10, 10, 21))) >= 0)
+    k3 = np.asarray(loss.k3_kl(jnp.linspace(-30, 30, 61), 10.0))
+    assert np.all(k3 >= 0) and k3.max() == 10.0  # the value is clamped, not q
 
 
 def test_explicit_denominator_rescales():

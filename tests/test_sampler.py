@@ -152,13 +152,31 @@ def test_sparse_logprobs_equal_masked_teacher_forced_recompute(policy, selection
     assert int(out.kept.max()) <= 8 + U
 
 
-def test_compress_prompt_squeezes_long_prompts_into_the_budget():
-    kv_cfg = kv.KVConfig(policy="snapkv", budget=6, buffer=4, window=2, compress_prompt=True)
-    cfg = smp.SamplerConfig(max_new_tokens=6, kv=kv_cfg)
-    out, _, _ = _run(cfg, key=41)
-    assert smp.cache_capacity(kv_cfg, 10, 6) == 10
-    assert int(out.kept[:, 1:].max()) <= 10
-    assert bool(out.mask.all())
+def test_compress_prompt_false_keeps_long_prompts_whole_until_step_buffer():
+    """budget 6, buffer 4, prompts of 6/10/8 tokens: with compress_prompt=false (the authors')
+    the first `buffer` tokens see the whole prompt, exactly as the dense sampler does; with true
+    the 10- and 8-token prompts are squeezed to 6 entries before the first decode step."""
+    base = kv.KVConfig(policy="snapkv", budget=6, buffer=4, window=2)
+    outs = {}
+    for cp in (False, True):
+        cfg = smp.SamplerConfig(max_new_tokens=6, kv=dataclasses.replace(base, compress_prompt=cp))
+        outs[cp], prompts, lengths = _run(cfg, key=41)
+    assert smp.cache_capacity(base, 10, 6) == 14
+    assert smp.cache_capacity(dataclasses.replace(base, compress_prompt=True), 10, 6) == 10
+    keep, squeeze = outs[False], outs[True]
+    # entries behind each token's logits (row 1: the 10-token prompt)
+    np.testing.assert_array_equal(np.asarray(keep.kept[1]), [10, 11, 12, 13, 14, 7])
+    np.testing.assert_array_equal(np.asarray(squeeze.kept[1]), [10, 7, 8, 9, 10, 7])
+    np.testing.assert_array_equal(np.asarray(keep.kept[:, :4]),
+                                  np.array([6, 10, 8])[:, None] + np.arange(4))
+    # until the first decode-time compression the sparse sampler is the dense policy
+    dense_lp, _ = tf.token_logprobs(PARAMS, CFG, _joined(prompts, lengths, keep))
+    for b, P in enumerate((6, 10, 8)):
+        np.testing.assert_allclose(keep.logprobs[b, :4], dense_lp[b, P - 1 : P + 3], atol=3e-5)
+    np.testing.assert_array_equal(np.asarray(keep.n_compressions), [1, 1, 1])
+    np.testing.assert_array_equal(np.asarray(squeeze.n_compressions), [1, 2, 2])
+    assert np.abs(np.asarray(keep.logprobs[1:]) - np.asarray(squeeze.logprobs[1:])).max() > 1e-3
+    assert bool(keep.mask.all()) and bool(squeeze.mask.all())
 
 
 def test_newline_trigger_compresses_on_newline_tokens():

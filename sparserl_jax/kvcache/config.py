@@ -7,6 +7,8 @@ import dataclasses
 
 SELECTIONS: tuple[str, ...] = ("per_head", "shared")
 TRIGGERS: tuple[str, ...] = ("interval", "newline")
+GQA_REDUCTIONS: tuple[str, ...] = ("max_logits", "max_probs")
+RKV_REDUNDANCIES: tuple[str, ...] = ("all_keys", "candidates")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,14 +19,32 @@ class KVConfig:
     budget: B, entries kept per sequence, layer and KV head after a compression (prompt included).
     buffer: new entries allowed on top of the budget before the next compression.
     window: w, the last w queries score the keys (SnapKV, R-KV) and the last w keys are always kept.
-    pool_kernel: SnapKV/R-KV 1-D max-pool kernel (stride 1, same padding).
-    rkv_lambda: R-KV's lambda in Z = lambda * I - (1 - lambda) * R.
+    pool_kernel: SnapKV/R-KV 1-D max-pool kernel (stride 1, same padding). Max-pool as R-KV
+      (rkv/compression/r1_kv.py) and the Sparse-RL fork (KVCluster(pooling="maxpool") in
+      sglang-kvc/srt/managers/tp_worker.py) use for both policies; SnapKV's own default is avgpool.
+    gqa_reduce: how SnapKV/R-KV turn the G query heads that share a KV head into one score.
+      "max_logits" (authors: R-KV rkv/utils.py compute_attention_scores(pooling="max") and the
+      fork's KVCluster(attn_pooling="max")): the max over the group of the raw scaled logits,
+      then the softmax over the candidate keys and the mean over the window; "max_probs": the
+      softmax and window mean per query head, then the max (our earlier reading of methods.md).
+    rkv_lambda: R-KV's lambda in Z = lambda * I - (1 - lambda) * R. 0.1 is the Sparse-RL fork's
+      (KVCluster(mix_alpha=0.1) in tp_worker.py); R-KV's own default is 0.07 (R1KV(mix_lambda)).
     redundancy_threshold: R-KV cosine similarity above which two keys are near-duplicates.
+    rkv_redundancy: which keys R-KV's redundancy R is computed over. "all_keys" (authors: R-KV
+      rkv/utils.py cal_similarity, also the fork's copy in sglang/compress/r1kv_utils.py): every
+      filled slot, window included, counts in the row mean, in the "most recent similar key"
+      search and in the softmax, and R is then read on the candidates; a row with no similar key
+      zeroes its column 0 (the search returns index 0), which slightly favours the oldest kept
+      entry (a quirk of the original, reproduced). "candidates": the similarity, mean and softmax
+      over the candidates only and no column-0 quirk (our earlier reading).
     n_sinks: StreamingLLM attention sinks (the first entries by original position).
     selection: "per_head" (every layer and KV head chooses) or "shared" (scores summed over KV
       heads and layer 0 chooses for every layer, as in the Sparse-RL authors' code).
     compress_prompt: compress prompts longer than the budget at prefill (original R-KV) instead of
-      keeping them whole until the first decode-time compression (Sparse-RL authors' code).
+      keeping them whole until the first decode-time compression, after `buffer` decode steps
+      (false, the Sparse-RL authors' code: radix_attention.py RadixAttention.compress keeps the
+      full KV at prefill and compresses only in decode). With false, a prompt longer than the
+      budget needs a larger cache: capacity() is max(budget, prompt) + buffer.
     trigger: "interval" (compress when the buffer is full) or "newline" (also compress when the
       previous token is one of `newline_token_ids`, as an option in the authors' code).
     """
@@ -38,6 +58,8 @@ class KVConfig:
     redundancy_threshold: float = 0.5
     n_sinks: int = 4
     selection: str = "per_head"
+    gqa_reduce: str = "max_logits"
+    rkv_redundancy: str = "all_keys"
     compress_prompt: bool = False
     trigger: str = "interval"
     newline_token_ids: tuple[int, ...] = ()
@@ -75,6 +97,12 @@ class KVConfig:
             )
         if self.selection not in SELECTIONS:
             raise ValueError(f"kv.selection={self.selection!r}: expected one of {SELECTIONS}")
+        if self.gqa_reduce not in GQA_REDUCTIONS:
+            raise ValueError(f"kv.gqa_reduce={self.gqa_reduce!r}: expected one of {GQA_REDUCTIONS}")
+        if self.rkv_redundancy not in RKV_REDUNDANCIES:
+            raise ValueError(
+                f"kv.rkv_redundancy={self.rkv_redundancy!r}: expected one of {RKV_REDUNDANCIES}"
+            )
         if self.trigger not in TRIGGERS:
             raise ValueError(f"kv.trigger={self.trigger!r}: expected one of {TRIGGERS}")
         if self.trigger == "newline" and not self.newline_token_ids:

@@ -56,8 +56,8 @@ def masked_softmax(x: Float[Array, "..."], mask: Bool[Array, "..."], axis: int =
     return e / jnp.where(total > 0, total, 1.0)
 
 
-def group_max(x: Float[Array, "B K G C"]) -> Float[Array, "B K C"]:
-    """GQA: a KV head's score is the max over the G query heads that read it."""
+def group_max(x: Float[Array, "B K G ..."]) -> Float[Array, "B K ..."]:
+    """GQA: a KV head's score is the max over the G query heads that read it (axis 2)."""
     return jnp.max(x, axis=2)
 
 

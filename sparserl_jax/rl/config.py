@@ -24,6 +24,8 @@ from typing import Any, Mapping
 LEVELS = ("token", "sequence", "geometric")
 IBR_MODES = ("truncate", "clip", "mask")
 IBR_NORMALISATIONS = ("global", "micro_batch", "none")
+IBR_NORMALISE_OVER = ("valid", "accepted")
+RATIO_AGAINST = ("old", "sampler")
 AGGREGATIONS = ("seq_mean", "token_mean")
 SCHEDULES = ("constant", "warmup", "cosine")
 
@@ -93,21 +95,37 @@ class SarsConfig:
 @dataclasses.dataclass(frozen=True)
 class IbrConfig:
     """Importance-Based Reweighting w_t from xi_t (methods.md 1.3), a constant (stop-gradient).
+    Source: the authors' slime fork, examples/train_infer_mismatch_helper/mis.py
+    compute_mis_weights (tis_mode, tis_upper_bound / tis_lower_bound, tis_batch_normalize).
 
-    mode: "truncate" w = min(xi, cap); "clip" w = clip(xi, lo, hi); "mask" w = xi inside [lo, hi],
-    else 0 (the token stays in the loss denominator). normalisation: divide w by its mean over the
-    accepted tokens of the whole rollout batch ("global"), of each micro-batch ("micro_batch", the
-    authors' code) or not at all ("none")."""
+    mode: "truncate" w = min(xi, cap); "clip" w = clip(xi, lo, hi); "mask" w = xi and tokens
+    outside [lo, hi] are rejected (see mask_rejects).
+    normalisation: divide w by its mean over the whole rollout batch ("global"), over each
+    micro-batch ("micro_batch", the authors' code: compute_mis_weights runs per micro-batch) or
+    not at all ("none"). The authors skip it when the mean is <= 1e-8; so do we.
+    normalise_over: the tokens that mean is taken over. "valid" (authors: the original loss
+    masks, so every response token, SARS-rejected and vetoed ones included, with its w =
+    min(xi, cap) before rejection); "accepted": only the tokens that enter the loss, which
+    makes the accepted weights average exactly 1 (our earlier reading; with heavy rejection it
+    differs most, since rejected tokens have xi outside the SARS band).
+    mask_rejects (mode "mask" only): True (authors: mis.py mask() returns a modified loss mask)
+    drops out-of-range tokens from the loss numerator and denominator, and w = xi elsewhere;
+    False keeps them in the denominator with w = 0 (our earlier reading)."""
 
     mode: str = "truncate"
     cap: float = 1.5
     lo: float = 0.5
     hi: float = 1.5
     normalisation: str = "micro_batch"
+    normalise_over: str = "valid"
+    mask_rejects: bool = True
 
     def __post_init__(self):
         _check_in("ibr.mode", self.mode, IBR_MODES)
         _check_in("ibr.normalisation", self.normalisation, IBR_NORMALISATIONS)
+        _check_in("ibr.normalise_over", self.normalise_over, IBR_NORMALISE_OVER)
+        if not isinstance(self.mask_rejects, bool):
+            raise ValueError(f"ibr.mask_rejects={self.mask_rejects!r} must be true or false")
         _check_positive("ibr.cap", self.cap)
         _check_positive("ibr.lo", self.lo, strict=False)
         if not self.hi > self.lo:
@@ -140,6 +158,11 @@ class AcrConfig:
 class LossConfig:
     """Clipped GRPO surrogate with a k3 KL to pi_ref and an entropy bonus (methods.md 1.4).
 
+    kl_clamp: the KL term is clamp(exp(q) - q - 1, -kl_clamp, kl_clamp), q = log pi_ref -
+    log pi_theta: the authors clamp the k3 value, so its gradient is zero beyond the clamp
+    (slime utils/ppo_utils.py compute_approx_kl, kl_loss_type "low_var_kl"). q itself is only
+    guarded at +-rl.log_ratio_clamp against overflow, which changes nothing once the value clamp
+    binds (|q| > ~11 always exceeds it).
     aggregation "seq_mean" (authors): mean over each response's accepted tokens, summed over
     responses and divided by the number of responses (a fully rejected response counts as zero);
     "token_mean": mean over all accepted tokens of the minibatch."""
@@ -225,13 +248,49 @@ class UpdateConfig:
         _check_positive("update.temperature", self.temperature)
 
 
+def check_training_sampling(
+    update: UpdateConfig, temperature: float, top_p: float, top_k: int
+) -> None:
+    """Refuse rollout sampling settings that would bias xi = pi_old / pi_sampler.
+
+    The sampler records log-probs of its processed distribution (temperature, then top-k/top-p);
+    pi_old, pi_ref and the learner are scored at `update.temperature` without filters. So the
+    temperatures must be equal (the authors use one, --rollout-temperature, for both: slime
+    megatron_utils/loss.py get_responses), and top-k/top-p would make xi > 1 on every kept token
+    (the filtered sampler renormalises over fewer tokens), which SARS/IBR would then read as
+    sparsity mismatch."""
+    if temperature != update.temperature:
+        raise ValueError(
+            f"rollout.temperature={temperature} differs from rl.update.temperature="
+            f"{update.temperature}: the sampler, the scorer (pi_old, pi_ref) and the learner must "
+            "use one temperature, or xi = pi_old / pi_sampler is biased; set both to the same value"
+        )
+    if temperature == 0:
+        raise ValueError("rollout.temperature=0 (greedy) cannot train: set a temperature > 0")
+    if top_p != 1.0 or top_k != 0:
+        raise ValueError(
+            f"rollout.top_p={top_p}, rollout.top_k={top_k}: training needs top_p=1.0 and top_k=0 "
+            "(filters off). The learner and the scorer do not apply the filters, so the sampler's "
+            "renormalised log-probs would bias xi = pi_old / pi_sampler (and r); use top-p/top-k "
+            "for evaluation only"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """Everything the update step needs. `log_ratio_clamp` bounds every log-ratio (log xi,
-    log r, and the sequence sums and means of log xi) before exp."""
+    log r, and the sequence sums and means of log xi) before exp (the authors' SAFETY_BOUND 20
+    in mis.py).
+
+    ratio_against: the denominator of the PPO ratio r. "old" (pi_theta / pi_old, the dense
+    recompute: slime's default, and what the authors' naive-sparse run without --use-tis does);
+    "sampler" (pi_theta / pi_sparse, slime's --use-rollout-logprobs: the sparse samples are
+    trained as if the sampler were the old policy). The paper does not say which of the two its
+    naive-sparse baseline is, so both are offered; xi-based corrections still use pi_old."""
 
     mode: str = "sparse_rl"
     log_ratio_clamp: float = 20.0
+    ratio_against: str = "old"
     sars: SarsConfig = SarsConfig()
     ibr: IbrConfig = IbrConfig()
     tis: TisConfig = TisConfig()
@@ -242,6 +301,7 @@ class RLConfig:
 
     def __post_init__(self):
         _check_in("rl.mode", self.mode, MODES)
+        _check_in("rl.ratio_against", self.ratio_against, RATIO_AGAINST)
         _check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
 
     @property

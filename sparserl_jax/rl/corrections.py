@@ -6,14 +6,17 @@ pi_ref and the sampler pi_sparse (KV-evicted, quantized, or stale weights). From
 
   xi   = pi_old / pi_sparse     sparsity consistency ratio (QuRL's rho); constant
   r    = pi_theta / pi_old      PPO ratio (staleness); carries the gradient
-  q    = log pi_ref - log pi_theta, clamped, for the k3 KL of the loss
+  q    = log pi_ref - log pi_theta (guarded at +-log_ratio_clamp), for the k3 KL of the loss
   sars acceptance mask          token band on xi and sequence veto (Sparse-RL)
-  ibr  weight w                 min(xi, cap) etc., normalised to mean 1 (Sparse-RL)
+  ibr  weight w                 min(xi, cap) etc., normalised to mean 1 over the valid response
+                                tokens (Sparse-RL; "mask" mode also rejects out-of-range tokens)
   tis  weight w                 min(rho, C) (QuRL's FlashRL baseline)
   acr  r_acr = min(1, C / rho)  the PPO upper clip becomes (1 + eps_high) / r_acr (QuRL)
 
 Everything computed from xi depends on pi_old and pi_sampler only, so it is fixed for a rollout
-batch; only r and q change during the update.
+batch; only r and q change during the update. At default settings this reproduces the authors'
+slime code (examples/train_infer_mismatch_helper/mis.py compute_mis_weights with mis.yaml);
+tests/test_authors_reference.py checks it against a NumPy transcription of that code.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ class Corrections:
 
     xi: Float[Array, "B T"]  # pi_old / pi_sparse (log clamped); 1 outside the response mask
     r: Float[Array, "B T"]  # pi_theta / pi_old (log clamped); differentiable
-    kl_q: Float[Array, "B T"]  # clamp(log pi_ref - log pi_theta, +-kl_clamp); differentiable
+    kl_q: Float[Array, "B T"]  # log pi_ref - log pi_theta (guard +-log_ratio_clamp); differentiable
     accept: Bool[Array, "B T"]  # response tokens that SARS keeps: they enter the loss average
     sars_veto: Bool[Array, "B"]  # responses removed by the sequence veto
-    weight: Float[Array, "B T"]  # w_t (IBR or TIS), stop-gradient; 0 outside accept
+    weight: Float[Array, "B T"]  # w_t (IBR or TIS), normalised, stop-gradient; 0 outside accept
     r_acr: Float[Array, "B T"]  # min(1, C / rho) where ACR applies, else 1
     metrics: dict
 
@@ -103,14 +106,20 @@ def sars(
     return keep & ~veto_B[:, None], veto_B
 
 
+def ibr_in_range(xi: Float[Array, "B T"], cfg: IbrConfig) -> Bool[Array, "B T"]:
+    """Tokens whose xi lies in [lo, hi] (the "mask" mode's band)."""
+    return (xi >= cfg.lo) & (xi <= cfg.hi)
+
+
 def ibr_raw_weight(xi: Float[Array, "B T"], cfg: IbrConfig) -> Float[Array, "B T"]:
-    """Importance-Based Reweighting before normalisation: truncate, clip or mask xi."""
+    """Importance-Based Reweighting before normalisation: truncate, clip or mask xi. In "mask"
+    mode with mask_rejects the weight is xi itself (out-of-range tokens are rejected instead)."""
     if cfg.mode == "truncate":
         return jnp.minimum(xi, cfg.cap)
     if cfg.mode == "clip":
         return jnp.clip(xi, cfg.lo, cfg.hi)
     if cfg.mode == "mask":
-        return jnp.where((xi >= cfg.lo) & (xi <= cfg.hi), xi, 0.0)
+        return xi if cfg.mask_rejects else jnp.where(ibr_in_range(xi, cfg), xi, 0.0)
     raise ValueError(f"ibr.mode={cfg.mode!r}: accepted values are truncate, clip, mask")
 
 
@@ -120,7 +129,9 @@ def behaviour_terms(
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
 ) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
-    """The theta-independent part: (xi, accept, sars_veto, raw weight before normalisation)."""
+    """The theta-independent part: (xi, accept, sars_veto, raw weight before normalisation).
+    The raw weight is set on every response token, rejected ones included (the authors
+    normalise over those too), and 0 outside the response mask."""
     mask = mask.astype(bool)
     clamp = cfg.log_ratio_clamp
     raw = log_xi_raw(old_logp, sampler_logp, mask)
@@ -132,11 +143,19 @@ def behaviour_terms(
         accept, veto_B = mask, jnp.zeros(mask.shape[:1], bool)
     if spec.ibr:
         w = ibr_raw_weight(xi, cfg.ibr)
+        if cfg.ibr.mode == "mask" and cfg.ibr.mask_rejects:
+            accept = accept & ibr_in_range(xi, cfg.ibr)
     elif spec.tis:
         w = jnp.minimum(xi, cfg.tis.cap)
     else:
         w = jnp.ones_like(xi)
-    return xi, accept, veto_B, jnp.where(accept, w, 0.0)
+    return xi, accept, veto_B, jnp.where(mask, w, 0.0)
+
+
+def _normaliser_tokens(
+    mask: Bool[Array, "B T"], accept: Bool[Array, "B T"], cfg: IbrConfig
+) -> Bool[Array, "B T"]:
+    return accept if cfg.normalise_over == "accepted" else mask
 
 
 def ibr_normaliser(
@@ -145,18 +164,19 @@ def ibr_normaliser(
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
 ) -> Float[Array, ""]:
-    """Mean IBR weight over the accepted tokens of this batch (1 when IBR is off, or
-    normalisation is "none", or nothing is accepted)."""
+    """Mean raw IBR weight over this batch's valid (or accepted, see ibr.normalise_over) tokens;
+    1 when IBR is off, normalisation is "none", or the mean is <= 1e-8."""
     if not cfg.spec.ibr or cfg.ibr.normalisation == "none":
         return jnp.float32(1.0)
+    mask = mask.astype(bool)
     _, accept, _, w = behaviour_terms(old_logp, sampler_logp, mask, cfg)
-    return _mean_weight(accept, w)
+    return _mean_weight(_normaliser_tokens(mask, accept, cfg.ibr), w)
 
 
-def _mean_weight(accept: Bool[Array, "B T"], w: Float[Array, "B T"]) -> Float[Array, ""]:
-    n = jnp.sum(accept)
-    mean = jnp.sum(jnp.where(accept, w, 0.0)) / jnp.maximum(n, 1)
-    return jnp.where((n > 0) & (mean > 0), mean, 1.0)
+def _mean_weight(over: Bool[Array, "B T"], w: Float[Array, "B T"]) -> Float[Array, ""]:
+    """mis.py: weights_mean = sum(w) / clamp_min(count, 1); used only when > 1e-8."""
+    mean = jnp.sum(jnp.where(over, w, 0.0)) / jnp.maximum(jnp.sum(over), 1)
+    return jnp.where(mean > 1e-8, mean, 1.0)
 
 
 def acr_ratio(xi: Float[Array, "B T"], c: float) -> Float[Array, "B T"]:
@@ -182,20 +202,24 @@ def compute_corrections(
     mask = mask.astype(bool)
     clamp = cfg.log_ratio_clamp
     spec = cfg.spec
-    xi, accept, veto_B, w = behaviour_terms(old_logp, sampler_logp, mask, cfg)
-    w_raw = w
+    xi, accept, veto_B, w_raw = behaviour_terms(old_logp, sampler_logp, mask, cfg)
+    w = w_raw
     if spec.ibr and cfg.ibr.normalisation != "none":
-        w = w / (_mean_weight(accept, w) if ibr_norm is None else ibr_norm)
-    w = jax.lax.stop_gradient(w)
+        if ibr_norm is None:
+            ibr_norm = _mean_weight(_normaliser_tokens(mask, accept, cfg.ibr), w_raw)
+        w = w / ibr_norm
+    w = jax.lax.stop_gradient(jnp.where(accept, w, 0.0))
     xi = jax.lax.stop_gradient(xi)
     r_acr = acr_ratio(xi, cfg.acr.c) if spec.acr else jnp.ones_like(xi)
     r_acr = jnp.where(mask, r_acr, 1.0)
 
-    log_r = jnp.where(mask, learner_logp.astype(jnp.float32) - old_logp.astype(jnp.float32), 0.0)
+    behaviour_logp = sampler_logp if cfg.ratio_against == "sampler" else old_logp
+    log_r = jnp.where(
+        mask, learner_logp.astype(jnp.float32) - behaviour_logp.astype(jnp.float32), 0.0
+    )
     r = jnp.exp(jnp.clip(log_r, -clamp, clamp))
-    kl_clamp = cfg.loss.kl_clamp
     q = jnp.where(mask, ref_logp.astype(jnp.float32) - learner_logp.astype(jnp.float32), 0.0)
-    kl_q = jnp.clip(q, -kl_clamp, kl_clamp)
+    kl_q = jnp.clip(q, -clamp, clamp)  # overflow guard only; the loss clamps the k3 value
 
     metrics = {}
     if with_metrics:

@@ -2,9 +2,11 @@
 
 Per accepted token:
   l_t = w_t * max(-r_t A, -clip(r_t, 1 - eps_low, (1 + eps_high) / r_acr_t) A)
-        + beta * KL_t - entropy_coef * H_t,        KL_t = exp(q_t) - q_t - 1   (k3)
+        + beta * KL_t - entropy_coef * H_t,   KL_t = clamp(exp(q_t) - q_t - 1, +-kl_clamp)
 with r, q, w, r_acr and the SARS acceptance mask from `corrections.compute_corrections`. Tokens
-that SARS rejects leave both the numerator and the denominator.
+that SARS rejects leave both the numerator and the denominator. This is the authors' slime
+policy_loss_function (megatron_utils/loss.py: compute_policy_loss, the mis.py weights, the
+low_var_kl term, sum_of_sample_mean over the modified loss masks).
 
 `policy_loss` returns loss = numerator / denominator. The default denominator is this batch's
 (accepted tokens for "token_mean", rows for "seq_mean"); the update step passes the minibatch's,
@@ -20,9 +22,11 @@ from sparserl_jax.rl.config import LossConfig
 from sparserl_jax.rl.corrections import Corrections, masked_mean
 
 
-def k3_kl(q: Float[Array, "B T"]) -> Float[Array, "B T"]:
-    """Low-variance KL estimator exp(q) - q - 1 with q = log pi_ref - log pi_theta."""
-    return jnp.exp(q) - q - 1.0
+def k3_kl(q: Float[Array, "B T"], clamp: float) -> Float[Array, "B T"]:
+    """Low-variance KL estimator exp(q) - q - 1 with q = log pi_ref - log pi_theta, its value
+    clamped to [-clamp, clamp] (slime ppo_utils.py compute_approx_kl "low_var_kl"): zero gradient
+    beyond the clamp."""
+    return jnp.clip(jnp.exp(q) - q - 1.0, -clamp, clamp)
 
 
 def clipped_surrogate(
@@ -53,7 +57,7 @@ def policy_loss(
     m = corr.accept
     upper = (1.0 + cfg.eps_high) / corr.r_acr
     pg, clipped = clipped_surrogate(corr.r, adv, 1.0 - cfg.eps_low, upper)
-    kl = k3_kl(corr.kl_q)
+    kl = k3_kl(corr.kl_q, cfg.kl_clamp)
     l_tok = corr.weight * pg + cfg.beta * kl
     if entropy is not None and cfg.entropy_coef:
         l_tok = l_tok - cfg.entropy_coef * entropy

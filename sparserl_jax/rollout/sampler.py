@@ -3,7 +3,16 @@
 Decoding runs in chunks of `kv.buffer` steps (a lax.scan) inside a lax.while_loop that stops once
 every sequence has finished. A sparse policy compresses the cache between chunks ("interval"
 trigger: the buffer is full every `buffer` steps) or before a step whose previous token is a line
-break ("newline" trigger, with a forced compression when the cache is full). The dense sampler is
+break ("newline" trigger, with a forced compression when the cache is full). With
+kv.compress_prompt=false (the authors') the first interval compression comes after `buffer`
+decode steps, so a prompt longer than the budget is attended whole until then (the cache has
+max(budget, prompt) + buffer slots); with true it is squeezed into the budget before decoding.
+
+Timing: a compression here runs before the step that writes the next token, on the entries seen
+so far (the window queries are those of the last w cached tokens). The authors' fork
+(radix_attention.py RadixAttention.forward) writes the current token first and compresses with
+it in the window, so their step attends to `budget` entries where ours attends to budget + 1;
+the kept sets are otherwise chosen by the same rule, one token earlier. The dense sampler is
 the same loop with capacity = prompt + max new tokens and no compression, so with a budget that
 covers the whole sequence the two produce identical tokens and log-probs for the same key.
 """
@@ -133,7 +142,10 @@ def generate(
         r, carry, outs, kept_pos = state
         cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
         if not kv_cfg.is_dense and kv_cfg.trigger == "interval":
-            cache, did_B = maybe_compress(cache, ~done_B, jax.random.fold_in(key_evict, r))
+            active_B = ~done_B
+            if not kv_cfg.compress_prompt:  # the prompt stays whole until step `buffer`
+                active_B = active_B & (r > 0)
+            cache, did_B = maybe_compress(cache, active_B, jax.random.fold_in(key_evict, r))
             n_comp_B = n_comp_B + did_B
         if kept_pos is not None:
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
