@@ -95,7 +95,10 @@ def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cf
 
 
 def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N H"], cfg: ModelConfig):
-    x = x + jnp.einsum("btnh,nhd->btd", o, layer["o"])
+    # o_proj as one [B, T, N*H] @ [N*H, D] product: a free reshape of the stored [N, H, D] kernel
+    # (contracting N and H as two axes made XLA transpose and copy the kernel on every call).
+    B, T, N, H = o.shape
+    x = x + jnp.einsum("btf,fd->btd", o.reshape(B, T, N * H), layer["o"].reshape(N * H, -1))
     return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
 
 
@@ -150,8 +153,11 @@ def forward(
 
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
-    """Float32 logits (use only where [..., V] is small: decode steps, tests)."""
-    return jnp.einsum("...d,dv->...v", h, head_weight(params), preferred_element_type=jnp.float32)
+    """Float32 logits (use only where [..., V] is small: decode steps, tests). A tied head
+    contracts the embedding's last axis in place (no [V, D] -> [D, V] transpose per call)."""
+    if "lm_head" in params:
+        return jnp.einsum("...d,dv->...v", h, params["lm_head"], preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,vd->...v", h, params["embed"], preferred_element_type=jnp.float32)
 
 
 def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:
