@@ -134,7 +134,9 @@ def _check_decode_loop(hlo: str, batch: int, capacity: int) -> None:
     assert len(weights) >= 7 * CFG.n_layers, f"weights not found among the loop carry: {weights}"
     assert not _copies_of(comps, body, weights), "weights copied in the decode loop"
 
-    buffers = {n: idx for n, idx in gte.items() if insts[n]["shape"].split("{")[0] in (kv_shape, pos_shape)}
+    buffers = {
+        n: idx for n, idx in gte.items() if insts[n]["shape"].split("{")[0] in (kv_shape, pos_shape)
+    }
     assert len(set(buffers.values())) == 3 * CFG.n_layers
     for n, idx in buffers.items():
         assert _updated_in_place(comps, body, out[idx], n), f"KV buffer {idx} not updated in place"
