@@ -156,9 +156,11 @@ def test_decode_loop_has_no_weight_copies_and_writes_the_cache_in_place(batch):
 def test_sharded_decode_step_aliases_the_donated_cache():
     mesh = shd.make_mesh(shd.MeshConfig())
     cache = kv.cache_for(kv.KVConfig(), CFG, 2, P, capacity=P + M)
-    step = shd.sharded_decode_step(mesh, CFG, cache)
-    text = step.lower(PARAMS, cache, jnp.ones((2,), jnp.int32)).compile().as_text()
-    header = text.splitlines()[0]
+    tokens = jnp.ones((2,), jnp.int32)
+    step = shd.sharded_decode_step(mesh, CFG, cache).lower(PARAMS, cache, tokens).compile()
+    header = step.as_text().splitlines()[0]
     aliased = {int(p) for p in re.findall(r"\{\d+\}: \((\d+), \{\}, (?:may|must)-alias\)", header)}
     first = len(jax.tree_util.tree_leaves(PARAMS))
     assert aliased == set(range(first, first + len(jax.tree_util.tree_leaves(cache))))
+    _, cache = step(PARAMS, cache, tokens)  # a fresh cache can be donated: no buffer shared
+    assert cache.length.tolist() == [1, 1]

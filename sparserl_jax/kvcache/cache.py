@@ -59,7 +59,8 @@ def init_cache(
 ) -> KVCache:
     """An empty cache. `track_mass` keeps H2O's attention mass; `window` > 0 keeps the last queries."""
     shape = (batch, n_kv_heads, capacity, head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(n_layers))
+    # Keys and values get buffers of their own, so the cache can be donated (no buffer twice).
+    k, v = (tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)) for _ in range(2))
     pos = tuple(jnp.full(shape[:3], -1, jnp.int32) for _ in range(n_layers))
     mass = (
         tuple(jnp.zeros(shape[:3], jnp.float32) for _ in range(n_layers)) if track_mass else None
@@ -71,8 +72,8 @@ def init_cache(
         wshape = (batch, n_heads, window, head_dim)
         window_q = tuple(jnp.zeros(wshape, dtype) for _ in range(n_layers))
     return KVCache(
-        k=zeros,
-        v=zeros,
+        k=k,
+        v=v,
         pos=pos,
         fill=jnp.zeros((batch,), jnp.int32),
         length=jnp.zeros((batch,), jnp.int32),
