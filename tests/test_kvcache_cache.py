@@ -91,6 +91,23 @@ def test_write_token_into_a_full_cache_is_dropped():
     assert not np.array_equal(np.asarray(cache.k[0])[1], before[1])
 
 
+@pytest.mark.parametrize("length", [3, 7])
+def test_write_token_at_batch_1_writes_one_slot_or_drops_when_full(length):
+    """Batch 1 takes its own path (a scatter with a dropped second row): the same semantics."""
+    cache = kvc.init_cache(1, L, K, 7, H)
+    cache = kvc.write_prefill(cache, [normal(30, (1, length, K, H))] * L,
+                              [normal(31, (1, length, K, H))] * L, jnp.array([length]))
+    k_new = normal(32, (1, K, H))
+    out = kvc.write_token(cache, 0, k_new, k_new)
+    new_KxH = np.asarray(k_new)[0]
+    for got, old, new in ((out.k, cache.k, new_KxH), (out.v, cache.v, new_KxH),
+                          (out.pos, cache.pos, length)):
+        want = np.asarray(old[0]).copy()
+        if length < 7:  # room left: slot `length` gets the token, nothing else changes
+            want[0, :, length] = new
+        np.testing.assert_array_equal(np.asarray(got[0]), want)
+
+
 def test_gather_slots_matches_numpy():
     x = normal(5, (B, K, 9, H))
     idx = randint(6, (B, K, 4), 9)

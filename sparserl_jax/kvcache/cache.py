@@ -59,7 +59,8 @@ def init_cache(
 ) -> KVCache:
     """An empty cache. `track_mass` keeps H2O's attention mass; `window` > 0 keeps the last queries."""
     shape = (batch, n_kv_heads, capacity, head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(n_layers))
+    # Keys and values get buffers of their own, so the cache can be donated (no buffer twice).
+    k, v = (tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)) for _ in range(2))
     pos = tuple(jnp.full(shape[:3], -1, jnp.int32) for _ in range(n_layers))
     mass = (
         tuple(jnp.zeros(shape[:3], jnp.float32) for _ in range(n_layers)) if track_mass else None
@@ -71,8 +72,8 @@ def init_cache(
         wshape = (batch, n_heads, window, head_dim)
         window_q = tuple(jnp.zeros(wshape, dtype) for _ in range(n_layers))
     return KVCache(
-        k=zeros,
-        v=zeros,
+        k=k,
+        v=v,
         pos=pos,
         fill=jnp.zeros((batch,), jnp.int32),
         length=jnp.zeros((batch,), jnp.int32),
@@ -109,15 +110,27 @@ def write_prefill(
 def write_token(
     cache: KVCache, layer: int, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]
 ) -> KVCache:
-    """Write one token's key/value for `layer` into slot `fill` of every sequence (in place)."""
-    b = jnp.arange(k_new.shape[0])
-    slot = cache.fill
+    """Write one token's key/value for `layer` into slot `fill` of every sequence, in place: one
+    scatter on the carried buffer (a sequence with no free slot left is unchanged: mode="drop").
+
+    At batch 1 the scatter gets a second row at slot C, which is dropped: XLA rewrites a one-row
+    scatter as a dynamic-update-slice, fuses it into both of its users (the carried cache and the
+    attention read) and then copies the whole buffer every step."""
+    B, K = k_new.shape[:2]
+    b_R, slot_R = jnp.arange(B), cache.fill
+    rows = (k_new, v_new, jnp.broadcast_to(cache.length[:, None], (B, K)))
+    if B == 1:
+        b_R = jnp.zeros((2,), b_R.dtype)
+        slot_R = jnp.concatenate([slot_R, jnp.full((1,), cache.capacity, slot_R.dtype)])
+        rows = tuple(jnp.concatenate([x, x]) for x in rows)
+
+    def put(buf, new):
+        return buf.at[b_R, :, slot_R].set(new.astype(buf.dtype), mode="drop")
+
     k = list(cache.k)
     v = list(cache.v)
     pos = list(cache.pos)
-    k[layer] = k[layer].at[b, :, slot].set(k_new.astype(k[layer].dtype), mode="drop")
-    v[layer] = v[layer].at[b, :, slot].set(v_new.astype(v[layer].dtype), mode="drop")
-    pos[layer] = pos[layer].at[b, :, slot].set(cache.length[:, None], mode="drop")
+    k[layer], v[layer], pos[layer] = (put(x[layer], r) for x, r in zip((k, v, pos), rows))
     return cache.replace(k=tuple(k), v=tuple(v), pos=tuple(pos))
 
 

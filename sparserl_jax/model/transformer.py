@@ -29,7 +29,7 @@ from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
-from sparserl_jax.quant.core import dot
+from sparserl_jax.quant.core import dot, merge_leading_axes
 
 Params = dict
 
@@ -96,7 +96,10 @@ def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cf
 
 
 def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N H"], cfg: ModelConfig):
-    x = x + dot("btnh,nhd->btd", o, layer["o"])
+    # o_proj as one [B, T, N*H] @ [N*H, D] product: a free reshape of the stored [N, H, D] kernel
+    # (contracting N and H as two axes made XLA transpose and copy the kernel on every call).
+    B, T, N, H = o.shape
+    x = x + dot("btf,fd->btd", o.reshape(B, T, N * H), merge_leading_axes(layer["o"], 2))
     return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
 
 
@@ -151,8 +154,12 @@ def forward(
 
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
-    """Float32 logits (use only where [..., V] is small: decode steps, tests)."""
-    return dot("...d,dv->...v", h, head_weight(params), preferred_element_type=jnp.float32)
+    """Float32 logits (use only where [..., V] is small: decode steps, tests). A tied head
+    contracts the embedding's last axis in place (no [V, D] -> [D, V] transpose per call); the
+    embedding always stays full precision (quant.skip)."""
+    if "lm_head" in params:
+        return dot("...d,dv->...v", h, params["lm_head"], preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,vd->...v", h, params["embed"], preferred_element_type=jnp.float32)
 
 
 def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:

@@ -18,7 +18,7 @@ serves as the independent oracle in tests/test_quant.py.
 """
 
 from sparserl_jax.quant.config import FORMATS, IMPLS, MODES, QuantConfig
-from sparserl_jax.quant.core import QWeight, dot, quantize
+from sparserl_jax.quant.core import QWeight, dot, merge_leading_axes, quantize
 from sparserl_jax.quant.params import abstract_quantized, invariant_scale, quantize_params, quantized_bytes
 
 __all__ = [

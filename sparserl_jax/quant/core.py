@@ -59,6 +59,15 @@ class QWeight:
         return self.values.size * self.values.dtype.itemsize + self.scale.size * 4
 
 
+def merge_leading_axes(w, n: int):
+    """The kernel with its first n axes merged into one (a free reshape), for a plain array or a
+    QWeight whose first n axes are contracting (their scale axes have size 1)."""
+    if not isinstance(w, QWeight):
+        return w.reshape((-1,) + w.shape[n:])
+    return w.replace(values=w.values.reshape((-1,) + w.shape[n:]),
+                     scale=w.scale.reshape((1,) + w.scale.shape[n:]))
+
+
 def _tokens(subscripts: str) -> list[str]:
     head, ell, tail = subscripts.partition("...")
     return list(head) + (["..."] if ell else []) + list(tail)
