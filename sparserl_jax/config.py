@@ -115,12 +115,15 @@ class RunConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     eval_prompts: int = 64
     progress: bool = True
+    # stop the run (keeping the checkpoints from before) after this many iterations in a row whose
+    # optimizer steps were skipped for a non-finite loss or gradient; 0: never stop
+    max_skipped_iterations: int = 5
 
     def __post_init__(self):
-        if self.iterations < 0:
-            raise ValueError(f"train.iterations={self.iterations} must be >= 0")
-        if self.keep_checkpoints < 1:
-            raise ValueError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        for name, low in (("iterations", 0), ("save_every", 1), ("keep_checkpoints", 1),
+                          ("eval_every", 0), ("eval_prompts", 1), ("max_skipped_iterations", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= {low}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +165,8 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
     raises ValueError naming the setting `name`, its value and the expected type."""
     tp, optional = _unwrap_optional(tp)
     if isinstance(value, Raw):
+        if tp is Any:
+            return yaml.safe_load(value)
         if optional and value.strip() in ("null", "None", "~", ""):
             return None
         if tp is str:
@@ -224,7 +229,7 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         return tuple(coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if origin in (Mapping, dict, collections.abc.Mapping):
         if isinstance(value, Mapping):
-            return dict(value)
+            return {k: coerce(v, Any, f"{name}.{k}") for k, v in value.items()}
         raise bad()
     return value
 
