@@ -36,6 +36,8 @@ def main(argv=None) -> dict:
     policy = study.base.kv.policy
 
     results, histories = {}, {}
+    study.train_all([dict(name=f"{n}/seed{s}", mode=VARIANTS[n][0], policy=policy, seed=s,
+                          extra=VARIANTS[n][1]) for n in args.variants for s in args.seeds])
     for name in args.variants:
         mode, extra = VARIANTS[name]
         runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=policy, seed=s, extra=extra)

@@ -56,8 +56,14 @@ def _init_worker(cores) -> None:
 def parallel_map(fn: Callable[[T], R], items: Iterable[T], cores: list[int] | None = None) -> list[R]:
     """[fn(item) for item in items], each call in a fresh single-core process (spawned, so no JAX
     state is inherited), one process per available core; results in the order of `items`. `fn`
-    must be a module-level function and its items and results picklable."""
+    must be a module-level function and its items and results picklable.
+
+    In a process whose JAX backend already runs (a test session), the calls run here, one after
+    the other: that process cannot be made core-count independent anyway, and it saves each
+    worker's start-up and compilation."""
     items = list(items)
+    if _backend_started():
+        return [fn(item) for item in items]
     if not items:
         return []
     cores = available_cores() if cores is None else list(cores)

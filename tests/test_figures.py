@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import jax
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
@@ -18,6 +19,7 @@ import fig_f_throughput  # noqa: E402
 import figlib  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
+jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
 
 
 @pytest.fixture(scope="module")
