@@ -1,13 +1,15 @@
 """The default experiment: dense vs naive sparse vs Sparse-RL rollouts from one warm start.
 
-  python experiments/default.py            # about 10 minutes on 2 CPU cores
+  python experiments/default.py            # 2 seeds; about 8 minutes on 2 CPU cores
   python experiments/default.py --smoke    # seconds, for tests
 
 1. Warm-start (SFT) a tiny model on a synthetic long-range task (key-value recall: the answer
    sits in one of the first lines of a long prompt).
 2. From that start, with the same seed and KV budget, train three arms: dense rollouts, naive
    sparse rollouts (compressed KV, trained as if on-policy) and Sparse-RL (compressed KV with
-   rejection sampling and importance reweighting).
+   rejection sampling and importance reweighting), each for every seed of --seeds (default 0 1).
+   Every run is a single-core process, one per available core (workers.py), so the numbers are
+   the same on a machine with 1, 2 or 16 cores.
 3. Evaluate every model under dense and under sparse inference, and write a markdown table,
    JSON and a PNG of the training curves to experiments/results/default/.
 """
@@ -28,7 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from figlib import SMOKE_OVERRIDES  # noqa: E402
+import workers  # noqa: E402  (imports no JAX)
+from figlib import SMOKE_OVERRIDES, curve, fmt, mean_std  # noqa: E402
 from sparserl_jax import kvcache as kv  # noqa: E402
 from sparserl_jax.config import dump_config, load_config  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
@@ -51,41 +54,60 @@ def evaluate_both(trainer: Trainer, sparse_kv: kv.KVConfig, n: int) -> dict:
             "sparse_kv_saving": sparse["kv_saving"]}
 
 
-def run(config: str, overrides: list[str], out_dir: str, log=print) -> dict:
+def _warm_start(job) -> dict:
+    """Worker: the shared warm start (SFT only, no RL iterations), evaluated."""
+    config, overrides, warm_dir = job
+    base = load_config([config], overrides)
+    warm = Trainer(load_config([config], overrides + [f"train.out_dir={warm_dir}", "train.iterations=0"]))
+    warm.run()
+    return evaluate_both(warm, base.kv, base.train.eval_prompts)
+
+
+def _arm(job) -> tuple[dict, list[dict]]:
+    """Worker: one arm and seed from the warm start, trained and evaluated."""
+    config, overrides, warm_dir, out_dir, arm, seed = job
+    mode, sparse = ARMS[arm]
+    base = load_config([config], overrides)
+    policy = base.kv.policy if sparse else "none"
+    trainer = Trainer(load_config([config], overrides + [
+        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", "sft.steps=0",
+        f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}",
+    ]))
+    history = trainer.run()
+    last = history[-max(len(history) // 4, 1):]
+    return {
+        **evaluate_both(trainer, base.kv, base.train.eval_prompts),
+        "train_kv_saving": float(np.mean([h["kv/saving"] for h in history])),
+        "token_reject_rate": float(np.mean([h.get("sars/token_reject_rate", 0) for h in last])),
+        "seq_reject_rate": float(np.mean([h.get("sars/seq_reject_rate", 0) for h in last])),
+        "mismatch_kl_k3": float(np.mean([h["mismatch/kl_k3"] for h in history])),
+        "final_train_reward": float(np.mean([h["reward/mean"] for h in last])),
+    }, history
+
+
+def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1), log=print) -> dict:
+    """The warm start, then every arm x seed as parallel single-core processes (workers.py): the
+    numbers do not depend on how many cores the machine has."""
     base = load_config([config], overrides)
     work = os.path.join(out_dir, "runs")
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
-
-    # 1. the shared warm start (SFT only, no RL iterations)
     warm_dir = os.path.join(work, "warm_start")
-    warm = Trainer(load_config([config], overrides + [f"train.out_dir={warm_dir}", "train.iterations=0"]),
-                   log=log)
-    warm.run()
-    n_eval = base.train.eval_prompts
-    results = {"warm_start": evaluate_both(warm, base.kv, n_eval)}
+    results = {"seeds": list(seeds),
+               "warm_start": workers.parallel_map(_warm_start, [(config, overrides, warm_dir)])[0]}
     log(f"warm start: {results['warm_start']}  ({time.perf_counter() - t0:.0f}s)")
-
-    # 2. three arms from the same start, seed and budget
+    jobs = [(config, overrides, warm_dir, os.path.join(work, f"{arm}_seed{s}"), arm, s)
+            for arm in ARMS for s in seeds]
+    outs = workers.parallel_map(_arm, jobs)
     histories = {}
-    for arm, (mode, sparse) in ARMS.items():
-        policy = base.kv.policy if sparse else "none"
-        arm_overrides = overrides + [
-            f"train.out_dir={os.path.join(work, arm)}", f"model.init_from={warm_dir}",
-            "sft.steps=0", f"rl.mode={mode}", f"kv.policy={policy}",
-        ]
-        trainer = Trainer(load_config([config], arm_overrides), log=log)
-        histories[arm] = trainer.run()
-        last = histories[arm][-max(len(histories[arm]) // 4, 1):]
-        results[arm] = {
-            **evaluate_both(trainer, base.kv, n_eval),
-            "train_kv_saving": float(np.mean([h["kv/saving"] for h in histories[arm]])),
-            "token_reject_rate": float(np.mean([h.get("sars/token_reject_rate", 0) for h in last])),
-            "seq_reject_rate": float(np.mean([h.get("sars/seq_reject_rate", 0) for h in last])),
-            "mismatch_kl_k3": float(np.mean([h["mismatch/kl_k3"] for h in histories[arm]])),
-            "final_train_reward": float(np.mean([h["reward/mean"] for h in last])),
-        }
-        log(f"{arm}: {results[arm]}  ({time.perf_counter() - t0:.0f}s)")
+    for arm in ARMS:
+        per_seed = [out for job, out in zip(jobs, outs) if job[4] == arm]
+        rows = [r for r, _ in per_seed]
+        results[arm] = {key: mean_std(r[key] for r in rows)[0] for key in rows[0]}
+        results[arm]["std"] = {key: mean_std(r[key] for r in rows)[1] for key in rows[0]}
+        results[arm]["per_seed"] = rows
+        histories[arm] = [h for _, h in per_seed]
+        log(f"{arm}: {results[arm]['per_seed']}")
     results["seconds"] = time.perf_counter() - t0
     dump_config(base, os.path.join(out_dir, "config.yaml"))
     write_outputs(results, histories, base, out_dir)
@@ -108,15 +130,20 @@ def table(results: dict, base) -> str:
     w = results["warm_start"]
     lines.append(f"| warm start | {w['dense_acc']:.3f} | {w['sparse_acc']:.3f} | - | - | - | - | - |")
     for arm in ARMS:
-        r = results[arm]
+        rows = results[arm]["per_seed"]
+        col = lambda key, spec=".3f": fmt([r[key] for r in rows], spec)  # noqa: E731
+        saving = fmt([100 * r["train_kv_saving"] for r in rows], ".1f")
         lines.append(
-            f"| {arm} | {r['dense_acc']:.3f} | {r['sparse_acc']:.3f} | {r['train_kv_saving']:.1%} "
-            f"| {r['token_reject_rate']:.3f} | {r['seq_reject_rate']:.3f} | {r['mismatch_kl_k3']:.4f} "
-            f"| {r['final_train_reward']:.3f} |"
+            f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {saving}% "
+            f"| {col('token_reject_rate')} | {col('seq_reject_rate')} | {col('mismatch_kl_k3', '.4f')} "
+            f"| {col('final_train_reward')} |"
         )
+    seeds = results["seeds"]
     lines.append("")
-    lines.append(f"Sparse inference KV saving: {results['sparse_rl']['sparse_kv_saving']:.1%} of the "
-                 f"entries a dense cache holds. Wall time: {results['seconds']:.0f} s.")
+    lines.append(f"Mean ± std over {len(seeds)} seed(s) (train.seed {', '.join(map(str, seeds))}; one "
+                 "shared warm start). Sparse inference KV saving: "
+                 f"{results['sparse_rl']['sparse_kv_saving']:.1%} of the entries a dense cache holds. "
+                 f"Wall time: {results['seconds']:.0f} s on {len(workers.available_cores())} core(s).")
     return "\n".join(lines)
 
 
@@ -130,9 +157,10 @@ def write_outputs(results: dict, histories: dict, base, out_dir: str) -> None:
         json.dump({"command": command, "results": results, "histories": histories}, f, indent=1)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, key in zip(axes, CURVES):
-        for arm, hist in histories.items():
-            ax.plot([h["step"] if "step" in h else i + 1 for i, h in enumerate(hist)],
-                    [h.get(key, np.nan) for h in hist], label=arm)
+        for arm, hists in histories.items():
+            x, m, sd = curve(hists, key)
+            ax.plot(x, m, label=arm)
+            ax.fill_between(x, m - sd, m + sd, alpha=0.2)
         ax.set_title(key)
         ax.set_xlabel("iteration")
     axes[0].legend()
@@ -147,12 +175,13 @@ def main(argv=None) -> dict:
     p.add_argument("--config", default=os.path.join(HERE, "configs", "default.yaml"))
     p.add_argument("--out", default=os.path.join(HERE, "results", "default"))
     p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="train.seed of every arm")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     overrides = list(args.overrides)
     if args.smoke:
         overrides += [*SMOKE_OVERRIDES, "train.progress=false"]
-    return run(args.config, overrides, args.out)
+    return run(args.config, overrides, args.out, seeds=args.seeds)
 
 
 if __name__ == "__main__":

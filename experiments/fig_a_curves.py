@@ -43,8 +43,10 @@ def collapse_iteration(history: list[dict], window: int = 5) -> int | None:
 def run_arms(study: figlib.Study, seeds, arms=ARMS) -> dict:
     """{arm: [Run per seed]} (cached runs, shared with the other figures)."""
     runs = {}
-    for arm, (mode, sparse) in arms.items():
-        policy = study.base.kv.policy if sparse else "none"
+    specs = {arm: (mode, study.base.kv.policy if sparse else "none") for arm, (mode, sparse) in arms.items()}
+    study.train_all([dict(name=f"{arm}/seed{s}", mode=mode, policy=policy, seed=s)
+                     for arm, (mode, policy) in specs.items() for s in seeds])
+    for arm, (mode, policy) in specs.items():
         runs[arm] = [study.arm(f"{arm}/seed{s}", mode=mode, policy=policy, seed=s) for s in seeds]
     return runs
 

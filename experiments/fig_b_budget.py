@@ -26,6 +26,9 @@ def main(argv=None) -> dict:
     out = args.out or figlib.default_out("fig_b_budget")
     policy = study.base.kv.policy
     warm = study.warm_start()
+    study.train_all([dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds]
+                    + [dict(name=f"{args.mode}/budget{b}/seed{s}", mode=args.mode, policy=policy, seed=s,
+                            extra=[f"kv.budget={b}"]) for b in args.budgets for s in args.seeds])
     dense = [study.arm(f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds]
 
     rows = []

@@ -28,6 +28,9 @@ def main(argv=None) -> dict:
     out = args.out or figlib.default_out("fig_c_policies")
 
     cells = []  # (policy, mode) rows
+    study.train_all([dict(name=f"{policy}/{mode}/seed{s}", mode=mode, policy=policy, seed=s)
+                     for policy in args.policies
+                     for mode in (("dense",) if policy == "none" else MODES) for s in args.seeds])
     for policy in args.policies:
         for mode in (("dense",) if policy == "none" else MODES):
             runs = [study.arm(f"{policy}/{mode}/seed{s}", mode=mode, policy=policy, seed=s)

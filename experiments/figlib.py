@@ -6,6 +6,8 @@ weights. A run is identified by its full configuration: `Study.arm(...)` trains 
 so the curves of fig_a, the policy ablation of fig_c and the correction ablation of fig_d share
 their common arms instead of training them again. An interrupted run resumes from its last
 checkpoint (the trainer's exact resume). Evaluations are cached in the run directory too.
+`Study.train_all` trains a figure's independent runs in parallel single-core processes and the
+script's own process is pinned to one core (workers.py), so figures are the same on any machine.
 
 Outputs of a figure: `<out>/results.md` (the exact command, the table), `<out>/results.json`
 (every number behind the table and the figure) and `<out>/<name>.png`.
@@ -30,6 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+import workers  # noqa: E402  (imports no JAX)
 from sparserl_jax.config import TrainConfig, dump_config, load_config, to_dict  # noqa: E402
 from sparserl_jax.metrics_log import read_metrics  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
@@ -176,10 +179,25 @@ class Study:
                      f"kv.policy={policy}", f"train.seed={seed}", *extra]
         return self._train(name, overrides)
 
+    def train_all(self, specs: Sequence[dict]) -> list[Run]:
+        """Train the runs `study.arm(**spec)` would, in parallel single-core processes (one per
+        available core; workers.py), into the same cache: later `arm` calls reuse them."""
+        warm = self.warm_start_dir()
+        jobs = [(self.config, self.overrides, self.runs_dir, warm, dict(spec)) for spec in specs]
+        return workers.parallel_map(_train_job, jobs)
+
     def warm_start(self, policy: str | None = None) -> Run:
         """The warm start itself as a zero-iteration run (to evaluate it like any other model)."""
         policy = policy or self.base.kv.policy
         return self.arm("warm_start", mode="dense", policy=policy, extra=["train.iterations=0"])
+
+
+def _train_job(job) -> Run:
+    """Worker of Study.train_all: one arm of a study."""
+    config, overrides, runs_dir, warm_dir, spec = job
+    study = Study(config, overrides, runs_dir)
+    study._warm_dir = warm_dir
+    return study.arm(**spec)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -243,6 +261,9 @@ def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
                  score: Callable[[Run], dict]) -> tuple[dict, dict]:
     """Train (or reuse) every variant x seed; `arm_of(name)` gives its (rl.mode, kv.policy, extra
     overrides). Returns results[name] = [score(run) per seed] and histories[name]."""
+    arms = {name: arm_of(name) for name in names}
+    study.train_all([dict(name=f"{n}/seed{s}", mode=arms[n][0], policy=arms[n][1], seed=s,
+                          extra=arms[n][2]) for n in names for s in seeds])
     results, histories = {}, {}
     for name in names:
         mode, policy, extra = arm_of(name)
@@ -296,6 +317,10 @@ def variants_parser(doc: str, variants: Sequence[str]) -> argparse.ArgumentParse
 
 
 def study_from_args(args) -> Study:
+    """The study of a figure script's arguments. Pins this process to one core first (before any
+    JAX computation; workers.py) so its evaluations, like its workers' runs, are the same on any
+    machine."""
+    workers.pin_to_one_core()
     overrides = list(args.overrides) + (list(SMOKE_OVERRIDES) if args.smoke else [])
     return Study(args.config, overrides, args.runs_dir)
 

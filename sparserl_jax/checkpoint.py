@@ -39,6 +39,33 @@ class Checkpointer:
         out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **args))
         return {name: out[name] for name in like}, dict(out["meta"])
 
+    def all_steps(self) -> list[int]:
+        return sorted(self._mngr.all_steps())
+
+    def restore_latest(self, like: dict[str, Any], log=print) -> tuple[int, dict[str, Any], dict] | None:
+        """(step, items, meta) of the newest checkpoint that restores, or None when there is none.
+        A damaged newer one (truncated file, missing item) is skipped with a one-line warning; when
+        every checkpoint is damaged, a ValueError names the directory."""
+        steps = self.all_steps()
+        for step in reversed(steps):
+            try:
+                items, meta = self.restore(step, like)
+            except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
+                log(f"warning: skipping damaged checkpoint {self.directory}/{step} "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+                continue
+            return step, items, meta
+        if steps:
+            raise ValueError(f"no intact checkpoint in {self.directory} (steps {steps} all damaged); "
+                             "delete the directory to start again")
+        return None
+
+    def delete_after(self, step: int) -> None:
+        """Delete the checkpoints past `step` (e.g. those saved after training diverged)."""
+        for s in self.all_steps():
+            if s > step:
+                self._mngr.delete(s)
+
     def close(self) -> None:
         self._mngr.close()
 
@@ -48,9 +75,17 @@ def restore_params(directory: str, like: Any, step: int | None = None) -> tuple[
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"checkpoint directory {directory!r} does not exist")
     ckpt = Checkpointer(directory)
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint found in {directory!r}")
-    items, meta = ckpt.restore(step, {"params": like})
-    ckpt.close()
+    try:
+        if step is None:
+            found = ckpt.restore_latest({"params": like})
+            if found is None:
+                raise FileNotFoundError(f"no checkpoint found in {directory!r}")
+            items, meta = found[1], found[2]
+        else:
+            if step not in ckpt.all_steps():
+                raise ValueError(f"--step {step}: no such checkpoint in {directory!r}; "
+                                 f"saved steps: {ckpt.all_steps()}")
+            items, meta = ckpt.restore(step, {"params": like})
+    finally:
+        ckpt.close()
     return items["params"], meta

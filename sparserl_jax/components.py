@@ -92,6 +92,9 @@ def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: b
         return datasets.TaskPromptIterator(task, batch_size, seed=seed, tokenizer=tokenizer,
                                            cfg=dataset_config(cfg))
     examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg))
+    if not 1 <= batch_size <= len(examples):
+        raise ValueError(f"rollout.prompts={batch_size} must be in [1, {len(examples)}] (the number of "
+                         f"prompts in data.dataset={cfg.data.dataset!r})")
     return datasets.PromptIterator(examples, batch_size, seed=seed)
 
 

@@ -8,6 +8,7 @@ dataclasses; an unknown key is an error that names it and lists the accepted one
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 import typing
@@ -115,12 +116,15 @@ class RunConfig:
     eval_every: int = 0  # 0: evaluate only at the end
     eval_prompts: int = 64
     progress: bool = True
+    # stop the run (keeping the checkpoints from before) after this many iterations in a row whose
+    # optimizer steps were skipped for a non-finite loss or gradient; 0: never stop
+    max_skipped_iterations: int = 5
 
     def __post_init__(self):
-        if self.iterations < 0:
-            raise ValueError(f"train.iterations={self.iterations} must be >= 0")
-        if self.keep_checkpoints < 1:
-            raise ValueError(f"train.keep_checkpoints={self.keep_checkpoints} must be >= 1")
+        for name, low in (("iterations", 0), ("save_every", 1), ("keep_checkpoints", 1),
+                          ("eval_every", 0), ("eval_prompts", 1), ("max_skipped_iterations", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= {low}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,34 +148,124 @@ class TrainConfig:
 
 
 def _unwrap_optional(tp):
-    """X | None -> X (for building nested dataclasses from mappings)."""
+    """X | None -> (X, True); any other type -> (tp, False)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return args[0]
-    return tp
+            return args[0], True
+    return tp, False
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+class Raw(str):
+    """A `key=value` override's value as typed: coerced from its text by the field's type (so a
+    string field keeps `1e-6` or `007` verbatim and a number field reads `1e-6` as a float)."""
+
+
+def coerce(value: Any, tp: Any, name: str) -> Any:
+    """`value` (a YAML value, or a Raw override string) as field type `tp`: int, float, bool, str,
+    Literal, tuple[X, ...], X | None, a mapping or a nested dataclass. A value that does not fit
+    raises ValueError naming the setting `name`, its value and the expected type."""
+    tp, optional = _unwrap_optional(tp)
+    if isinstance(value, Raw):
+        if tp is Any:
+            return yaml.safe_load(value)
+        if optional and value.strip() in ("null", "None", "~", ""):
+            return None
+        if tp is str:
+            return str(value)
+        value = str(value) if typing.get_origin(tp) is typing.Literal else yaml.safe_load(value)
+    if value is None:
+        if optional or tp is Any:
+            return None
+        raise ValueError(f"{name}: null is not accepted (expected {_type_name(tp)})")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, name)
+    origin = typing.get_origin(tp)
+
+    def bad():
+        return ValueError(f"{name}={value!r}: expected {_type_name(tp)}")
+
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad()
+    if tp is int:
+        if isinstance(value, bool):
+            raise bad()
+        if isinstance(value, int):
+            return value
+        try:
+            f = float(value) if isinstance(value, (str, float)) else None
+        except ValueError:
+            raise bad() from None
+        if f is None or not f.is_integer():
+            raise bad()
+        return int(f)
+    if tp is float:
+        if isinstance(value, bool):
+            raise bad()
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise bad() from None
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad()
+    if origin is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise ValueError(f"{name}={value!r}: expected one of {typing.get_args(tp)}")
+    if origin is tuple:
+        if isinstance(value, str):  # "1,2,3" as well as YAML's [1, 2, 3]
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise bad()
+        return tuple(coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin in (Mapping, dict, collections.abc.Mapping):
+        if isinstance(value, Mapping):
+            return {k: coerce(v, Any, f"{name}.{k}") for k, v in value.items()}
+        raise bad()
+    return value
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is tuple:
+        return "a list of " + _type_name(typing.get_args(tp)[0]) + " values"
+    if typing.get_origin(tp) in (Mapping, dict, collections.abc.Mapping):
+        return "a mapping"
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def from_dict(cls, d: Mapping[str, Any], prefix: str):
-    """Build dataclass `cls` from a nested mapping; unknown keys raise naming the key."""
+    """Build dataclass `cls` from a nested mapping, every value coerced to its field's type;
+    unknown keys and values of the wrong type raise naming the setting."""
     if not isinstance(d, Mapping):
         raise ValueError(f"{prefix}: expected a mapping of settings, got {d!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in d.items():
+        name = f"{prefix}.{key}" if prefix else key
         if key not in fields:
-            raise ValueError(f"{prefix}.{key}: unknown setting; accepted: {sorted(fields)}")
-        tp = _unwrap_optional(hints[key])
-        if dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
-            value = from_dict(tp, value, f"{prefix}.{key}")
-        elif isinstance(value, list) and typing.get_origin(tp) is tuple:
-            value = tuple(value)
-        kwargs[key] = value
+            raise ValueError(f"{name}: unknown setting; accepted: {sorted(fields)}")
+        kwargs[key] = coerce(value, hints[key], name)
     try:
         return cls(**kwargs)
     except TypeError as e:
-        raise ValueError(f"{prefix}: {e}") from None
+        raise ValueError(f"{prefix or 'config'}: {e}") from None
 
 
 def to_dict(cfg) -> dict:
@@ -189,7 +283,8 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 
 def load_config(paths: Sequence[str] = (), overrides: Sequence[str] = ()) -> TrainConfig:
-    """Merge YAML files in order, then `key=value` overrides (values parsed as YAML scalars)."""
+    """Merge YAML files in order, then `key=value` overrides; every value is coerced to its
+    field's type (`coerce`), so `rl.optim.lr=1e-6` is the float 1e-6."""
     tree: dict = {}
     for path in paths:
         try:
@@ -202,8 +297,8 @@ def load_config(paths: Sequence[str] = (), overrides: Sequence[str] = ()) -> Tra
         if "=" not in item:
             raise ValueError(f"override {item!r}: expected key=value, e.g. kv.budget=256")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
-    return from_dict(TrainConfig, tree, "config")
+        _set_dotted(tree, key.strip(), Raw(raw))
+    return from_dict(TrainConfig, tree, "")
 
 
 def _deep_merge(into: dict, new: Mapping, where: str) -> None:

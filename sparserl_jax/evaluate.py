@@ -1,12 +1,15 @@
 """Evaluate a policy on a jsonl benchmark or a synthetic task, with dense or sparse inference.
 
-  python -m sparserl_jax.evaluate --checkpoint DIR (--dataset FILE.jsonl | --task NAME --n N)
-      [--k 8] [--temperature 0.8] [--top-p 0.95] [--max-new-tokens 8192]
+  python -m sparserl_jax.evaluate --checkpoint DIR [--dataset FILE.jsonl | --task NAME] [--n N]
+      [--k 8] [--temperature T] [--top-p P] [--max-new-tokens N]
       [--kv-policy snapkv --kv-budget 512 ...] [--output-json FILE]
 
 DIR is a Hugging Face directory, or a training run directory (config.yaml + checkpoints/, the
-latest step unless --step). Reports avg@k: the mean reward over k samples of every prompt
-(methods.md 1.6: temperature 0.8, top-p 0.95 by default).
+newest intact step unless --step). For a run directory every setting not given as a flag is the
+run's own (its task and task options, data.max_prompt_len, rollout temperature / top-p /
+max_new_tokens, the kv.* knobs; inference is dense unless --kv-policy); for an HF directory the
+defaults are methods.md 1.6's (temperature 0.8, top-p 0.95, 8192 new tokens). A length beyond the
+model's maximum is an error. Reports avg@k: the mean reward over k samples of every prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from sparserl_jax import distributed
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
-from sparserl_jax.generate import add_kv_args, add_quant_args, kv_config_from_args, quantized
+from sparserl_jax.generate import (add_kv_args, add_quant_args, check_cache, check_flags, check_lengths,
+                                   kv_config_from_args, quantized)
 from sparserl_jax.model import sharding
 from sparserl_jax.rollout.sampler import SamplerConfig
 
@@ -84,29 +88,39 @@ def evaluate_examples(
 
 
 def _load_policy(args) -> tuple[TrainConfig, components.Components]:
+    """The config and model: a training run's own config.yaml (every flag not given keeps the
+    run's setting), or an HF directory with the built-in defaults."""
     run_config = os.path.join(args.checkpoint, "config.yaml")
-    if os.path.exists(run_config):  # a training run directory
+    is_run = os.path.exists(run_config)
+    if is_run:
         cfg = load_config([run_config])
-        parts = components.build_model(cfg)
-        parts.params, _ = restore_params(
-            os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step
-        )
+        if args.dtype:
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=args.dtype))
     else:
         if not os.path.isdir(args.checkpoint):
             raise FileNotFoundError(f"--checkpoint {args.checkpoint!r}: no such directory")
-        data = DataConfig(task="arithmetic", dataset=None)  # replaced below
-        cfg = TrainConfig(model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype), data=data)
-        parts = None
+        if not (args.dataset or args.task):
+            raise ValueError(f"--checkpoint {args.checkpoint!r} is an HF directory, not a training "
+                             "run: give --dataset FILE.jsonl or --task NAME")
+        cfg = TrainConfig(model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype or "float32"),
+                          data=DataConfig(task="arithmetic"))  # replaced below
+    d = cfg.data
+    pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    common = dict(max_prompt_len=pick(args.max_prompt_len, d.max_prompt_len if is_run else 1024))
     if args.dataset:
-        data = DataConfig(task=None, dataset=args.dataset, chat_template=not args.no_chat,
-                          max_prompt_len=args.max_prompt_len, reward=args.reward)
-    elif args.task:
-        data = DataConfig(task=args.task, max_prompt_len=args.max_prompt_len)
+        data = DataConfig(task=None, dataset=args.dataset, reward=pick(args.reward, d.reward),
+                          chat_template=d.chat_template and not args.no_chat, **common)
+    elif args.task:  # the run's task options when it is the run's task
+        options = d.task_options if args.task == d.task and is_run else {}
+        data = DataConfig(task=args.task, task_options=options, **common)
     else:
-        data = cfg.data
+        data = dataclasses.replace(d, chat_template=d.chat_template and not args.no_chat, **common)
     cfg = dataclasses.replace(cfg, data=data)
-    if parts is None:
-        parts = components.build_model(cfg)
+    parts = components.build_model(cfg)
+    if is_run:
+        parts.params, _ = restore_params(
+            os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step
+        )
     return cfg, parts
 
 
@@ -118,31 +132,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None, help="synthetic task name instead of a dataset")
     p.add_argument("--n", type=int, default=None, help="number of prompts (default: all / 64 for tasks)")
     p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=8192)
-    p.add_argument("--max-prompt-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=64)
+    # None: the run's setting (rollout.*, data.*, kv.*) for a run directory, else the default shown
+    p.add_argument("--temperature", type=float, default=None, help=f"default {EVAL_DEFAULTS['temperature']}")
+    p.add_argument("--top-p", type=float, default=None, help=f"default {EVAL_DEFAULTS['top_p']}")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"default {EVAL_DEFAULTS['max_new_tokens']}")
+    p.add_argument("--max-prompt-len", type=int, default=None, help="default 1024")
+    p.add_argument("--batch-size", type=int, default=None, help="default 64")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reward", default="math")
+    p.add_argument("--reward", default=None, help="default math")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--output-json", default=None)
     add_kv_args(p)
     add_quant_args(p)
     return p
 
 
+# methods.md 1.6, for an HF directory (a run directory uses its own rollout settings)
+EVAL_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 8192}
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    check_flags(args, n=1, k=1, max_new_tokens=1, max_prompt_len=1, batch_size=1, temperature=0.0)
     distributed.initialize()  # before any other JAX call; a no-op on a single process
     cfg, parts = _load_policy(args)
     mesh = sharding.make_mesh(cfg.mesh)  # every process's devices; prompts split over them
     params = sharding.shard_params(parts.params, mesh) if mesh.size > 1 else parts.params
+    run = os.path.exists(os.path.join(args.checkpoint, "config.yaml"))
+    r = cfg.rollout
+    defaults = ({"temperature": r.temperature, "top_p": r.top_p, "max_new_tokens": r.max_new_tokens}
+                if run else EVAL_DEFAULTS)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.batch_size is None:
+        args.batch_size = r.call_rows if run else 64
     examples = components.eval_examples(cfg, parts.tokenizer, n=args.n)
+    longest = max(len(e.prompt_ids) for e in examples)
+    check_lengths(parts.model_cfg, longest, args.max_new_tokens)
+    kv_cfg = kv_config_from_args(args, parts.tokenizer, base=dataclasses.replace(cfg.kv, policy="none"))
+    check_cache(parts.model_cfg, kv_cfg, args.batch_size, cfg.data.max_prompt_len, args.max_new_tokens)
     sampler_cfg = components.sampler_config(
-        cfg, parts.tokenizer, kv_cfg=kv_config_from_args(args, parts.tokenizer),
-        max_new_tokens=args.max_new_tokens,
+        cfg, parts.tokenizer, kv_cfg=kv_cfg, max_new_tokens=args.max_new_tokens,
     )
     sampler_cfg = dataclasses.replace(
         sampler_cfg, sampling=dataclasses.replace(sampler_cfg.sampling, temperature=args.temperature,
@@ -150,13 +183,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     result = evaluate_examples(
         quantized(params, args), parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
-        k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=args.max_prompt_len,
+        k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=cfg.data.max_prompt_len,
         mesh=mesh,
     )
     if not distributed.is_coordinator():
         return result
     print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "
-          f"(kv policy {args.kv_policy}, mean length {result['mean_length']:.1f}, "
+          f"(kv policy {kv_cfg.policy}, mean length {result['mean_length']:.1f}, "
           f"kv saving {result['kv_saving']:.1%})")
     if args.output_json:
         with open(args.output_json, "w") as f:

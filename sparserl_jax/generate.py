@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from typing import Sequence
 
 import jax
@@ -25,7 +26,7 @@ from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
+from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate_jit
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.tokenizer import HFTokenizer
 
@@ -36,6 +37,9 @@ def encode_prompts(
     """Token ids per prompt: chat prompts go through the chat template (which writes its own
     special tokens); plain prompts get the tokenizer's special tokens (e.g. Llama's BOS)."""
     if chat:
+        if tokenizer.chat_template is None:
+            raise ValueError(f"--chat: the tokenizer in {tokenizer.source} has no chat template "
+                             "(tokenizer_config.json 'chat_template' or chat_template.jinja); drop --chat")
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     return [tokenizer.encode(p, add_special_tokens=True) for p in prompts]
@@ -61,39 +65,96 @@ def check_lengths(model_cfg: ModelConfig, prompt_len: int, max_new_tokens: int) 
         )
 
 
-def kv_config_from_args(args: argparse.Namespace, tokenizer: HFTokenizer) -> kv.KVConfig:
-    newline_ids = tuple(sorted(tokenizer.newline_token_ids)) if args.kv_trigger == "newline" else ()
-    return kv.KVConfig(
-        policy=args.kv_policy,
-        budget=args.kv_budget,
-        buffer=args.kv_buffer,
-        window=args.kv_window,
-        pool_kernel=args.kv_pool_kernel,
-        rkv_lambda=args.kv_lambda,
-        redundancy_threshold=args.kv_redundancy_threshold,
-        n_sinks=args.kv_sinks,
-        selection=args.kv_selection,
-        compress_prompt=args.kv_compress_prompt,
-        trigger=args.kv_trigger,
-        newline_token_ids=newline_ids,
-    )
+# --kv-* flag -> KVConfig field
+KV_FLAGS = {"kv_policy": "policy", "kv_budget": "budget", "kv_buffer": "buffer", "kv_window": "window",
+            "kv_pool_kernel": "pool_kernel", "kv_lambda": "rkv_lambda",
+            "kv_redundancy_threshold": "redundancy_threshold", "kv_sinks": "n_sinks",
+            "kv_selection": "selection", "kv_compress_prompt": "compress_prompt", "kv_trigger": "trigger"}
+
+
+def check_flags(args: argparse.Namespace, **minimum) -> None:
+    """--flag values below their minimum (e.g. max_new_tokens=1) are errors naming the flag."""
+    for name, low in minimum.items():
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise ValueError(f"--{name.replace('_', '-')}={value} must be >= {low}")
+
+
+def kv_config_from_args(args: argparse.Namespace, tokenizer: HFTokenizer,
+                        base: kv.KVConfig | None = None) -> kv.KVConfig:
+    """The --kv-* flags given on top of `base` (default KVConfig(), dense); a bad value is an
+    error naming the flag."""
+    base = base or kv.KVConfig()
+    given = {field: getattr(args, flag) for flag, field in KV_FLAGS.items() if getattr(args, flag) is not None}
+    trigger = given.get("trigger", base.trigger)
+    given["newline_token_ids"] = tuple(sorted(tokenizer.newline_token_ids)) if trigger == "newline" else ()
+    try:
+        return dataclasses.replace(base, **given)
+    except ValueError as e:  # name the flag the user typed instead of the config setting
+        msg = str(e)
+        for flag, field in KV_FLAGS.items():
+            msg = msg.replace(f"kv.{field}", "--" + flag.replace("_", "-"))
+        raise ValueError(msg) from None
+
+
+def check_cache(model_cfg: ModelConfig, kv_cfg: kv.KVConfig, batch: int, prompt_len: int,
+                max_new_tokens: int) -> int:
+    """Bytes of the KV cache the sampler will allocate; an error with the figure when its slots
+    exceed the model's maximum length or the bytes exceed the device's (or host's) free memory."""
+    if not kv_cfg.is_dense and kv_cfg.budget + kv_cfg.buffer > model_cfg.max_seq_len:
+        raise ValueError(
+            f"--kv-budget={kv_cfg.budget} + --kv-buffer={kv_cfg.buffer} is beyond the model's "
+            f"max_position_embeddings={model_cfg.max_seq_len}"
+        )
+    slots = cache_capacity(kv_cfg, prompt_len, max_new_tokens)
+    itemsize = jnp.dtype(model_cfg.dtype).itemsize
+    nbytes = 2 * batch * slots * model_cfg.n_layers * model_cfg.n_kv_heads * model_cfg.head_dim * itemsize
+    free = free_memory_bytes()
+    if free is not None and nbytes > free:
+        raise ValueError(
+            f"the KV cache would take {nbytes / 2**30:.1f} GiB ({batch} rows x {slots} slots) but only "
+            f"{free / 2**30:.1f} GiB are free: lower --kv-budget, --max-new-tokens or the prompts"
+        )
+    return nbytes
+
+
+def free_memory_bytes() -> int | None:
+    """Free memory of the first device (its allocator's limit minus use), or the host's available
+    memory on CPU; None when unknown."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_finite(logprobs, what: str) -> None:
+    """Non-finite log-probs mean the model's logits were NaN/inf: fail instead of writing them."""
+    if not np.all(np.isfinite(np.asarray(logprobs))):
+        raise cli.RunFailed(f"{what}: the model produced non-finite log-probabilities (NaN or inf "
+                            "logits); check the checkpoint's weights and --dtype")
 
 
 def add_kv_args(p: argparse.ArgumentParser) -> None:
     """The sparse KV cache flags (one per KVConfig setting), shared with the evaluator."""
     kvd = kv.KVConfig()
-    g = p.add_argument_group("sparse KV cache (methods.md 1.5)")
-    g.add_argument("--kv-policy", choices=sorted(POLICIES), default="none")
-    g.add_argument("--kv-budget", type=int, default=kvd.budget)
-    g.add_argument("--kv-buffer", type=int, default=kvd.buffer)
-    g.add_argument("--kv-window", type=int, default=kvd.window)
-    g.add_argument("--kv-pool-kernel", type=int, default=kvd.pool_kernel)
-    g.add_argument("--kv-lambda", type=float, default=kvd.rkv_lambda)
-    g.add_argument("--kv-redundancy-threshold", type=float, default=kvd.redundancy_threshold)
-    g.add_argument("--kv-sinks", type=int, default=kvd.n_sinks)
-    g.add_argument("--kv-selection", choices=["per_head", "shared"], default=kvd.selection)
-    g.add_argument("--kv-compress-prompt", action="store_true")
-    g.add_argument("--kv-trigger", choices=["interval", "newline"], default=kvd.trigger)
+    g = p.add_argument_group("sparse KV cache (methods.md 1.5; a flag not given keeps the run's "
+                             "setting, or the default shown)")
+    g.add_argument("--kv-policy", choices=sorted(POLICIES), default=None, help="default: none (dense)")
+    g.add_argument("--kv-budget", type=int, default=None, help=f"default {kvd.budget}")
+    g.add_argument("--kv-buffer", type=int, default=None, help=f"default {kvd.buffer}")
+    g.add_argument("--kv-window", type=int, default=None, help=f"default {kvd.window}")
+    g.add_argument("--kv-pool-kernel", type=int, default=None, help=f"default {kvd.pool_kernel}")
+    g.add_argument("--kv-lambda", type=float, default=None, help=f"default {kvd.rkv_lambda}")
+    g.add_argument("--kv-redundancy-threshold", type=float, default=None,
+                   help=f"default {kvd.redundancy_threshold}")
+    g.add_argument("--kv-sinks", type=int, default=None, help=f"default {kvd.n_sinks}")
+    g.add_argument("--kv-selection", choices=["per_head", "shared"], default=None)
+    g.add_argument("--kv-compress-prompt", action="store_true", default=None)
+    g.add_argument("--kv-trigger", choices=["interval", "newline"], default=None)
     g.add_argument("--attn-impl", default="auto", help="decode attention: auto, xla, pallas, interpret")
 
 
@@ -127,16 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
+    check_flags(args, max_new_tokens=1, top_k=0, temperature=0.0)
     model_cfg, params = hf.load_params(args.checkpoint, dtype=args.dtype)
     tokenizer = HFTokenizer.from_dir(args.checkpoint)
     ids = encode_prompts(tokenizer, args.prompt, args.chat)
     tokens, lengths = pad_prompts(ids, tokenizer.pad_token_id)
     check_lengths(model_cfg, tokens.shape[1], args.max_new_tokens)
+    kv_cfg = kv_config_from_args(args, tokenizer)
+    check_cache(model_cfg, kv_cfg, tokens.shape[0], tokens.shape[1], args.max_new_tokens)
     eos = tuple(tokenizer.eos_token_ids) or tuple(model_cfg.eos_token_ids)
     cfg = SamplerConfig(
         max_new_tokens=args.max_new_tokens,
         sampling=SamplingConfig(args.temperature, args.top_p, args.top_k),
-        kv=kv_config_from_args(args, tokenizer),
+        kv=kv_cfg,
         eos_token_ids=eos,
         pad_token_id=tokenizer.pad_token_id,
         attn_impl=args.attn_impl,
@@ -145,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         quantized(params, args), model_cfg, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(args.seed), cfg
     )
     out = jax.device_get(out)
+    check_finite(np.where(out.mask, out.logprobs, 0.0), "generate")
     results = []
     for i, prompt in enumerate(args.prompt):
         n = int(out.lengths[i])

@@ -296,7 +296,7 @@ class HFTokenizer:
         if self.chat_template is None:
             raise ValueError(
                 f"tokenizer from {self.source} has no chat template (tokenizer_config.json 'chat_template' or "
-                "chat_template.jinja); set the dataset's chat template option to false"
+                "chat_template.jinja); drop --chat (generate), pass --no-chat (evaluate) or set data.chat_template=false (train)"
             )
         if self._compiled is None:
             self._compiled = compile_chat_template(self.chat_template)

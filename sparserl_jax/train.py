@@ -80,6 +80,16 @@ def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
     return Rollout(**{f.name: cat(f.name) for f in dataclasses.fields(Rollout)})
 
 
+class TrainingDiverged(cli.RunFailed):
+    """Training stopped: too many consecutive iterations with skipped optimizer steps."""
+
+
+def _skipped(metrics: dict) -> bool:
+    """Were all of this iteration's optimizer steps skipped (non-finite loss or gradient)?"""
+    return (not np.isfinite(metrics.get("update/loss", 0.0))
+            or metrics.get("update/skipped", 0) >= max(metrics.get("update/steps", 1), 1))
+
+
 class Trainer:
     """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
 
@@ -120,12 +130,24 @@ class Trainer:
         self.score = make_score_fn(self.model_cfg, cfg.rl.update)
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
+        self._check_prompts()
         self.iteration = 0
         self.started = False
         os.makedirs(cfg.train.out_dir, exist_ok=True)
         self.ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "checkpoints"), cfg.train.keep_checkpoints)
         self.ref_ckpt = Checkpointer(os.path.join(cfg.train.out_dir, "reference"), 1)
         self.logger = MetricsLogger(cfg.train.out_dir) if self.coordinator else None
+
+    def _check_prompts(self) -> None:
+        """Draw the first training batch and the held-out prompts now (then rewind), so that a
+        prompt longer than data.max_prompt_len stops the run before the warm start, not after."""
+        state = self.prompts.state_dict()
+        batches = [self.prompts.next_batch(),
+                   components.eval_examples(self.cfg, self.tokenizer, n=self.cfg.train.eval_prompts)]
+        self.prompts.load_state_dict(state)
+        for batch in batches:
+            if batch:
+                components.pad_prompt_batch([e.prompt_ids for e in batch], 0, self.cfg.data.max_prompt_len)
 
     def _place(self, params):
         return sharding.shard_params(params, self.mesh) if self.mesh.size > 1 else params
@@ -149,11 +171,10 @@ class Trainer:
         self.started = True
         if self.coordinator:
             dump_config(self.cfg, os.path.join(self.cfg.train.out_dir, "config.yaml"))
-        step = self.ckpt.latest_step()
-        if step is not None:
-            items, meta = self.ckpt.restore(
-                step, {"params": self.params, "opt_state": self.opt_state}
-            )
+        found = self.ckpt.restore_latest({"params": self.params, "opt_state": self.opt_state},
+                                         log=self.log)
+        if found is not None:
+            step, items, meta = found
             self.params, self.opt_state = items["params"], items["opt_state"]
             self.ref_params = self.ref_ckpt.restore(0, {"params": self.params})[0]["params"]
             self.prompts.load_state_dict(meta["data"])
@@ -168,6 +189,8 @@ class Trainer:
                 self.logger.truncate_after(self.iteration)
             self.log(f"resumed from {self.ckpt.directory} at iteration {self.iteration}")
             return
+        if self.logger:  # a fresh start: metrics of an earlier attempt killed before its first save
+            self.logger.truncate_after(0)
         sft = self.cfg.sft
         if sft.steps and self.parts.task is not None:
             width = self.cfg.data.max_prompt_len + self.cfg.rollout.max_new_tokens
@@ -294,6 +317,7 @@ class Trainer:
             self.start()
         t = self.cfg.train
         history = []
+        skipped_run = 0  # iterations in a row whose optimizer steps were all skipped
         bar = tqdm(range(self.iteration, t.iterations), disable=not (t.progress and self.coordinator),
                    desc="train", initial=self.iteration, total=t.iterations)
         for _ in bar:
@@ -304,6 +328,19 @@ class Trainer:
             if self.logger:
                 self.logger.log(self.iteration, metrics)
             history.append(metrics)
+            skipped_run = skipped_run + 1 if _skipped(metrics) else 0
+            if t.max_skipped_iterations and skipped_run >= t.max_skipped_iterations:
+                good = self.iteration - skipped_run
+                self.ckpt.delete_after(good)
+                if self.logger:
+                    self.logger.close()
+                raise TrainingDiverged(
+                    f"training stopped at iteration {self.iteration}: the optimizer step was skipped "
+                    f"(non-finite loss or gradient) in {skipped_run} iterations in a row "
+                    f"(train.max_skipped_iterations={t.max_skipped_iterations}); checkpoints after "
+                    f"iteration {good} deleted, the last one kept is {self.ckpt.latest_step()} "
+                    "(lower rl.optim.lr?)"
+                )
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kv=f"{metrics['kv/saving']:.0%}")
             if self.iteration % t.save_every == 0 or self.iteration == t.iterations:
                 self.save()

@@ -4,18 +4,23 @@ import json
 import os
 import sys
 
+import jax
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
 import default as default_experiment  # noqa: E402
 
+jax.devices()  # the backend runs: workers.parallel_map runs the arms here (no worker start-up)
+
 
 def test_default_experiment_smoke(tmp_path):
-    results = default_experiment.main(["--smoke", "--out", str(tmp_path)])
+    results = default_experiment.main(["--smoke", "--seeds", "0", "--out", str(tmp_path)])
     for name in ("results.md", "results.json", "curves.png", "config.yaml"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["histories"]) == {"dense", "naive_sparse", "sparse_rl"}
-    assert all(len(h) == 2 for h in saved["histories"].values())
+    assert all(len(h) == 1 and len(h[0]) == 2 for h in saved["histories"].values())  # seeds x iterations
+    assert "over 1 seed(s) (train.seed 0;" in (tmp_path / "results.md").read_text()
     for arm in ("warm_start", "dense", "naive_sparse", "sparse_rl"):
         assert 0.0 <= results[arm]["dense_acc"] <= 1.0 and 0.0 <= results[arm]["sparse_acc"] <= 1.0
     assert results["dense"]["train_kv_saving"] == 0.0

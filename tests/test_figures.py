@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import jax
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
@@ -19,6 +20,7 @@ import fig_qurl  # noqa: E402
 import figlib  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
+jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
 
 
 @pytest.fixture(scope="module")

@@ -91,9 +91,8 @@ def test_resume_continues_the_same_run(tmp_path):
 
 def test_training_raises_the_reward_on_an_easy_task(tmp_path):
     """Sparse-RL (snapkv rollouts) on sums of 0..1: a short warm start, then 10 RL iterations."""
-    cfg = _cfg(tmp_path, "data.task_options.max_value=1", "sft.steps=100", "train.iterations=10",
-               "rl.optim.lr=3.0e-4", "rollout.prompts=8", "rollout.samples=8",
-               "rl.update.minibatch_size=32", "rl.update.micro_batch_size=32", "train.save_every=10")
+    cfg = load_config([SMOKE, SMOKE.replace("smoke.yaml", "learns.yaml")],
+                      [f"train.out_dir={tmp_path}", "train.progress=false"])  # the shipped overlay
     trainer = Trainer(cfg)
     trainer.start()
     before = trainer.evaluate(n=64)["accuracy"]
