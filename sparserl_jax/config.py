@@ -177,7 +177,13 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
             return None
         if tp is str:
             return str(value)
-        value = str(value) if typing.get_origin(tp) is typing.Literal else yaml.safe_load(value)
+        if typing.get_origin(tp) is typing.Literal:
+            value = str(value)
+        elif typing.get_origin(tp) is tuple:  # YAML's [1, 2], else "1,2", "7" or "" as typed
+            loaded = yaml.safe_load(value)
+            value = loaded if isinstance(loaded, list) else str(value)
+        else:
+            value = yaml.safe_load(value)
     if value is None:
         if optional or tp is Any:
             return None
@@ -224,7 +230,7 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         raise ValueError(f"{name}={value!r}: expected one of {typing.get_args(tp)}")
     if origin is tuple:
         if isinstance(value, str):  # "1,2,3" as well as YAML's [1, 2, 3]
-            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+            value = [v.strip() for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise bad()
         args = typing.get_args(tp)
