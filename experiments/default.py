@@ -1,6 +1,6 @@
 """The default experiment: dense vs naive sparse vs Sparse-RL rollouts from one warm start.
 
-  python experiments/default.py            # 2 seeds; about 8 minutes on 2 CPU cores
+  python experiments/default.py            # 2 seeds; about 6 minutes on 2 CPU cores
   python experiments/default.py --smoke    # seconds, for tests
 
 1. Warm-start (SFT) a tiny model on a synthetic long-range task (key-value recall: the answer
