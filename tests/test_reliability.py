@@ -291,8 +291,12 @@ def _value_and_text(tp, draw):
     if typing.get_origin(tp) is typing.Literal:
         v = draw(st.sampled_from(args))
         return v, v
-    if typing.get_origin(tp) is tuple:
-        v = tuple(draw(st.lists(st.integers(0, 10**6), max_size=4)))
+    if typing.get_origin(tp) is tuple:  # tuple[int, ...] or tuple[str, ...] (e.g. quant.skip)
+        if typing.get_args(tp)[0] is str:
+            items = st.text(st.sampled_from("abcdefghij_"), min_size=1, max_size=8)
+        else:
+            items = st.integers(0, 10**6)
+        v = tuple(draw(st.lists(items, max_size=4)))
         return v, draw(st.sampled_from(["[" + ", ".join(map(str, v)) + "]", ",".join(map(str, v))]))
     assert typing.get_origin(tp) in (typing.Mapping, dict) or "Mapping" in str(tp), tp
     v = draw(st.dictionaries(st.sampled_from(["a", "b", "min_pairs"]), st.integers(0, 99), max_size=3))
