@@ -63,9 +63,10 @@ def evaluate_examples(
         chunk = examples[start : start + per_batch]
         ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
         tokens, plens = components.pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
-        key = jax.random.fold_in(jax.random.key(seed), start)
+        first = start * k  # row r of the whole evaluation is request r: batch size changes nothing
         out = distributed.generate_on_mesh(
-            params, model_cfg, tokens, plens, key, sampler_cfg, mesh
+            params, model_cfg, tokens, plens, jax.random.key(seed), sampler_cfg, mesh,
+            request_ids=np.arange(first, first + len(ids)),
         )
         for i, e in enumerate(x for x in chunk for _ in range(k)):
             n = int(out.lengths[i])

@@ -253,9 +253,10 @@ class Trainer:
 
     def _generate(self, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
         """Sample every row, `self.call_rows` rows per generate_jit call (one compiled shape);
-        a single call uses `key` itself, chunk i of several uses fold_in(key, i). Each chunk's
-        outputs are fetched to the host before the next call, so only one call's cache,
-        activations and outputs are on the devices at a time."""
+        row b is request b of the iteration's key in whichever call samples it, so the rollout
+        does not depend on rollout.rows_per_call. Each chunk's outputs are fetched to the host
+        before the next call, so only one call's cache, activations and outputs are on the
+        devices at a time."""
         B = tokens.shape[0]
         R = self.cfg.rollout.rows_per_call or B  # 0: one call, whatever the batch holds
         if B % R:
@@ -269,7 +270,7 @@ class Trainer:
         outs = [
             distributed.generate_on_mesh(
                 params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
-                key if n_calls == 1 else jax.random.fold_in(key, i), self.sampler_cfg, self.mesh,
+                key, self.sampler_cfg, self.mesh, request_ids=np.arange(i * R, (i + 1) * R),
             )
             for i in range(n_calls)
         ]

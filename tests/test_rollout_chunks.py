@@ -55,7 +55,11 @@ def test_chunked_rollout_batch_shapes_and_keys(tmp_path):
     assert metrics_c.keys() == metrics_w.keys()
     assert all(np.isfinite(v) for v in metrics_c.values()), metrics_c
 
-    # chunk i is exactly generate_jit on rows [4i, 4i + 4) with key fold_in(key, i)
+    # per-request keys: the chunked rollout is the whole one, and chunk i is generate_jit on
+    # rows [4i, 4i + 4) as requests 4i .. 4i + 3 of the same key
+    np.testing.assert_array_equal(np.asarray(batch_c["tokens"]), np.asarray(batch_w["tokens"]))
+    np.testing.assert_array_equal(np.asarray(batch_c["sampler_logp"]), np.asarray(batch_w["sampler_logp"]))
+    assert texts_c == texts_w
     tokens = np.arange(16 * 6, dtype=np.int32).reshape(16, 6) % 50 + 3
     lengths = np.array([6, 5, 4, 3] * 4, np.int32)
     out = chunked._generate(tokens, lengths, key)
@@ -64,14 +68,14 @@ def test_chunked_rollout_batch_shapes_and_keys(tmp_path):
     for i in range(4):
         ref = jax.device_get(generate_jit(
             chunked.params, chunked.model_cfg, tokens[4 * i : 4 * i + 4], lengths[4 * i : 4 * i + 4],
-            jax.random.fold_in(key, i), chunked.sampler_cfg,
+            key, chunked.sampler_cfg, np.arange(4 * i, 4 * i + 4),
         ))
         rows = slice(4 * i, 4 * i + 4)
         np.testing.assert_array_equal(out.tokens[rows], ref.tokens)
         np.testing.assert_array_equal(out.logprobs[rows], ref.logprobs)
         np.testing.assert_array_equal(out.kept[rows], ref.kept)
         np.testing.assert_array_equal(out.n_compressions[rows], ref.n_compressions)
-    # the chunks differ from each other (different keys), so the rows were not one chunk repeated
+    # the chunks differ from each other (different request keys): not one chunk repeated
     assert not np.array_equal(out.logprobs[:4], out.logprobs[4:8])
 
 

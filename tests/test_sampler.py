@@ -236,3 +236,28 @@ def test_config_errors_name_the_setting():
         smp.SamplerConfig(max_new_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0.0)
+
+
+@pytest.mark.parametrize("policy,trigger", [("none", "interval"), ("random", "interval"),
+                                            ("snapkv", "newline")])
+def test_a_request_depends_on_its_own_key_not_on_its_row_or_neighbours(policy, trigger):
+    """Per-request keys: request r sampled alone (same id) or in another row of another batch gives
+    the same tokens and log-probs (random eviction included)."""
+    cfg = smp.SamplerConfig(max_new_tokens=14, eos_token_ids=(5,), kv=kv.KVConfig(
+        policy=policy, budget=8, buffer=4, window=2, trigger=trigger, newline_token_ids=(3,)))
+    tokens, lengths = _prompts(jax.random.key(11))
+    ids = jnp.array([40, 7, 123])
+    batch = smp.generate_jit(PARAMS, CFG, tokens, lengths, jax.random.key(5), cfg, ids)
+    perm = jnp.array([2, 0, 1])
+    shuffled = smp.generate_jit(PARAMS, CFG, tokens[perm], lengths[perm], jax.random.key(5), cfg, ids[perm])
+    for b in range(3):
+        alone = smp.generate_jit(PARAMS, CFG, tokens[b:b + 1], lengths[b:b + 1], jax.random.key(5), cfg,
+                                 ids[b:b + 1])
+        j = int(jnp.argmax(perm == b))
+        for other in (alone, jax.tree.map(lambda x: x[j:j + 1], shuffled.replace(kept_positions=None))):
+            np.testing.assert_array_equal(other.tokens[0], batch.tokens[b])
+            np.testing.assert_allclose(other.logprobs[0], batch.logprobs[b], rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(other.kept[0], batch.kept[b])
+    # a different request id is a different draw
+    other_id = smp.generate_jit(PARAMS, CFG, tokens, lengths, jax.random.key(5), cfg, ids + 1)
+    assert not np.array_equal(np.asarray(other_id.tokens), np.asarray(batch.tokens))

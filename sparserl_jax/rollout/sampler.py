@@ -15,6 +15,12 @@ it in the window, so their step attends to `budget` entries where ours attends t
 the kept sets are otherwise chosen by the same rule, one token earlier. The dense sampler is
 the same loop with capacity = prompt + max new tokens and no compression, so with a budget that
 covers the whole sequence the two produce identical tokens and log-probs for the same key.
+
+Randomness is per request, not per batch row: request r's sampling and eviction keys are
+fold_in(key, r) split in three (`request_keys`), and the draw for its response token t (or the
+compression that runs before token t) folds in t. A response therefore depends only on its own
+prompt, request id and the run key: not on its batch neighbours, its row, the call that sampled
+it (rollout.rows_per_call) or, in the slot engine, on the slot and segment it ran in.
 """
 
 from __future__ import annotations
@@ -77,6 +83,26 @@ def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) ->
     return kv_cfg.capacity(prompt_len)
 
 
+@struct.dataclass
+class RequestKeys:
+    """Each request's own keys ([B] key arrays); the draw for token t folds t into them."""
+
+    sample: jax.Array
+    evict: jax.Array
+    prompt: jax.Array
+
+    def at(self, t) -> "RequestKeys":
+        """The keys for response token t (t: a scalar or a [B] array)."""
+        fold = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(t) else None))
+        return RequestKeys(*(fold(k, t) for k in (self.sample, self.evict, self.prompt)))
+
+
+def request_keys(key: jax.Array, request_ids: Int[Array, "B"]) -> RequestKeys:
+    """Request r's keys: fold_in(key, r) split into sampling, eviction and prompt-compression keys."""
+    split = jax.vmap(lambda r: jax.random.split(jax.random.fold_in(key, r), 3))(request_ids)
+    return RequestKeys(split[:, 0], split[:, 1], split[:, 2])
+
+
 def generate(
     params: transformer.Params,
     model_cfg: ModelConfig,
@@ -84,8 +110,10 @@ def generate(
     prompt_lengths: Int[Array, "B"],
     key: jax.Array,
     cfg: SamplerConfig,
+    request_ids: Optional[Int[Array, "B"]] = None,
 ) -> Rollout:
-    """Sample up to cfg.max_new_tokens after each right-padded prompt. Jit with static configs:
+    """Sample up to cfg.max_new_tokens after each right-padded prompt; row b is request
+    request_ids[b] (default: b) for its random keys. Jit with static configs:
     `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
     B, P = prompts.shape
     M = cfg.max_new_tokens
@@ -93,7 +121,9 @@ def generate(
     U = kv_cfg.buffer
     n_chunks = -(-M // U)
     C = cache_capacity(kv_cfg, P, M)
-    key_sample, key_evict, key_prompt = jax.random.split(key, 3)
+    if request_ids is None:
+        request_ids = jnp.arange(B, dtype=jnp.int32)
+    keys = request_keys(key, request_ids)
 
     cache = kv.cache_for(kv_cfg, model_cfg, B, P, jnp.dtype(model_cfg.dtype), capacity=max(C, P))
     logits, cache = transformer.prefill(
@@ -103,7 +133,7 @@ def generate(
     n_comp_B = zeros_B
     if P > C:  # kv.compress_prompt: squeeze the prompt into the budget before decoding
         n_comp_B = (cache.fill > kv_cfg.budget).astype(jnp.int32)
-        cache = kv.resize(kv.compress(kv_cfg, cache, key_prompt), C)
+        cache = kv.resize(kv.compress(kv_cfg, cache, keys.prompt), C)
 
     observe = kv.observe_decode(kv_cfg)
     eos = jnp.asarray(cfg.eos_token_ids or (-1,), jnp.int32)
@@ -124,9 +154,9 @@ def generate(
         cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
         if not kv_cfg.is_dense and kv_cfg.trigger == "newline":
             need_B = (jnp.isin(prev_B, newline) & ~done_B) | (cache.fill >= C)
-            cache, did_B = maybe_compress(cache, need_B, jax.random.fold_in(key_evict, i))
+            cache, did_B = maybe_compress(cache, need_B, keys.at(i).evict)
             n_comp_B = n_comp_B + did_B * ~done_B
-        token_B, logp_B = sample(logits, jax.random.fold_in(key_sample, i), cfg.sampling)
+        token_B, logp_B = sample(logits, keys.at(i).sample, cfg.sampling)
         live_B = ~done_B
         token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
         logp_B = jnp.where(live_B, logp_B, 0.0)
@@ -145,7 +175,7 @@ def generate(
             active_B = ~done_B
             if not kv_cfg.compress_prompt:  # the prompt stays whole until step `buffer`
                 active_B = active_B & (r > 0)
-            cache, did_B = maybe_compress(cache, active_B, jax.random.fold_in(key_evict, r))
+            cache, did_B = maybe_compress(cache, active_B, keys.at(r * U).evict)
             n_comp_B = n_comp_B + did_B
         if kept_pos is not None:
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))

@@ -55,10 +55,15 @@ def processed_logprobs(logits: Float[Array, "B V"], cfg: SamplingConfig) -> Floa
 def sample(
     logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
 ) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
-    """Draw one token per row; return it with its log-prob under the processed distribution."""
+    """Draw one token per row; return it with its log-prob under the processed distribution.
+
+    `key` is one key for the whole batch, or a [B] array of keys, one per row (the sampler's
+    per-request keys: a row's token then depends on its own key and logits only)."""
     logp_BxV = processed_logprobs(logits, cfg)
     if cfg.temperature == 0:
         token_B = jnp.argmax(logits, axis=-1)
+    elif key.ndim == 1:
+        token_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxV)
     else:
         token_B = jax.random.categorical(key, logp_BxV, axis=-1)
     token_B = token_B.astype(jnp.int32)

@@ -12,8 +12,14 @@ from sparserl_jax.kvcache.policies.base import Policy
 
 
 def random_scores(kv_cfg: KVConfig, cache: KVCache, layer: int, key: jax.Array) -> Float[Array, "B K C"]:
-    """Independent U(0, 1) scores per layer (the key folded with the layer index)."""
-    return jax.random.uniform(jax.random.fold_in(key, layer), cache.pos[layer].shape, jnp.float32)
+    """Independent U(0, 1) scores per layer (the key folded with the layer index). `key` is one
+    key for the whole batch, or a [B] array of keys, one per sequence (the sampler's per-request
+    keys: a sequence's scores then do not depend on the other rows of its batch)."""
+    shape = cache.pos[layer].shape
+    if key.ndim == 1:
+        draw = lambda k: jax.random.uniform(jax.random.fold_in(k, layer), shape[1:], jnp.float32)  # noqa: E731
+        return jax.vmap(draw)(key)
+    return jax.random.uniform(jax.random.fold_in(key, layer), shape, jnp.float32)
 
 
 POLICY = Policy(name="random", score=random_scores, needs_key=True)
