@@ -69,11 +69,16 @@ def _non_default(tree: dict, default: dict) -> dict:
     return out
 
 
+# Bumped when a code change alters the numbers of unchanged configs, so cached runs of older code
+# are not reused (2: per-request sampler keys, rollout.sampler.request_keys).
+RESULTS_EPOCH = 2
+
+
 def config_key(cfg: TrainConfig) -> str:
     """A stable hash of the settings that differ from the defaults: what decides a run's numbers.
 
     Adding a setting with a default therefore keeps every cached run valid; changing a default
-    value does not change the keys (clear the run cache after such a change). The warm start a run
+    value does not change the keys (bump RESULTS_EPOCH, or clear the run cache, after such a change). The warm start a run
     starts from enters by its own key (the basename of model.init_from), not by its location."""
     tree = to_dict(cfg)
     for dotted in _NOT_IDENTITY:
@@ -81,7 +86,10 @@ def config_key(cfg: TrainConfig) -> str:
         tree[section].pop(name, None)
     if tree["model"]["init_from"]:
         tree["model"]["init_from"] = os.path.basename(os.path.normpath(tree["model"]["init_from"]))
-    blob = json.dumps(_non_default(tree, to_dict(TrainConfig())), sort_keys=True, default=str)
+    tree = _non_default(tree, to_dict(TrainConfig()))
+    if RESULTS_EPOCH > 1:
+        tree["results_epoch"] = RESULTS_EPOCH
+    blob = json.dumps(tree, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
