@@ -58,7 +58,7 @@ def evaluate_examples(
     if not examples:
         raise ValueError("evaluation: no examples (empty dataset)")
     per_batch = max(batch_size // k, 1)
-    rewards, lengths, kept, seen, rows = [], [], 0.0, 0.0, []
+    rewards, lengths, kept, seen, rows, nonfinite = [], [], 0.0, 0.0, [], 0
     for start in range(0, len(examples), per_batch):
         chunk = examples[start : start + per_batch]
         ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
@@ -76,6 +76,7 @@ def evaluate_examples(
             lengths.append(n)
             rows.append({"source": e.source, "label": e.label, "response": text, "reward": r})
         mask = out.mask
+        nonfinite += int(np.sum(~np.all(np.isfinite(np.where(mask, out.logprobs, 0.0)), axis=1)))
         kept += float(np.sum(out.kept * mask))
         seen += float(np.sum((plens[:, None] + np.arange(mask.shape[1])[None]) * mask))
     return {
@@ -84,6 +85,7 @@ def evaluate_examples(
         "n_prompts": len(examples),
         "mean_length": float(np.mean(lengths)),
         "kv_saving": 1.0 - kept / max(seen, 1.0),
+        "nonfinite_rows": nonfinite,  # responses with a NaN/inf log-prob (NaN logits)
         "samples": rows,
     }
 
@@ -187,6 +189,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=cfg.data.max_prompt_len,
         mesh=mesh,
     )
+    if result["nonfinite_rows"]:
+        raise cli.RunFailed(
+            f"evaluate: the model produced non-finite log-probabilities (NaN or inf logits) in "
+            f"{result['nonfinite_rows']} of {len(result['samples'])} responses; check the "
+            "checkpoint's weights and --dtype")
     if not distributed.is_coordinator():
         return result
     print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "

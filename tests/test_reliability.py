@@ -210,6 +210,7 @@ BAD_INPUT = [  # (cli, arguments, expected exit status, substring of the one-lin
     (G, ["--max-new-tokens", "100000"], 2, "--max-new-tokens=100000"),
     (G, ["--nan-model", "--chat"], 2, "--chat: the tokenizer"),
     (G, ["--nan-model", "--max-new-tokens", "2"], 1, "non-finite"),
+    (E, ["--nan-model", "--task", "arithmetic", "--max-new-tokens", "2"], 1, "non-finite"),
 ]
 SUBPROCESS_ROWS = {0, 18}  # also run as real commands (train, generate): no traceback
 
@@ -217,10 +218,11 @@ SUBPROCESS_ROWS = {0, 18}  # also run as real commands (train, generate): no tra
 def _argv(kind, args, tmp, run_dir, hf_dir, nan_hf_dir):
     if kind == T:
         return ["--config", SMOKE, f"train.out_dir={tmp}", *args]
-    if kind == E:
-        return ["--checkpoint", str(run_dir), "--n", "2", *args]
     model = nan_hf_dir if "--nan-model" in args else hf_dir
-    return ["--checkpoint", str(model), "--prompt", "hi", *[a for a in args if a != "--nan-model"]]
+    args = [a for a in args if a != "--nan-model"]
+    if kind == E:
+        return ["--checkpoint", str(model if model is nan_hf_dir else run_dir), "--n", "2", *args]
+    return ["--checkpoint", str(model), "--prompt", "hi", *args]
 
 
 @pytest.mark.parametrize("row", range(len(BAD_INPUT)))
