@@ -39,9 +39,11 @@ from sparserl_jax.model import sharding as shd
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import (
+    Rollout,
     SamplerConfig,
     cache_capacity,
     decode_token,
+    evicted_fraction,
     prefill_requests,
     request_keys,
 )
@@ -79,6 +81,15 @@ class Finished:
     lengths: np.ndarray  # [n]
     n_compressions: np.ndarray
     prompt_lengths: np.ndarray
+
+    def to_rollout(self) -> Rollout:
+        """The same rows as the static sampler's Rollout (host arrays)."""
+        mask = np.arange(self.tokens.shape[1])[None] < self.lengths[:, None]
+        return Rollout(
+            tokens=self.tokens, logprobs=self.logprobs, mask=mask, lengths=self.lengths,
+            kept=self.kept, n_compressions=self.n_compressions,
+            evicted_fraction=np.asarray(evicted_fraction(self.kept, self.lengths, self.prompt_lengths)),
+        )
 
 
 @dataclasses.dataclass
@@ -141,6 +152,7 @@ class SlotEngine:
         self._segment = jax.jit(self._segment_fn, donate_argnums=(1,))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,), static_argnames=("resume",))
         self._harvest = jax.jit(self._harvest_fn)
+        self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
 
     # ------------------------------------------------------------------ device programs
 
@@ -308,6 +320,10 @@ class SlotEngine:
         out = [np.asarray(x)[:n] for x in out]
         self._idle(time.perf_counter() - tic)
         return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
+
+    def release_all(self, state: SlotState) -> SlotState:
+        """Stop decoding in every slot (their occupants were harvested or dropped)."""
+        return self._release(state)
 
     def run(self, params, key, prompts, lengths, request_ids=None, *, limits=None,
             version: int = 0) -> Finished:
