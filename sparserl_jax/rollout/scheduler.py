@@ -65,6 +65,7 @@ class Request:
     prompt: int  # prompt index within the group
     sample: int
     partial: Optional[Finished] = None  # one-row partial response to resume (partial mode)
+    limit: int = 1 << 30  # forced response length (benchmarks, tests)
 
 
 def _row(f: Finished, i: int) -> Finished:
@@ -99,6 +100,7 @@ class SortedScheduler:
         self.complete: list[int] = []  # prompts whose samples all finished, in completion order
         self.trained: set[int] = set()
         self.next_uid = 0
+        self.limits = None
         self.state = None
         self.key = None
 
@@ -108,8 +110,9 @@ class SortedScheduler:
         return len(self.trained) == len(self.examples)
 
     def load_group(self, examples: Sequence, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray,
-                   key: jax.Array) -> None:
-        """Queue a new group (n x b prompts, tokens right-padded to the engine's prompt width)."""
+                   key: jax.Array, limits: Optional[np.ndarray] = None) -> None:
+        """Queue a new group (n x b prompts, tokens right-padded to the engine's prompt width);
+        `limits` [prompts, samples] optionally forces response lengths (benchmarks, tests)."""
         if not self.at_group_boundary:
             raise RuntimeError("load_group before every prompt of the current group was trained on")
         if len(examples) < self.b:
@@ -121,6 +124,7 @@ class SortedScheduler:
         self.prompt_tokens = np.asarray(prompt_tokens, np.int32)
         self.prompt_lengths = np.asarray(prompt_lengths, np.int32)
         self.key = key
+        self.limits = None if limits is None else np.asarray(limits, np.int32)
         for p in range(len(examples)):
             for s in range(self.n):
                 self.queue.append(self._fresh(p, s))
@@ -128,7 +132,8 @@ class SortedScheduler:
 
     def _fresh(self, prompt: int, sample: int) -> Request:
         self.next_uid += 1
-        return Request(self.next_uid - 1, prompt, sample)
+        limit = self.engine.M if self.limits is None else int(self.limits[prompt, sample])
+        return Request(self.next_uid - 1, prompt, sample, limit=limit)
 
     # ------------------------------------------------------------------ the loop
 
@@ -146,7 +151,7 @@ class SortedScheduler:
             idx = [r.prompt for r in reqs]
             self.state = self.engine.insert(
                 params, self.state, self.key, slots, self.prompt_tokens[idx],
-                self.prompt_lengths[idx], [r.uid for r in reqs],
+                self.prompt_lengths[idx], [r.uid for r in reqs], limits=[r.limit for r in reqs],
                 partial=_cat([r.partial for r in reqs]) if resume else None)
             self.occupant.update(part)
 
