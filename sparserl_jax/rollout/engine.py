@@ -337,7 +337,10 @@ class SlotEngine:
         occupant = {}  # slot -> input row
         queue = list(range(N))
         results = {}
+        self.stats_at_drain = None  # the totals when the queue ran empty (the drain follows)
         while queue or occupant:
+            if not queue and self.stats_at_drain is None:
+                self.stats_at_drain = dataclasses.replace(self.stats)
             if queue and free:
                 take, queue = queue[:len(free)], queue[len(free):]
                 slots, free = free[:len(take)], free[len(take):]
