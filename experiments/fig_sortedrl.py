@@ -14,7 +14,7 @@ of n = sorted.group_batches update batches. The partial and stacked arms use rl.
 whose xi = pi_old / pi_sampler covers the staleness of resumed tokens (and the sparse KV and int8
 weights in the stacked arm); baseline and on-policy use rl.mode=dense with dense KV. Rollout
 throughput and bubble ratios are measured on this machine (CPU; the first iterations include
-compilation). Curves: train reward vs samples and vs wall time (rollout + score + update).
+compilation: bubbles and throughput are last-quarter means). Curves: train reward vs samples and vs wall time (rollout + score + update).
 """
 
 from __future__ import annotations
@@ -39,19 +39,15 @@ def row(run) -> dict:
     h = run.history
     return {
         "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
-        "bubble_wall": figlib.run_mean(h, "rollout/bubble_wall"),
-        "bubble_slots": figlib.run_mean(h, "rollout/bubble_slots"),
-        "rollout_tokens_per_s": float(sum(r["response/length_mean"] * _rows(run) for r in h)
-                                      / max(sum(r["time/rollout_s"] for r in h), 1e-9)),
+        # the last quarter of the run: the first iterations include compilation
+        "bubble_wall": figlib.last_quarter(h, "rollout/bubble_wall"),
+        "bubble_slots": figlib.last_quarter(h, "rollout/bubble_slots"),
+        "rollout_tokens_per_s": figlib.last_quarter(h, "throughput/rollout_tokens_per_s"),
         "staleness_mean": figlib.run_mean(h, "sorted/staleness_mean"),
         "discarded_token_fraction": figlib.run_mean(h, "sorted/discarded_token_fraction"),
         "wall_s": float(sum(_iter_seconds(r) for r in h)),
         **figlib.summarize(run),
     }
-
-
-def _rows(run) -> int:
-    return run.cfg.rollout.prompts * run.cfg.rollout.samples
 
 
 def _iter_seconds(r: dict) -> float:

@@ -160,7 +160,7 @@ class SlotEngine:
         Q, M, mc = self.Q, self.M, self.model_cfg
         zeros = lambda: jnp.zeros((Q,), jnp.int32)  # every leaf its own buffer (donated)
         state = SlotState(
-            cache=kv.cache_for(self.cfg.kv, mc, Q, self.P, jnp.dtype(mc.dtype), capacity=self.C),
+            cache=kv.cache_for(self.cfg.kv, mc, Q, min(self.P, self.C), jnp.dtype(mc.dtype), capacity=self.C),
             logits=jnp.zeros((Q, mc.vocab_size), jnp.float32),
             kept=zeros(), prev=zeros() - 1, done=jnp.ones((Q,), bool), n_comp=zeros(), t=zeros(),
             request=zeros(), limit=zeros() + M, prompt_len=zeros(),
