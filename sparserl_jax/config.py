@@ -21,6 +21,7 @@ from sparserl_jax.model.config import ModelConfig, RopeScaling
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
+from sparserl_jax.rollout.scheduler import SortedConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,9 @@ class DataConfig:
             raise ValueError("data: set exactly one of data.task and data.dataset")
 
 
+SCHEDULERS = ("batch", "sorted")
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt).
@@ -74,8 +78,13 @@ class RolloutConfig:
     top_k: int = 0
     attn_impl: str = "auto"
     rows_per_call: int = 0
+    # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
+    # SortedRL on the continuous-batching slot engine (settings in the `sorted` section)
+    scheduler: str = "batch"
 
     def __post_init__(self):
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"rollout.scheduler={self.scheduler!r}: expected one of {SCHEDULERS}")
         for name in ("prompts", "samples", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
@@ -138,10 +147,14 @@ class TrainConfig:
     train: RunConfig = RunConfig()
     mesh: MeshConfig = MeshConfig()
     quant: QuantConfig = QuantConfig()
+    sorted: SortedConfig = SortedConfig()
 
     def __post_init__(self):
         r = self.rollout
         check_training_sampling(self.rl.update, r.temperature, r.top_p, r.top_k)
+        if r.scheduler == "sorted" and r.rows_per_call:
+            raise ValueError("rollout.rows_per_call is for rollout.scheduler='batch'; the sorted "
+                             "scheduler's memory is set by sorted.slots")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -330,6 +343,7 @@ __all__ = [
     "RopeScaling",
     "RunConfig",
     "SFTConfig",
+    "SortedConfig",
     "TrainConfig",
     "dump_config",
     "from_dict",

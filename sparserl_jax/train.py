@@ -41,7 +41,9 @@ from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_score_fn, make_update_fn
+from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import Rollout, cache_capacity
+from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.model import sharding
 from sparserl_jax.sft import sft_warm_start
 
@@ -78,6 +80,16 @@ def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
         return np.concatenate([np.asarray(x) for x in leaves], axis=2 if name == "kept_positions" else 0)
 
     return Rollout(**{f.name: cat(f.name) for f in dataclasses.fields(Rollout)})
+
+
+def rollout_bubble(lengths: np.ndarray, max_new_tokens: int, buffer: int) -> dict:
+    """The static sampler's bubble ratio: its B rows run until the longest ends (whole chunks of
+    `buffer` steps), so 1 - generated tokens / (B x steps); with every step taking the same time
+    this is also SortedRL's wall-time form (the prefill, not timed apart, is left out)."""
+    lengths = np.asarray(lengths)
+    steps = min(-(-int(lengths.max()) // buffer) * buffer, -(-max_new_tokens // buffer) * buffer)
+    bubble = 1.0 - float(lengths.sum()) / max(lengths.size * steps, 1)
+    return {"rollout/bubble_slots": bubble, "rollout/bubble_wall": bubble}
 
 
 class TrainingDiverged(cli.RunFailed):
@@ -131,6 +143,9 @@ class Trainer:
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         self._check_prompts()
+        self.sorted = None  # rollout.scheduler='sorted': the SortedRL scheduler (built on first use)
+        self._engines: dict[int, SlotEngine] = {}
+        self._saved_at = 0
         self.iteration = 0
         self.started = False
         os.makedirs(cfg.train.out_dir, exist_ok=True)
@@ -178,7 +193,12 @@ class Trainer:
             self.params, self.opt_state = items["params"], items["opt_state"]
             self.ref_params = self.ref_ckpt.restore(0, {"params": self.params})[0]["params"]
             self.prompts.load_state_dict(meta["data"])
-            self.iteration = int(meta["iteration"])
+            self.iteration = self._saved_at = int(meta["iteration"])
+            if self.cfg.rollout.scheduler == "sorted":
+                self._sorted_scheduler().group = int(meta.get("sorted_group", -1))
+                if not meta.get("sorted_group_boundary", True):
+                    self.log("this checkpoint was saved inside a SortedRL group: its remaining "
+                             "prompts are skipped (resume is exact only from group boundaries)")
             saved = meta.get("invariant_scale", 1.0)  # already in the saved weights: never again
             if saved != self._scaling_meta()["invariant_scale"]:
                 raise ValueError(
@@ -215,6 +235,9 @@ class Trainer:
 
     def save(self) -> None:
         meta = {"iteration": self.iteration, "data": self.prompts.state_dict(), **self._scaling_meta()}
+        if self.sorted is not None:
+            meta.update(sorted_group=self.sorted.group, sorted_group_boundary=self.sorted.at_group_boundary)
+        self._saved_at = self.iteration
         self.ckpt.save(self.iteration, {"params": self.params, "opt_state": self.opt_state}, meta)
 
     # ------------------------------------------------------------------ one iteration
@@ -222,15 +245,23 @@ class Trainer:
     def rollout_batch(self, key):
         """Sample, reward, and assemble the update batch for one iteration."""
         cfg = self.cfg
-        examples = self.prompts.next_batch()
-        if not examples:
-            raise ValueError("the prompt source returned an empty batch (empty dataset?)")
         n = cfg.rollout.samples
-        ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
-        tokens, lengths = components.pad_prompt_batch(ids, self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
-        t0 = time.perf_counter()
-        out = self._generate(tokens, lengths, key)
-        t_rollout = time.perf_counter() - t0
+        extra = {}
+        if cfg.rollout.scheduler == "sorted":
+            t0 = time.perf_counter()
+            examples, tokens, lengths, out, extra = self._sorted_rollout()
+            t_rollout = time.perf_counter() - t0
+            ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
+        else:
+            examples = self.prompts.next_batch()
+            if not examples:
+                raise ValueError("the prompt source returned an empty batch (empty dataset?)")
+            ids = [list(e.prompt_ids) for e in examples for _ in range(n)]
+            tokens, lengths = components.pad_prompt_batch(ids, self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+            t0 = time.perf_counter()
+            out = self._generate(tokens, lengths, key)
+            t_rollout = time.perf_counter() - t0
+            extra = rollout_bubble(out.lengths, self.sampler_cfg.max_new_tokens, cfg.kv.buffer)
         texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(ids))]
         labels = [e.label for e in examples for _ in range(n)]
         rewards = np.array([self.parts.reward(t, l) for t, l in zip(texts, labels)], np.float32)
@@ -248,8 +279,42 @@ class Trainer:
             "throughput/rollout_tokens_per_s": float(out.lengths.sum()) / max(t_rollout, 1e-9),
             **kv_statistics(out, lengths, self.cfg.kv, tokens.shape[1], self.model_cfg,
                             self.sampler_cfg.max_new_tokens),
+            **extra,
         }
         return batch, metrics, texts
+
+    def _sorted_scheduler(self) -> SortedScheduler:
+        if self.sorted is None:
+            r, s = self.cfg.rollout, self.cfg.sorted
+            self.sorted = SortedScheduler(self._engine(self.cfg.data.max_prompt_len), s,
+                                          prompts_per_batch=r.prompts, samples=r.samples)
+        return self.sorted
+
+    def _engine(self, P: int) -> SlotEngine:
+        """One slot engine per prompt width (each compiles its own programs)."""
+        if P not in self._engines:
+            s = self.cfg.sorted
+            self._engines[P] = SlotEngine(self.model_cfg, self.sampler_cfg, s.slots or self.batch_rows, P,
+                                          segment_chunks=s.segment_chunks, mesh=self.mesh)
+        return self._engines[P]
+
+    def _sorted_rollout(self):
+        """SortedRL: the next update batch of the slot engine (loading a group of
+        sorted.group_batches x rollout.prompts prompts at a group boundary)."""
+        sched, cfg = self._sorted_scheduler(), self.cfg
+        if sched.at_group_boundary:
+            examples = [e for _ in range(cfg.sorted.group_batches) for e in self.prompts.next_batch()]
+            if not examples:
+                raise ValueError("the prompt source returned an empty batch (empty dataset?)")
+            tokens, lengths = components.pad_prompt_batch(
+                [e.prompt_ids for e in examples], self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+            sched.engine = self._engine(tokens.shape[1])
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.train.seed), 0x5011ED),
+                                     sched.group + 1)
+            sched.load_group(examples, tokens, lengths, key)
+        params = quant.quantize_params(self.params, cfg.quant)  # QuRL: the behaviour weights
+        examples, tokens, lengths, fin, metrics = sched.next_batch(params, self.iteration)
+        return examples, tokens, lengths, fin.to_rollout(), metrics
 
     def _generate(self, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
         """Sample every row, `self.call_rows` rows per generate_jit call (one compiled shape);
@@ -275,6 +340,17 @@ class Trainer:
             for i in range(n_calls)
         ]
         return outs[0] if n_calls == 1 else concat_rollouts(outs)
+
+    def _save_due(self) -> bool:
+        """Every train.save_every iterations and at the end; with the sorted scheduler at the
+        first group boundary at or after each save point (an exact resume point)."""
+        t = self.cfg.train
+        if self.iteration == t.iterations:
+            return True
+        if self.sorted is None:
+            return self.iteration % t.save_every == 0
+        return self.sorted.at_group_boundary and (
+            self.iteration // t.save_every > self._saved_at // t.save_every)
 
     def step(self) -> dict:
         if not self.started:  # start() gives pi_ref its own buffers before the first donation
@@ -343,7 +419,7 @@ class Trainer:
                     "(lower rl.optim.lr?)"
                 )
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kv=f"{metrics['kv/saving']:.0%}")
-            if self.iteration % t.save_every == 0 or self.iteration == t.iterations:
+            if self._save_due():
                 self.save()
         if self.logger:
             self.logger.close()

@@ -17,6 +17,7 @@ import fig_d_corrections  # noqa: E402
 import fig_e_robustness  # noqa: E402
 import fig_f_throughput  # noqa: E402
 import fig_qurl  # noqa: E402
+import fig_sortedrl  # noqa: E402
 import figlib  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
@@ -132,3 +133,13 @@ def test_run_identity_ignores_defaults_and_locations():
     a = figlib.load_config([figlib.DEFAULT_CONFIG], ["model.init_from=/x/abc123"])
     b = figlib.load_config([figlib.DEFAULT_CONFIG], ["model.init_from=/y/abc123/"])
     assert figlib.config_key(a) == figlib.config_key(b) != key
+
+
+def test_fig_sortedrl(runs_dir, tmp_path):
+    data = fig_sortedrl.main(["--smoke", "--seeds", "0", "--variants", "sorted_partial",
+                              "--out", str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "sortedrl")
+    (r,) = data["results"]["sorted_partial"]
+    assert 0.0 <= r["bubble_wall"] <= 1.0 and 0.0 <= r["bubble_slots"] <= 1.0
+    assert r["rollout_tokens_per_s"] > 0 and r["staleness_mean"] >= 0.0
+    assert "| sorted_partial | sparse_rl |" in (tmp_path / "results.md").read_text()

@@ -103,6 +103,90 @@ def request_keys(key: jax.Array, request_ids: Int[Array, "B"]) -> RequestKeys:
     return RequestKeys(split[:, 0], split[:, 1], split[:, 2])
 
 
+def maybe_compress(kv_cfg: kv.KVConfig, cache: kv.KVCache, active_B, key):
+    """Compress the sequences in active_B that exceed the budget (a no-op when none does);
+    returns the cache and which rows were compressed (int32 [B])."""
+    did_B = active_B & (cache.fill > kv_cfg.budget)
+    cache = jax.lax.cond(
+        jnp.any(did_B), lambda c: kv.compress(kv_cfg, c, key, active=did_B), lambda c: c, cache
+    )
+    return cache, did_B.astype(jnp.int32)
+
+
+def prefill_requests(
+    params: transformer.Params,
+    model_cfg: ModelConfig,
+    prompts: Int[Array, "B W"],
+    prompt_lengths: Int[Array, "B"],
+    keys: RequestKeys,
+    cfg: SamplerConfig,
+    capacity: int,
+):
+    """Prefill right-padded prompts into a fresh cache of `capacity` slots; a prompt longer than
+    that (kv.compress_prompt, or a resumed prompt + partial response) is first squeezed into the
+    budget. Returns (logits [B, V], cache, compressions [B])."""
+    B, W = prompts.shape
+    kv_cfg = cfg.kv
+    cache = kv.cache_for(kv_cfg, model_cfg, B, W, jnp.dtype(model_cfg.dtype), capacity=max(capacity, W))
+    logits, cache = transformer.prefill(
+        params, model_cfg, prompts, prompt_lengths, cache, observe_prefill=kv.observe_prefill(kv_cfg)
+    )
+    n_comp_B = jnp.zeros((B,), jnp.int32)
+    if W > capacity:
+        n_comp_B = (cache.fill > kv_cfg.budget).astype(jnp.int32)
+        cache = kv.resize(kv.compress(kv_cfg, cache, keys.prompt), capacity)
+    return logits, cache, n_comp_B
+
+
+def decode_token(
+    params: transformer.Params,
+    model_cfg: ModelConfig,
+    cfg: SamplerConfig,
+    capacity: int,
+    keys: RequestKeys,
+    carry: tuple,
+    t,
+    *,
+    interval: bool,
+    limit_B=None,
+):
+    """One decode step, shared by the static sampler and the slot engine: (newline-trigger
+    compression,) (interval-trigger compression when `interval`: rows whose token index t is a
+    multiple of kv.buffer,) sample response token t of every live row with its request keys at
+    t, and feed it through the model. t is a scalar or a [B] array (each slot its own index);
+    `limit_B` optionally ends a row after limit_B tokens (forced lengths). carry = (cache, logits,
+    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B))."""
+    cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
+    kv_cfg = cfg.kv
+    at = keys.at(t)
+    if not kv_cfg.is_dense and kv_cfg.trigger == "newline":
+        need_B = (jnp.isin(prev_B, _ids(kv_cfg.newline_token_ids)) & ~done_B) | (cache.fill >= capacity)
+        cache, did_B = maybe_compress(kv_cfg, cache, need_B, at.evict)
+        n_comp_B = n_comp_B + did_B * ~done_B
+    if interval and not kv_cfg.is_dense and kv_cfg.trigger == "interval":
+        need_B = ~done_B & (t % kv_cfg.buffer == 0)
+        if not kv_cfg.compress_prompt:  # the prompt stays whole until step `buffer`
+            need_B = need_B & (t > 0)
+        cache, did_B = maybe_compress(kv_cfg, cache, need_B, at.evict)
+        n_comp_B = n_comp_B + did_B
+    token_B, logp_B = sample(logits, at.sample, cfg.sampling)
+    live_B = ~done_B
+    token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
+    logp_B = jnp.where(live_B, logp_B, 0.0)
+    done_B = done_B | jnp.isin(token_B, _ids(cfg.eos_token_ids)) | (t + 1 >= cfg.max_new_tokens)
+    if limit_B is not None:
+        done_B = done_B | (t + 1 >= limit_B)
+    logits, cache = transformer.decode_step(
+        params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=kv.observe_decode(kv_cfg),
+        attn_platform=cfg.attn_platform, mesh=cfg.mesh,
+    )
+    return (cache, logits, cache.fill, token_B, done_B, n_comp_B), (token_B, logp_B, live_B, kept_B)
+
+
+def _ids(ids: tuple[int, ...]):
+    return jnp.asarray(ids or (-1,), jnp.int32)
+
+
 def generate(
     params: transformer.Params,
     model_cfg: ModelConfig,
@@ -111,9 +195,11 @@ def generate(
     key: jax.Array,
     cfg: SamplerConfig,
     request_ids: Optional[Int[Array, "B"]] = None,
+    max_lengths: Optional[Int[Array, "B"]] = None,
 ) -> Rollout:
     """Sample up to cfg.max_new_tokens after each right-padded prompt; row b is request
-    request_ids[b] (default: b) for its random keys. Jit with static configs:
+    request_ids[b] (default: b) for its random keys, and stops after max_lengths[b] tokens when
+    given (forced lengths, for benchmarks). Jit with static configs:
     `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
     B, P = prompts.shape
     M = cfg.max_new_tokens
@@ -124,49 +210,11 @@ def generate(
     if request_ids is None:
         request_ids = jnp.arange(B, dtype=jnp.int32)
     keys = request_keys(key, request_ids)
-
-    cache = kv.cache_for(kv_cfg, model_cfg, B, P, jnp.dtype(model_cfg.dtype), capacity=max(C, P))
-    logits, cache = transformer.prefill(
-        params, model_cfg, prompts, prompt_lengths, cache, observe_prefill=kv.observe_prefill(kv_cfg)
-    )
-    zeros_B = jnp.zeros((B,), jnp.int32)
-    n_comp_B = zeros_B
-    if P > C:  # kv.compress_prompt: squeeze the prompt into the budget before decoding
-        n_comp_B = (cache.fill > kv_cfg.budget).astype(jnp.int32)
-        cache = kv.resize(kv.compress(kv_cfg, cache, keys.prompt), C)
-
-    observe = kv.observe_decode(kv_cfg)
-    eos = jnp.asarray(cfg.eos_token_ids or (-1,), jnp.int32)
-    newline = jnp.asarray(kv_cfg.newline_token_ids or (-1,), jnp.int32)
-
-    def maybe_compress(cache, active_B, key):
-        """Compress the sequences in active_B (a no-op when none is), counting compressions."""
-        did_B = active_B & (cache.fill > kv_cfg.budget)
-        cache = jax.lax.cond(
-            jnp.any(did_B),
-            lambda c: kv.compress(kv_cfg, c, key, active=did_B),
-            lambda c: c,
-            cache,
-        )
-        return cache, did_B.astype(jnp.int32)
+    logits, cache, n_comp_B = prefill_requests(params, model_cfg, prompts, prompt_lengths, keys, cfg, C)
 
     def step(carry, i):
-        cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
-        if not kv_cfg.is_dense and kv_cfg.trigger == "newline":
-            need_B = (jnp.isin(prev_B, newline) & ~done_B) | (cache.fill >= C)
-            cache, did_B = maybe_compress(cache, need_B, keys.at(i).evict)
-            n_comp_B = n_comp_B + did_B * ~done_B
-        token_B, logp_B = sample(logits, keys.at(i).sample, cfg.sampling)
-        live_B = ~done_B
-        token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
-        logp_B = jnp.where(live_B, logp_B, 0.0)
-        done_B = done_B | jnp.isin(token_B, eos) | (i + 1 >= M)
-        ys = (token_B, logp_B, live_B, kept_B)
-        logits, cache = transformer.decode_step(
-            params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=observe,
-            attn_platform=cfg.attn_platform, mesh=cfg.mesh,
-        )
-        return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
+        return decode_token(params, model_cfg, cfg, C, keys, carry, i, interval=False,
+                            limit_B=max_lengths)
 
     def chunk(state):
         r, carry, outs, kept_pos = state
@@ -175,7 +223,7 @@ def generate(
             active_B = ~done_B
             if not kv_cfg.compress_prompt:  # the prompt stays whole until step `buffer`
                 active_B = active_B & (r > 0)
-            cache, did_B = maybe_compress(cache, active_B, keys.at(r * U).evict)
+            cache, did_B = maybe_compress(kv_cfg, cache, active_B, keys.at(r * U).evict)
             n_comp_B = n_comp_B + did_B
         if kept_pos is not None:
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
@@ -201,15 +249,13 @@ def generate(
         K = model_cfg.n_kv_heads
         kept_pos = jnp.full((n_chunks, model_cfg.n_layers, B, K, C), -1, jnp.int32)
     kept_B = prompt_lengths.astype(jnp.int32)  # the prefill logits saw the whole prompt
+    zeros_B = jnp.zeros((B,), jnp.int32)
     carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
     _, carry, outs, kept_pos = jax.lax.while_loop(
         not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos)
     )
     tokens, logprobs, mask, kept = (o[:, :M] for o in outs)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
-    last = jnp.maximum(lengths - 1, 0)
-    kept_last = jnp.take_along_axis(kept, last[:, None], axis=1)[:, 0]
-    seen_last = prompt_lengths + last
     return Rollout(
         tokens=tokens,
         logprobs=logprobs,
@@ -217,9 +263,16 @@ def generate(
         lengths=lengths,
         kept=kept,
         n_compressions=carry[5],
-        evicted_fraction=1.0 - kept_last / jnp.maximum(seen_last, 1),
+        evicted_fraction=evicted_fraction(kept, lengths, prompt_lengths),
         kept_positions=kept_pos,
     )
+
+
+def evicted_fraction(kept: Int[Array, "B M"], lengths: Int[Array, "B"], prompt_lengths: Int[Array, "B"]):
+    """1 - kept / seen at each row's last generated token."""
+    last = jnp.maximum(lengths - 1, 0)
+    kept_last = jnp.take_along_axis(kept, last[:, None], axis=1)[:, 0]
+    return 1.0 - kept_last / jnp.maximum(prompt_lengths + last, 1)
 
 
 generate_jit = jax.jit(generate, static_argnames=("model_cfg", "cfg"))

@@ -1,0 +1,358 @@
+"""The slot engine: continuous batching over a fixed-slot KV cache (SortedRL's rollout engine).
+
+Q slots each hold one sequence in the same fixed-slot cache the static sampler uses (dense:
+prompt + max new tokens; sparse: budget + buffer). Decoding runs in jitted segments of
+`segment_chunks` x kv.buffer steps (the slot state donated) with the static sampler's own step
+(sampler.decode_token), every slot at its own token index t; the host then
+  - harvests finished slots with a jitted gather (tokens, sampler log-probs, kept counts, and
+    the policy version that sampled each token), and
+  - inserts new requests into free slots: a bucketed batch of prompts (or, resumed, prompt +
+    partial response) is prefilled into a fresh cache and every cache leaf (keys, values, fill,
+    length, positions, H2O mass, window queries) is scattered into the slots, so nothing of the
+    previous occupant survives.
+Randomness is per request (sampler.request_keys): token t of request r draws with
+fold_in(fold_in(key, r), t), and an interval-trigger compression runs before a slot's token t
+when t is a multiple of kv.buffer, as the static sampler's chunk boundaries. So with Q >= N and
+no refill the engine reproduces sampler.generate, and with refills every request equals its
+generation alone.
+
+Bubble ratio (SortedRL Eq. 4): sum_k (Q - r_k) dt_k / (T Q), with r_k the running slots in
+interval k of wall time dt_k (a segment: its mean running slots; insert and harvest: none), and
+the slot-step form 1 - active slot-steps / (Q x steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh
+from jaxtyping import Array, Bool, Float, Int
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.model import sharding as shd
+from sparserl_jax.model import transformer
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout.sampler import (
+    Rollout,
+    SamplerConfig,
+    cache_capacity,
+    decode_token,
+    evicted_fraction,
+    prefill_requests,
+    request_keys,
+)
+
+
+@struct.dataclass
+class SlotState:
+    """Everything of the Q slots that lives on the devices (every leaf has leading axis Q)."""
+
+    cache: kv.KVCache
+    logits: Float[Array, "Q V"]  # next-token logits of each slot
+    kept: Int[Array, "Q"]  # KV entries behind those logits
+    prev: Int[Array, "Q"]  # last token (newline trigger)
+    done: Bool[Array, "Q"]  # not decoding: free, or finished and not yet harvested
+    n_comp: Int[Array, "Q"]
+    t: Int[Array, "Q"]  # index of the next response token = tokens generated so far
+    request: Int[Array, "Q"]  # request id (its random keys)
+    limit: Int[Array, "Q"]  # forced response length (max_new_tokens when none)
+    prompt_len: Int[Array, "Q"]
+    tokens: Int[Array, "Q M"]
+    logprobs: Float[Array, "Q M"]
+    kept_tok: Int[Array, "Q M"]
+    version: Int[Array, "Q M"]  # policy version that sampled each token
+
+
+@dataclasses.dataclass
+class Finished:
+    """Host copies of harvested responses, one row per request (numpy)."""
+
+    request: np.ndarray  # [n]
+    tokens: np.ndarray  # [n, M]
+    logprobs: np.ndarray
+    kept: np.ndarray
+    version: np.ndarray
+    lengths: np.ndarray  # [n]
+    n_compressions: np.ndarray
+    prompt_lengths: np.ndarray
+
+    def to_rollout(self) -> Rollout:
+        """The same rows as the static sampler's Rollout (host arrays)."""
+        mask = np.arange(self.tokens.shape[1])[None] < self.lengths[:, None]
+        return Rollout(
+            tokens=self.tokens, logprobs=self.logprobs, mask=mask, lengths=self.lengths,
+            kept=self.kept, n_compressions=self.n_compressions,
+            evicted_fraction=np.asarray(evicted_fraction(self.kept, self.lengths, self.prompt_lengths)),
+        )
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Running totals for the bubble ratios and throughput."""
+
+    active_slot_steps: int = 0
+    slot_steps: int = 0
+    idle_slot_seconds: float = 0.0  # sum_k (Q - r_k) dt_k
+    seconds: float = 0.0  # T
+    tokens: int = 0
+
+    def bubble_wall(self, slots: int) -> float:
+        return self.idle_slot_seconds / max(self.seconds * slots, 1e-12)
+
+    def bubble_slots(self) -> float:
+        return 1.0 - self.active_slot_steps / max(self.slot_steps, 1)
+
+
+def bubble_ratio(intervals, slots: int) -> float:
+    """SortedRL Eq. 4 for a list of (running requests r_k, duration dt_k)."""
+    total = sum(dt for _, dt in intervals)
+    return sum((slots - r) * dt for r, dt in intervals) / max(total * slots, 1e-12)
+
+
+def _bucket(n: int, cap: int, multiple: int) -> int:
+    """Rows of a compiled insert/harvest call: the next power of two >= n (at least `multiple`,
+    a multiple of it), at most `cap`."""
+    b = max(multiple, 1 << max(n - 1, 0).bit_length())
+    b = min(b, cap)
+    return -(-b // multiple) * multiple
+
+
+class SlotEngine:
+    """Q slots decoding requests of prompts up to `prompt_len` tokens (see the module doc)."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: SamplerConfig, slots: int, prompt_len: int,
+                 *, segment_chunks: int = 2, mesh: Optional[Mesh] = None):
+        if cfg.record_kept:
+            raise ValueError("sampler.record_kept (rl masked recompute) is not supported by "
+                             "rollout.scheduler='sorted'; use rollout.scheduler='batch'")
+        if segment_chunks < 1:
+            raise ValueError(f"sorted.segment_chunks={segment_chunks} must be >= 1")
+        self.dp = 1
+        if mesh is not None and mesh.size > 1:
+            self.dp = mesh.shape["data"] * mesh.shape["fsdp"]
+            if slots % self.dp:
+                raise ValueError(
+                    f"sorted.slots={slots} must be a multiple of mesh data x fsdp = {self.dp} "
+                    "(the slots are split over those devices)")
+            cfg = dataclasses.replace(cfg, mesh=mesh)
+        else:
+            mesh = None
+        self.mesh = mesh
+        self.model_cfg, self.cfg, self.Q, self.P = model_cfg, cfg, slots, prompt_len
+        self.M = cfg.max_new_tokens
+        self.C = cache_capacity(cfg.kv, prompt_len, self.M)
+        self.segment_chunks = segment_chunks
+        self.stats = EngineStats()
+        self._segment = jax.jit(self._segment_fn, donate_argnums=(1,))
+        self._insert = jax.jit(self._insert_fn, donate_argnums=(1,), static_argnames=("resume",))
+        self._harvest = jax.jit(self._harvest_fn)
+        self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
+
+    # ------------------------------------------------------------------ device programs
+
+    def init_state(self) -> SlotState:
+        Q, M, mc = self.Q, self.M, self.model_cfg
+        zeros = lambda: jnp.zeros((Q,), jnp.int32)  # every leaf its own buffer (donated)
+        state = SlotState(
+            cache=kv.cache_for(self.cfg.kv, mc, Q, min(self.P, self.C), jnp.dtype(mc.dtype), capacity=self.C),
+            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32),
+            kept=zeros(), prev=zeros() - 1, done=jnp.ones((Q,), bool), n_comp=zeros(), t=zeros(),
+            request=zeros(), limit=zeros() + M, prompt_len=zeros(),
+            tokens=jnp.full((Q, M), self.cfg.pad_token_id, jnp.int32),
+            logprobs=jnp.zeros((Q, M), jnp.float32),
+            kept_tok=jnp.zeros((Q, M), jnp.int32),
+            version=jnp.zeros((Q, M), jnp.int32),
+        )
+        return self._place(state)
+
+    def _place(self, tree):
+        return tree if self.mesh is None else shd.shard_batch(tree, self.mesh)
+
+    def _segment_fn(self, params, state: SlotState, key, version):
+        """Up to segment_chunks x buffer decode steps (fewer once every slot is done); returns
+        the state, the active slot-steps and the steps run."""
+        cfg, U, M, Q = self.cfg, self.cfg.kv.buffer, self.M, self.Q
+        keys = request_keys(key, state.request)
+        rows_Q = jnp.arange(Q)
+
+        def step(c, _):
+            st, active = c
+            carry = (st.cache, st.logits, st.kept, st.prev, st.done, st.n_comp)
+            carry, (token_Q, logp_Q, live_Q, kept_Q) = decode_token(
+                params, self.model_cfg, cfg, self.C, keys, carry, st.t, interval=True,
+                limit_B=st.limit)
+            cache, logits, kept, prev, done, n_comp = carry
+            col_Q = jnp.where(live_Q, st.t, M)  # M: out of range, dropped
+
+            def put(buf, x):
+                return buf.at[rows_Q, col_Q].set(x.astype(buf.dtype), mode="drop")
+
+            st = st.replace(
+                cache=cache, logits=logits, kept=kept, prev=prev, done=done, n_comp=n_comp,
+                t=st.t + live_Q, tokens=put(st.tokens, token_Q), logprobs=put(st.logprobs, logp_Q),
+                kept_tok=put(st.kept_tok, kept_Q),
+                version=put(st.version, jnp.broadcast_to(version, (Q,))),
+            )
+            return (st, active + jnp.sum(live_Q, dtype=jnp.int32)), None
+
+        def chunk(c):
+            r, st, active = c
+            (st, active), _ = jax.lax.scan(step, (st, active), None, length=U)
+            return r + 1, st, active
+
+        def going(c):
+            return (c[0] < self.segment_chunks) & ~jnp.all(c[1].done)
+
+        r, state, active = jax.lax.while_loop(going, chunk, (jnp.int32(0), state, jnp.int32(0)))
+        return state, active, r * U
+
+    def _insert_fn(self, params, state: SlotState, key, slots, prompts, lengths, request, t0,
+                   limit, prefix, *, resume: bool):
+        """Prefill `prompts` (prompt, or prompt + partial response when `resume`) into a fresh
+        cache and scatter every leaf into `slots` (index Q: a padding row, dropped)."""
+        keys = request_keys(key, request)
+        logits, cache, n_comp = prefill_requests(
+            params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg,
+            self.C)
+
+        def put(dst, src):
+            return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
+
+        tokens, logprobs, kept_tok, version, prev_n_comp = prefix
+        n = prompts.shape[0]
+        prev = jnp.take_along_axis(tokens, jnp.maximum(t0 - 1, 0)[:, None], axis=1)[:, 0]
+        return state.replace(
+            cache=jax.tree.map(put, state.cache, cache),
+            logits=put(state.logits, logits),
+            kept=put(state.kept, lengths), prev=put(state.prev, jnp.where(t0 > 0, prev, -1)),
+            done=put(state.done, jnp.zeros((n,), bool)), n_comp=put(state.n_comp, n_comp + prev_n_comp),
+            t=put(state.t, t0), request=put(state.request, request), limit=put(state.limit, limit),
+            prompt_len=put(state.prompt_len, lengths - t0),
+            tokens=put(state.tokens, tokens), logprobs=put(state.logprobs, logprobs),
+            kept_tok=put(state.kept_tok, kept_tok), version=put(state.version, version),
+        )
+
+    def _harvest_fn(self, state: SlotState, slots):
+        s = state
+        return (s.request[slots], s.tokens[slots], s.logprobs[slots], s.kept_tok[slots],
+                s.version[slots], s.t[slots], s.n_comp[slots], s.prompt_len[slots])
+
+    # ------------------------------------------------------------------ host side
+
+    def _fetch(self, x):
+        from sparserl_jax import distributed  # the distributed module imports the sampler
+
+        return distributed.to_host(x)
+
+    def segment(self, params, state: SlotState, key, version: int):
+        """Run one segment; returns (state, done [Q] and t [Q] as host arrays)."""
+        t0 = time.perf_counter()
+        state, active, steps = self._segment(params, state, key, jnp.int32(version))
+        done, t, active, steps = self._fetch((state.done, state.t, active, steps))
+        dt = time.perf_counter() - t0
+        active, steps = int(active), int(steps)
+        st = self.stats
+        st.active_slot_steps += active
+        st.slot_steps += self.Q * steps
+        st.tokens += active
+        running = active / max(steps, 1)
+        st.idle_slot_seconds += (self.Q - running) * dt
+        st.seconds += dt
+        return state, done, t
+
+    def _idle(self, dt: float) -> None:
+        self.stats.idle_slot_seconds += self.Q * dt
+        self.stats.seconds += dt
+
+    def insert(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
+               limits=None, partial: Optional[Finished] = None) -> SlotState:
+        """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`;
+        with `partial` (their harvested partial responses) they resume after re-prefilling
+        prompt + partial response. Counted as idle time in the wall bubble ratio."""
+        tic = time.perf_counter()
+        n = len(slots)
+        nb = _bucket(n, self.Q, self.dp)
+        M = self.M
+        prompts = np.asarray(prompts, np.int32)
+        lengths = np.asarray(lengths, np.int32)
+        pad = lambda x, fill: np.concatenate([x, np.repeat(x[:1] * 0 + fill, nb - n, axis=0)]) if nb > n else x
+        t0 = np.zeros((n,), np.int32)
+        tokens = np.full((n, M), self.cfg.pad_token_id, np.int32)
+        logprobs, kept, version = np.zeros((n, M), np.float32), np.zeros((n, M), np.int32), np.zeros((n, M), np.int32)
+        n_comp = np.zeros((n,), np.int32)
+        resume = partial is not None
+        if resume:
+            t0 = partial.lengths.astype(np.int32)
+            tokens, logprobs, kept, version = partial.tokens, partial.logprobs, partial.kept, partial.version
+            n_comp = partial.n_compressions
+            width = self.P + M
+            joined = np.full((n, width), self.cfg.pad_token_id, np.int32)
+            for i in range(n):
+                p = int(lengths[i])
+                joined[i, :p] = prompts[i, :p]
+                joined[i, p:p + t0[i]] = tokens[i, :t0[i]]
+            prompts, lengths = joined, lengths + t0
+        limit = np.full((n,), M, np.int32) if limits is None else np.asarray(limits, np.int32)
+        args = [np.asarray(slots, np.int32), prompts, lengths, np.asarray(request, np.int32), t0, limit]
+        fills = [self.Q, 0, 1, 0, 0, M]
+        args = [pad(a, f) for a, f in zip(args, fills)]
+        prefix = tuple(pad(np.asarray(a), 0) for a in (tokens, logprobs, kept, version, n_comp))
+        args, prefix = self._place((args, prefix)) if self.mesh is not None else (args, prefix)
+        state = self._insert(params, state, key, *args, prefix, resume=resume)
+        jax.block_until_ready(state.done)
+        self._idle(time.perf_counter() - tic)
+        return state
+
+    def harvest(self, state: SlotState, slots) -> Finished:
+        """Host copies of the responses in `slots` (the slots are then free to insert into)."""
+        tic = time.perf_counter()
+        n = len(slots)
+        nb = _bucket(n, self.Q, self.dp)
+        idx = np.zeros((nb,), np.int32)
+        idx[:n] = slots
+        out = self._fetch(self._harvest(state, self._place(idx) if self.mesh is not None else idx))
+        out = [np.asarray(x)[:n] for x in out]
+        self._idle(time.perf_counter() - tic)
+        return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
+
+    def release_all(self, state: SlotState) -> SlotState:
+        """Stop decoding in every slot (their occupants were harvested or dropped)."""
+        return self._release(state)
+
+    def run(self, params, key, prompts, lengths, request_ids=None, *, limits=None,
+            version: int = 0) -> Finished:
+        """Decode every request with continuous batching (FIFO refills, no scheduling policy):
+        the reference use of the engine (tests, benchmark). Rows of the result follow the input."""
+        N = len(prompts)
+        ids = np.arange(N, dtype=np.int32) if request_ids is None else np.asarray(request_ids, np.int32)
+        limits = np.full((N,), self.M, np.int32) if limits is None else np.asarray(limits, np.int32)
+        state = self.init_state()
+        free = list(range(self.Q))
+        occupant = {}  # slot -> input row
+        queue = list(range(N))
+        results = {}
+        self.stats_at_drain = None  # the totals when the queue ran empty (the drain follows)
+        while queue or occupant:
+            if not queue and self.stats_at_drain is None:
+                self.stats_at_drain = dataclasses.replace(self.stats)
+            if queue and free:
+                take, queue = queue[:len(free)], queue[len(free):]
+                slots, free = free[:len(take)], free[len(take):]
+                state = self.insert(params, state, key, slots, np.asarray(prompts)[take],
+                                    np.asarray(lengths)[take], ids[take], limits=limits[take])
+                occupant.update(zip(slots, take))
+            state, done, _ = self.segment(params, state, key, version)
+            finished = [s for s in occupant if done[s]]
+            if finished:
+                got = self.harvest(state, finished)
+                for j, s in enumerate(finished):
+                    results[occupant.pop(s)] = jax.tree.map(lambda x: x[j], dataclasses.asdict(got))
+                free.extend(finished)
+        rows = [results[i] for i in range(N)]
+        return Finished(**{k: np.stack([r[k] for r in rows]) for k in rows[0]})

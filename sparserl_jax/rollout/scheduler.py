@@ -1,0 +1,239 @@
+"""SortedRL (methods.md section 3): length-aware scheduling of rollouts on the slot engine.
+
+Grouped loading: a group of n x b prompts (n = sorted.group_batches update batches of
+b = rollout.prompts prompts, each prompt `samples` requests) is queued at once, and no new
+prompt is loaded until every prompt of the group has been trained on. The engine is
+oversubscribed (the group holds more requests than its Q slots) and refilled as slots free up;
+an update batch is harvested as soon as b complete GRPO groups (all samples of a prompt) have
+finished, in completion order, so update batches come out sorted by length (short first).
+At a harvest the unharvested responses are treated by mode:
+  on_policy: dropped, their prompts' requests re-queued (every trained token has the current
+    weights' version; the dropped tokens are the discarded-token fraction);
+  partial: finished ones wait for their group to complete; unfinished ones keep their tokens
+    and per-token sampler log-probs and resume under the new weights after re-prefilling
+    prompt + partial response (each token's ratio then uses the log-prob of the weights that
+    sampled it: xi covers staleness, staleness < n updates).
+A checkpoint at a group boundary (nothing queued or running) is an exact resume point.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+
+from sparserl_jax.rollout.engine import Finished, SlotEngine
+
+MODES = ("on_policy", "partial")
+
+
+@dataclasses.dataclass(frozen=True)
+class SortedConfig:
+    """SortedRL settings (used with rollout.scheduler='sorted').
+
+    mode: "on_policy" (drop unfinished responses at each harvest) or "partial" (resume them).
+    slots: Q, the engine's slot capacity (0: rollout.prompts x rollout.samples, the static
+      sampler's batch, so both hold the same KV memory).
+    group_batches: n, update batches per loaded group (the paper's n = 4).
+    segment_chunks: decode chunks (of kv.buffer steps) per jitted segment between host visits.
+    """
+
+    mode: str = "on_policy"
+    slots: int = 0
+    group_batches: int = 4
+    segment_chunks: int = 2
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"sorted.mode={self.mode!r}: expected one of {MODES}")
+        if self.slots < 0:
+            raise ValueError(f"sorted.slots={self.slots} must be >= 0 (0: rollout.prompts x samples)")
+        if self.group_batches < 1:
+            raise ValueError(
+                f"sorted.group_batches={self.group_batches}: a group must hold at least one "
+                "harvest (update batch of rollout.prompts prompts); use >= 1")
+        if self.segment_chunks < 1:
+            raise ValueError(f"sorted.segment_chunks={self.segment_chunks} must be >= 1")
+
+
+@dataclasses.dataclass
+class Request:
+    uid: int  # request id within the group: its random keys
+    prompt: int  # prompt index within the group
+    sample: int
+    partial: Optional[Finished] = None  # one-row partial response to resume (partial mode)
+    limit: int = 1 << 30  # forced response length (benchmarks, tests)
+
+
+def _row(f: Finished, i: int) -> Finished:
+    return Finished(**{k: v[i:i + 1] for k, v in dataclasses.asdict(f).items()})
+
+
+def _cat(rows: Sequence[Finished]) -> Finished:
+    return Finished(**{k: np.concatenate([getattr(r, k) for r in rows])
+                       for k in dataclasses.asdict(rows[0])})
+
+
+class SortedScheduler:
+    """Drives a SlotEngine over groups of prompts; `next_batch` returns one update batch."""
+
+    def __init__(self, engine: SlotEngine, cfg: SortedConfig, *, prompts_per_batch: int,
+                 samples: int, pad_token_id: int = 0):
+        self.engine, self.cfg = engine, cfg
+        self.b, self.n = prompts_per_batch, samples
+        self.pad = pad_token_id
+        self.group = -1  # index of the loaded group
+        self._reset_group()
+
+    # ------------------------------------------------------------------ group state
+
+    def _reset_group(self):
+        self.examples: list = []  # the group's prompts (objects with prompt_ids), by index
+        self.prompt_tokens = np.zeros((0, self.engine.P), np.int32)
+        self.prompt_lengths = np.zeros((0,), np.int32)
+        self.queue: collections.deque[Request] = collections.deque()
+        self.occupant: dict[int, Request] = {}  # slot -> request
+        self.done: dict[int, list] = collections.defaultdict(list)  # prompt -> [(sample, Finished)]
+        self.complete: list[int] = []  # prompts whose samples all finished, in completion order
+        self.trained: set[int] = set()
+        self.next_uid = 0
+        self.limits = None
+        self.state = None
+        self.key = None
+
+    @property
+    def at_group_boundary(self) -> bool:
+        """Every prompt of the loaded group trained on (or none loaded): an exact resume point."""
+        return len(self.trained) == len(self.examples)
+
+    def load_group(self, examples: Sequence, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray,
+                   key: jax.Array, limits: Optional[np.ndarray] = None) -> None:
+        """Queue a new group (n x b prompts, tokens right-padded to the engine's prompt width);
+        `limits` [prompts, samples] optionally forces response lengths (benchmarks, tests)."""
+        if not self.at_group_boundary:
+            raise RuntimeError("load_group before every prompt of the current group was trained on")
+        if len(examples) < self.b:
+            raise ValueError(f"a group of {len(examples)} prompts is smaller than one harvest "
+                             f"(rollout.prompts={self.b})")
+        self._reset_group()
+        self.group += 1
+        self.examples = list(examples)
+        self.prompt_tokens = np.asarray(prompt_tokens, np.int32)
+        self.prompt_lengths = np.asarray(prompt_lengths, np.int32)
+        self.key = key
+        self.limits = None if limits is None else np.asarray(limits, np.int32)
+        for p in range(len(examples)):
+            for s in range(self.n):
+                self.queue.append(self._fresh(p, s))
+        self.state = self.engine.init_state()
+
+    def _fresh(self, prompt: int, sample: int) -> Request:
+        self.next_uid += 1
+        limit = self.engine.M if self.limits is None else int(self.limits[prompt, sample])
+        return Request(self.next_uid - 1, prompt, sample, limit=limit)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _fill(self, params) -> None:
+        free = [q for q in range(self.engine.Q) if q not in self.occupant]
+        take = []
+        while free and self.queue:
+            take.append((free.pop(0), self.queue.popleft()))
+        for resume in (False, True):
+            part = [(q, r) for q, r in take if (r.partial is not None) == resume]
+            if not part:
+                continue
+            slots = [q for q, _ in part]
+            reqs = [r for _, r in part]
+            idx = [r.prompt for r in reqs]
+            self.state = self.engine.insert(
+                params, self.state, self.key, slots, self.prompt_tokens[idx],
+                self.prompt_lengths[idx], [r.uid for r in reqs], limits=[r.limit for r in reqs],
+                partial=_cat([r.partial for r in reqs]) if resume else None)
+            self.occupant.update(part)
+
+    def next_batch(self, params, version: int):
+        """Decode until b prompts have all their samples finished; returns (examples [b],
+        prompt tokens [b*n, P], lengths [b*n], Finished [b*n] rows prompt-major, metrics)."""
+        eng = self.engine
+        stats0 = dataclasses.replace(eng.stats)
+        generated = 0
+        while len(self.complete) < self.b:
+            self._fill(params)
+            if not self.occupant:
+                raise RuntimeError("SortedRL: nothing left to decode before a harvest was complete")
+            self.state, done, _ = eng.segment(params, self.state, self.key, version)
+            finished = [q for q in self.occupant if done[q]]
+            if finished:
+                got = eng.harvest(self.state, finished)
+                for j, q in enumerate(finished):
+                    req = self.occupant.pop(q)
+                    self.done[req.prompt].append((req.sample, _row(got, j)))
+                    if len(self.done[req.prompt]) == self.n:
+                        self.complete.append(req.prompt)
+        take, self.complete = self.complete[:self.b], self.complete[self.b:]
+        rows = []
+        for p in take:
+            rows.extend(f for _, f in sorted(self.done.pop(p), key=lambda x: x[0]))
+            self.trained.add(p)
+        out = _cat(rows)
+        discarded = self._after_harvest(version)
+        generated = eng.stats.tokens - stats0.tokens
+        idx = np.repeat(np.asarray(take), self.n)
+        metrics = self._metrics(out, version, eng.stats, stats0, discarded, generated)
+        return ([self.examples[p] for p in take], self.prompt_tokens[idx], self.prompt_lengths[idx],
+                out, metrics)
+
+    def _after_harvest(self, version: int) -> int:
+        """Treat the unharvested responses by mode; returns the tokens discarded (on-policy)."""
+        eng = self.engine
+        slots = sorted(self.occupant)
+        partial = eng.harvest(self.state, slots) if slots else None
+        self.state = eng.release_all(self.state)
+        if self.cfg.mode == "on_policy":
+            discarded = 0 if partial is None else int(partial.lengths.sum())
+            prompts = sorted({self.occupant[q].prompt for q in slots} | set(self.done) | set(self.complete))
+            for p in self.complete:
+                for _, f in self.done[p]:
+                    discarded += int(f.lengths.sum())
+            for p in set(self.done) - set(self.complete):
+                discarded += sum(int(f.lengths.sum()) for _, f in self.done[p])
+            # re-queue every unharvested request of those prompts, in prompt order, first
+            requeue = [self._fresh(p, s) for p in prompts for s in range(self.n)]
+            self.queue = collections.deque(requeue + [r for r in self.queue if r.prompt not in prompts])
+            self.done.clear()
+            self.complete = []
+            self.occupant.clear()
+            return discarded
+        resumed = [dataclasses.replace(self.occupant[q], partial=_row(partial, j))
+                   for j, q in enumerate(slots)]
+        resumed.sort(key=lambda r: (r.prompt, r.sample))
+        self.queue = collections.deque(resumed + list(self.queue))
+        self.occupant.clear()
+        return 0
+
+    def _metrics(self, out: Finished, version: int, stats, stats0, discarded: int, generated: int) -> dict:
+        Q = self.engine.Q
+        idle = stats.idle_slot_seconds - stats0.idle_slot_seconds
+        seconds = stats.seconds - stats0.seconds
+        active = stats.active_slot_steps - stats0.active_slot_steps
+        slot_steps = stats.slot_steps - stats0.slot_steps
+        mask = np.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
+        stale = (version - out.version)[mask]
+        m = {
+            "rollout/bubble_wall": idle / max(seconds * Q, 1e-12),
+            "rollout/bubble_slots": 1.0 - active / max(slot_steps, 1),
+            "sorted/harvest_length_mean": float(out.lengths.mean()),
+            "sorted/harvest_length_max": float(out.lengths.max()),
+            "sorted/group": float(self.group),
+            "sorted/staleness_mean": float(stale.mean()) if stale.size else 0.0,
+            "sorted/staleness_max": float(stale.max()) if stale.size else 0.0,
+        }
+        for k in range(self.cfg.group_batches):
+            m[f"sorted/staleness_frac_{k}"] = float(np.mean(stale == k)) if stale.size else 0.0
+        if self.cfg.mode == "on_policy":
+            m["sorted/discarded_token_fraction"] = discarded / max(generated, 1)
+        return m

@@ -1,0 +1,210 @@
+"""The slot engine and the SortedRL scheduler: equal to the static sampler, per-request results
+under refills, harvests, versions, bubble ratios, resume and bad settings."""
+
+import dataclasses
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from sparserl_jax import kvcache as kv
+from sparserl_jax.model import transformer as tf
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout import sampler as smp
+from sparserl_jax.rollout.engine import SlotEngine, bubble_ratio
+from sparserl_jax.rollout.scheduler import SortedConfig, SortedScheduler
+from sparserl_jax.train import rollout_bubble
+
+CFG = ModelConfig.tiny("qwen2", vocab_size=64, n_layers=1)  # one layer: half the compile time
+PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))
+P = 10
+
+
+def _prompts(n, seed=7):
+    tokens = np.array(jax.random.randint(jax.random.key(seed), (n, P), 1, CFG.vocab_size), np.int32)
+    lengths = np.asarray(jax.random.randint(jax.random.key(seed + 1), (n,), 3, P + 1), np.int32)
+    tokens[np.arange(P)[None] >= lengths[:, None]] = 0
+    return tokens, lengths
+
+
+def _kv(policy, trigger="interval"):
+    return kv.KVConfig(policy=policy, budget=8, buffer=4, window=2, trigger=trigger,
+                       newline_token_ids=(3,))
+
+
+def _assert_same(got, ref, rows=None):
+    """Engine rows (Finished) equal the static sampler's (Rollout) on the generated tokens."""
+    rows = slice(None) if rows is None else rows
+    mask = np.asarray(ref.mask)[rows]
+    np.testing.assert_array_equal(got.lengths, np.asarray(ref.lengths)[rows])
+    np.testing.assert_array_equal(got.tokens, np.asarray(ref.tokens)[rows])
+    np.testing.assert_allclose(got.logprobs, np.asarray(ref.logprobs)[rows], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got.kept * mask, np.asarray(ref.kept)[rows] * mask)
+    np.testing.assert_array_equal(got.n_compressions, np.asarray(ref.n_compressions)[rows])
+
+
+@pytest.mark.parametrize("policy,trigger", [(p, "interval") for p in ("none", "streaming", "h2o", "snapkv", "rkv", "random")]
+                         + [("snapkv", "newline"), ("random", "newline")])
+def test_engine_with_enough_slots_equals_the_static_sampler(policy, trigger):
+    eng = _engine(policy, trigger)
+    tokens, lengths = _prompts(3)
+    ids = np.array([4, 0, 9], np.int32)
+    ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(2),
+                           eng.cfg, jnp.asarray(ids))
+    got = eng.run(PARAMS, jax.random.key(2), tokens, lengths, ids)
+    _assert_same(got, ref)
+    assert 0.0 <= eng.stats.bubble_slots() < 1.0
+
+
+# ----------------------------------------------------------------------------- refills
+
+N = 5  # requests in the refill tests, on Q = 3 slots
+M = 12
+ENGINES = {}
+
+
+def _engine(policy, trigger="interval"):
+    """One engine (and its compiled programs) per KV setting for the whole module: Q = 3."""
+    if (policy, trigger) not in ENGINES:
+        cfg = smp.SamplerConfig(max_new_tokens=M, eos_token_ids=(5,), kv=_kv(policy, trigger))
+        ENGINES[policy, trigger] = SlotEngine(CFG, cfg, 3, P, segment_chunks=1)
+    return ENGINES[policy, trigger]
+
+
+REFS = {}
+
+
+def _refill_case(policy):
+    """N = 5 requests and their static-sampler generation (one batch, no refills)."""
+    eng = _engine(policy)
+    if policy not in REFS:
+        tokens, lengths = _prompts(N, seed=3)
+        REFS[policy] = (tokens, lengths, smp.generate_jit(
+            PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(4), eng.cfg))
+    return (eng, *REFS[policy])
+
+
+@settings(max_examples=2, deadline=None)
+@given(order=st.permutations(range(N)), limits=st.lists(st.integers(1, M), min_size=N, max_size=N))
+@pytest.mark.parametrize("policy", ["none", "snapkv"])
+def test_refills_give_each_request_its_own_generation(policy, order, limits):
+    """With Q < N, any admission order and forced lengths, request r's tokens and log-probs are
+    those of its generation without refills (a prefix of it, when forced shorter); slots reused
+    after long occupants carry nothing over."""
+    eng, tokens, lengths, ref = _refill_case(policy)
+    order = np.asarray(order)
+    got = eng.run(PARAMS, jax.random.key(4), tokens[order], lengths[order], order, limits=np.asarray(limits))
+    full = np.asarray(ref.lengths)[order]
+    for j, r in enumerate(order):
+        n = min(limits[j], full[j])
+        assert got.lengths[j] == n
+        np.testing.assert_array_equal(got.tokens[j, :n], np.asarray(ref.tokens)[r, :n])
+        np.testing.assert_allclose(got.logprobs[j, :n], np.asarray(ref.logprobs)[r, :n], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got.kept[j, :n], np.asarray(ref.kept)[r, :n])
+        assert (got.tokens[j, n:] == 0).all() and (got.logprobs[j, n:] == 0).all()
+
+
+def test_bubble_ratio_equals_a_hand_computed_schedule():
+    # Eq. 4: intervals (running, seconds) with Q = 4: (0 * 1 + 2 * 1 + 4 * 0.5) / (2.5 * 4)
+    assert bubble_ratio([(4, 1.0), (2, 1.0), (0, 0.5)], 4) == pytest.approx(0.4)
+    # static batch: rows of 2 and 8 tokens run 8 steps: 1 - 10 / 16
+    assert rollout_bubble(np.array([2, 8]), 8, 4)["rollout/bubble_slots"] == pytest.approx(0.375)
+    # engine, Q = 3, segments of 4 steps, forced lengths 2, 8, 4, 4 (FIFO; these requests run
+    # past 8 tokens unforced): segment 1 runs requests 0 (2 steps), 1 (4) and 2 (4); 0 and 2 are
+    # replaced by 3; segment 2 runs 1 (4) and 3 (4): 18 active of 24 slot-steps
+    eng, tokens, lengths, ref = _refill_case("none")
+    rows = np.flatnonzero(np.asarray(ref.lengths) >= 8)[:4]
+    assert len(rows) == 4, "the example needs four requests of 8+ tokens"
+    stats0 = dataclasses.replace(eng.stats)
+    eng.run(PARAMS, jax.random.key(4), tokens[rows], lengths[rows], rows, limits=np.array([2, 8, 4, 4]))
+    assert eng.stats.active_slot_steps - stats0.active_slot_steps == 18
+    assert eng.stats.slot_steps - stats0.slot_steps == 24
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+def _scheduler(mode, group_batches=2, limits=None):
+    eng = _engine("none")
+    sched = SortedScheduler(eng, SortedConfig(mode=mode, slots=3, group_batches=group_batches),
+                            prompts_per_batch=2, samples=2)
+    tok, ln = _prompts(2 * group_batches, seed=11)
+    sched.load_group(list(range(len(tok))), tok, ln, jax.random.key(4), limits)
+    return sched
+
+
+@pytest.mark.parametrize("mode", ["on_policy", "partial"])
+def test_harvests_are_complete_groups_with_the_right_versions(mode):
+    """Exactly b = 2 complete groups per harvest; grouped loading trains every prompt of the
+    group once; on-policy tokens all have the current version; partial staleness < n."""
+    sched = _scheduler(mode, limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]))
+    seen = []
+    for version in range(2):
+        examples, ptok, plen, out, metrics = sched.next_batch(PARAMS, version)
+        assert len(examples) == 2 and out.tokens.shape[0] == 4
+        np.testing.assert_array_equal(ptok[::2], ptok[1::2])  # prompt-major: the 2 samples together
+        mask = np.arange(M)[None] < out.lengths[:, None]
+        assert (out.lengths >= 1).all()
+        if mode == "on_policy":
+            assert (out.version[mask] == version).all()
+            assert 0.0 <= metrics["sorted/discarded_token_fraction"] <= 1.0
+        else:
+            assert ((version - out.version[mask]) >= 0).all()
+            assert ((version - out.version[mask]) < 2).all()
+            # a token's version never decreases along a response
+            assert all((np.diff(out.version[i, :out.lengths[i]]) >= 0).all() for i in range(4))
+        seen.extend(examples)
+    assert sorted(seen) == [0, 1, 2, 3] and sched.at_group_boundary
+
+
+def test_partial_responses_resume_exactly_under_unchanged_weights():
+    """Partial mode with the same weights in every version: a response interrupted at a harvest
+    and resumed after re-prefilling prompt + partial response is the uninterrupted one (dense
+    cache), so its tokens, log-probs and versions were joined correctly."""
+    # forced lengths so that prompt 2's responses are mid-way at the first harvest (Q = 3,
+    # segments of 4 steps: prompts 0 and 1 complete after 3 segments, prompt 2 then has 8 tokens)
+    sched = _scheduler("partial", limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]))
+    eng = sched.engine
+    outs = []
+    for version in range(2):
+        _, ptok, plen, out, _ = sched.next_batch(PARAMS, version)
+        outs.append((ptok, plen, out))
+    resumed = 0
+    for ptok, plen, out in outs:
+        uids = _uids(sched, ptok)
+        ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(ptok), jnp.asarray(plen), sched.key, eng.cfg,
+                               jnp.asarray(uids), jnp.asarray(sched.limits.reshape(-1)[uids]))
+        np.testing.assert_array_equal(out.tokens, np.asarray(ref.tokens))
+        np.testing.assert_allclose(out.logprobs, np.asarray(ref.logprobs), rtol=1e-4, atol=1e-5)
+        resumed += int(sum(len(set(v[:n])) > 1 for v, n in zip(out.version, out.lengths)))
+    assert resumed > 0  # some response did span two versions
+
+
+def _uids(sched, ptok):
+    """Request ids of the rows (uids are 2 * prompt + sample in a fresh partial-mode group)."""
+    prompts = [int(np.flatnonzero((sched.prompt_tokens == row).all(axis=1))[0]) for row in ptok[::2]]
+    return np.array([2 * p + s for p in prompts for s in range(2)], np.int32)
+
+
+# ----------------------------------------------------------------------------- bad settings
+
+
+def test_bad_settings_name_the_setting():
+    cfg = smp.SamplerConfig(max_new_tokens=4, kv=_kv("none"))
+    mesh = types.SimpleNamespace(size=8, shape={"data": 4, "fsdp": 2})
+    with pytest.raises(ValueError, match=r"sorted\.slots=6 must be a multiple of mesh data x fsdp = 8"):
+        SlotEngine(CFG, cfg, 6, P, mesh=mesh)
+    with pytest.raises(ValueError, match=r"sorted\.group_batches=0"):
+        SortedConfig(group_batches=0)
+    with pytest.raises(ValueError, match=r"sorted\.mode='lazy'"):
+        SortedConfig(mode="lazy")
+    with pytest.raises(ValueError, match=r"record_kept"):
+        SlotEngine(CFG, dataclasses.replace(cfg, record_kept=True), 2, P)
+    from sparserl_jax.config import load_config
+
+    with pytest.raises(ValueError, match=r"rollout\.scheduler='fifo'"):
+        load_config([], ["rollout.scheduler=fifo"])
