@@ -166,7 +166,7 @@ def test_task_determinism_and_rewards(name):
         assert task.solve(prompt) == label
         ideal = task.demonstration(prompt)
         assert task.reward(ideal, label) == 1.0
-        wrong = str(int(label) + 1).zfill(len(label))
+        wrong = label[:-1] + ("0" if label[-1] != "0" else "1")
         assert task.reward(ideal.replace("\\boxed{" + label, "\\boxed{" + wrong), label) == 0.0
         assert task.reward(ideal.replace("\\boxed", "boxed"), label) == 0.0  # no boxed answer
         assert task.tokenizer().decode(task.tokenizer().encode(prompt + ideal)) == prompt + ideal  # in-alphabet
@@ -207,6 +207,8 @@ def test_kv_recall_answer_lives_early_in_the_prompt():
         ("copy_digits", {}, 100, 400),
         ("copy_digits", {"min_filler": 50, "max_filler": 50}, 8 + 50 + 28, 8 + 50 + 29),
         ("arithmetic", {}, 10, 20),
+        ("cycle_walk", {}, 17, 18),
+        ("cycle_walk", {"min_steps": 30, "max_steps": 40, "recall": 3}, 25, 25),
     ],
 )
 def test_prompt_lengths_in_tokens(name, options, lo, hi):
@@ -225,8 +227,55 @@ def test_copy_digits_needs_the_start():
     assert task.demonstration(prompt) == f"\\boxed{{{label}}}"
 
 
+def test_cycle_walk_writes_every_step_and_the_answer_needs_only_the_box():
+    task = get_task("cycle_walk", nodes="bdac", min_steps=3, max_steps=12)
+    for prompt, label in task.sample(np.random.default_rng(int(np.random.default_rng().integers(1 << 30))), 20):
+        start, steps = re.match(r"From ([a-z]), (\d+) steps:\n$", prompt).groups()
+        lines = task.demonstration(prompt).split("\n")
+        assert len(lines) == int(steps) + 1 and lines[-1] == f"\\boxed{{{label}}}"
+        walk = [start] + [line.split(" ")[1] for line in lines[:-1]]
+        assert [line[:2] for line in lines[:-1]] == [f"{i:02d}" for i in range(1, int(steps) + 1)]
+        assert all(task.nodes[(task.nodes.index(a) + 1) % 4] == b for a, b in zip(walk, walk[1:]))
+        assert label == walk[-1]
+        # the reward reads the final answer only: a wrong scratchpad with the right box scores 1
+        assert task.reward("01 z\n\\boxed{" + label + "}", label) == 1.0
+    with pytest.raises(ValueError, match="not a cycle_walk prompt"):
+        task.solve("From z, 3 steps:\n")  # z is not a node of the cycle
+
+
+@pytest.mark.parametrize("response", ["\\boxed{}", "\\boxed{gd", "gd", "\\boxed{g}", "\\boxed{dg}",
+                                      "\\boxed{gdd}", "boxed{gd}", ""])
+def test_cycle_walk_malformed_answers_score_zero(response):
+    task = get_task("cycle_walk", recall=2, min_steps=4, max_steps=6)
+    assert task.reward(response, "gd") == 0.0
+    assert task.reward("\\boxed{gd}", "gd") == 1.0
+
+
+def test_cycle_walk_recall_asks_an_early_step_written_by_the_model():
+    task = get_task("cycle_walk", min_steps=24, max_steps=40, recall=3)
+    for prompt, label in task.sample(np.random.default_rng(5), 50):
+        ask = int(re.search(r"ask (\d+):", prompt).group(1))
+        walk = task.walk(prompt)
+        assert 1 <= ask <= 3 and label == walk[ask - 1] + walk[-1]
+        demo = task.demonstration(prompt)
+        # the asked node sits >= 5 * (24 - 3) tokens before the answer, and not in the prompt
+        assert demo.index(f"{ask:02d} {walk[ask - 1]}\n") + 5 * 21 <= demo.index("\\boxed")
+        assert len(TOK.encode(prompt)) <= 25 < 5 * 24
+
+
+def test_cycle_walk_long_tail_lengths():
+    uniform = get_task("cycle_walk", min_steps=2, max_steps=23)
+    tail = get_task("cycle_walk", min_steps=2, max_steps=23, lengths="long_tail", tail_alpha=1.0)
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    steps = {t: np.array([len(t.walk(p)) for p, _ in t.sample(rng, 2000)]) for t in (uniform, tail)}
+    u, s = steps[uniform], steps[tail]
+    assert u.min() >= 2 and u.max() <= 23 and abs(np.median(u) - 12.5) < 2
+    assert s.min() >= 2 and s.max() == 23  # clipped at the cap
+    assert np.median(s) <= 5 and 0.03 < np.mean(s == 23) < 0.2 and np.mean(s) > np.median(s) + 2
+
+
 def test_task_registry_errors():
-    with pytest.raises(ValueError, match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'copy_digits', 'kv_recall'\]"):
+    with pytest.raises(ValueError, match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'copy_digits', 'cycle_walk', 'kv_recall'\]"):
         get_task("sudoku")
     with pytest.raises(ValueError, match=r"has no option\(s\) \['pairs'\]; accepted"):
         get_task("kv_recall", pairs=3)
@@ -238,3 +287,10 @@ def test_task_registry_errors():
         get_task("arithmetic", ops="*")
     with pytest.raises(ValueError, match="n_terms"):
         get_task("arithmetic", n_terms=1)
+    for options, match in [({"nodes": "aab"}, "nodes='aab'"), ({"max_steps": 120}, "max_steps=120"),
+                           ({"lengths": "zipf"}, r"lengths='zipf'; accepted: \['uniform', 'long_tail'\]"),
+                           ({"recall": 5, "min_steps": 3}, "recall=5 must be in"),
+                           ({"min_steps": 9, "max_steps": 3}, r"min_steps, max_steps\)=\(9, 3\)"),
+                           ({"tail_alpha": 0.0}, "tail_alpha=0.0")]:
+        with pytest.raises(ValueError, match=match):
+            get_task("cycle_walk", **options)

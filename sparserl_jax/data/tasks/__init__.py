@@ -8,12 +8,14 @@ import typing
 from sparserl_jax.data.tasks.arithmetic import ArithmeticTask
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, Task
 from sparserl_jax.data.tasks.copy_digits import CopyDigitsTask
+from sparserl_jax.data.tasks.cycle_walk import CycleWalkTask
 from sparserl_jax.data.tasks.kv_recall import KVRecallTask
 
 TASKS: dict[str, type] = {
     "arithmetic": ArithmeticTask,
     "kv_recall": KVRecallTask,
     "copy_digits": CopyDigitsTask,
+    "cycle_walk": CycleWalkTask,
 }
 
 
@@ -32,4 +34,5 @@ def get_task(name: str, **options) -> Task:
     return cls(**{k: coerce(v, hints[k], f"data.task_options.{k}") for k, v in options.items()})
 
 
-__all__ = ["TASKS", "Task", "BoxedAnswerTask", "get_task", "ArithmeticTask", "KVRecallTask", "CopyDigitsTask"]
+__all__ = ["TASKS", "Task", "BoxedAnswerTask", "get_task", "ArithmeticTask", "KVRecallTask", "CopyDigitsTask",
+           "CycleWalkTask"]

@@ -1,0 +1,95 @@
+"""Walk a fixed cycle step by step and write every step: a long-response scratchpad task.
+
+Prompt "From c, 14 steps:\\n" (with `recall` > 0: "From c, 14 steps, ask 3:\\n"). The model has
+learned one fixed cycle of nodes (`nodes`, each node's successor is the next letter, wrapping);
+the ideal response writes one numbered line per step and then the final node:
+
+    01 f\\n02 c\\n ... 14 d\\n\\boxed{d}          (recall 0)
+    01 f\\n02 c\\n ... 14 d\\n\\boxed{gd}         (recall > 0: the node of step 3, then the last)
+
+Each line costs 5 tokens with the char tokenizer, so a response is 5 * steps + 9 (or 10) tokens:
+the prompt is short and fits any KV budget while the response does not. Settings:
+
+- `min_steps`, `max_steps`: the range of the walk's length (<= 99: two-digit line numbers);
+- `lengths`: "uniform" over the range, or "long_tail": min_steps * (1 + Pareto(tail_alpha)),
+  clipped to max_steps - many short walks and a few at the cap (a long-tailed length workload
+  for SortedRL);
+- `recall`: 0, or ask for the node of a step q ~ U[1, recall] as well. That node was written by
+  the model itself 5 * (steps - q) tokens before the answer, so an eviction policy that dropped
+  it loses state the answer needs (the Sparse-RL regime: eviction removes the model's own
+  earlier reasoning).
+
+The reward checks the boxed answer only (exact match).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
+
+_PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d+))?:\n")
+LENGTHS = ("uniform", "long_tail")
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleWalkTask(BoxedAnswerTask):
+    """A walk of `steps` steps along the fixed cycle `nodes` from a random start node."""
+
+    name = "cycle_walk"
+    nodes: str = "adgbehcf"
+    min_steps: int = 2
+    max_steps: int = 24
+    lengths: str = "uniform"
+    tail_alpha: float = 1.0
+    recall: int = 0
+
+    def __post_init__(self):
+        if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes) or not self.nodes.isalpha() \
+                or not self.nodes.islower():
+            raise ValueError(f"cycle_walk nodes={self.nodes!r} must be >= 2 distinct lowercase letters")
+        check_range("cycle_walk (min_steps, max_steps)", self.min_steps, self.max_steps, 1)
+        if self.max_steps > 99:
+            raise ValueError(f"cycle_walk max_steps={self.max_steps} must be <= 99 (two-digit lines)")
+        if self.lengths not in LENGTHS:
+            raise ValueError(f"cycle_walk lengths={self.lengths!r}; accepted: {list(LENGTHS)}")
+        if self.tail_alpha <= 0:
+            raise ValueError(f"cycle_walk tail_alpha={self.tail_alpha} must be > 0")
+        if not 0 <= self.recall <= self.min_steps:
+            raise ValueError(f"cycle_walk recall={self.recall} must be in [0, min_steps="
+                             f"{self.min_steps}] (the asked step must exist in every walk)")
+
+    def _steps(self, rng: np.random.Generator) -> int:
+        if self.lengths == "uniform":
+            return int(rng.integers(self.min_steps, self.max_steps + 1))
+        return int(min(self.min_steps * (1.0 + rng.pareto(self.tail_alpha)), self.max_steps))
+
+    def sample_one(self, rng: np.random.Generator) -> tuple[str, str]:
+        start = self.nodes[int(rng.integers(len(self.nodes)))]
+        steps = self._steps(rng)
+        ask = f", ask {int(rng.integers(1, self.recall + 1))}" if self.recall else ""
+        prompt = f"From {start}, {steps} steps{ask}:\n"
+        return prompt, self.solve(prompt)
+
+    def walk(self, prompt: str) -> list[str]:
+        """The nodes of steps 1..steps."""
+        start, steps, _ = self._parse(prompt)
+        i = self.nodes.index(start)
+        return [self.nodes[(i + s) % len(self.nodes)] for s in range(1, steps + 1)]
+
+    def _parse(self, prompt: str) -> tuple[str, int, int]:
+        m = _PROMPT_RE.match(prompt)
+        if m is None or m.group(1) not in self.nodes:
+            raise ValueError(f"not a cycle_walk prompt for nodes={self.nodes!r}: {prompt[:60]!r}")
+        return m.group(1), int(m.group(2)), int(m.group(3) or 0)
+
+    def solve(self, prompt: str) -> str:
+        _, _, ask = self._parse(prompt)
+        path = self.walk(prompt)
+        return (path[ask - 1] if ask else "") + path[-1]
+
+    def working(self, prompt: str) -> str:
+        return "\n".join(f"{s:02d} {node}" for s, node in enumerate(self.walk(prompt), start=1))
