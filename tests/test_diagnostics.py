@@ -1,15 +1,21 @@
 """Rollout diagnostics: the loop detector, SARS rejections by advantage sign and position (the
 update's own accept mask), and their presence in every training iteration's metrics."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fresh_rng import rng_from
+from sparserl_jax.config import load_config
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import diagnostics as D
 from sparserl_jax.rl.corrections import compute_corrections, mismatch_metrics
+from sparserl_jax.train import Trainer
+
+SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 
 
 def _unit(rng, n):
@@ -129,3 +135,19 @@ def test_response_tokens_follow_the_batch_layout():
     assert lengths.tolist() == [2, 4]
     assert resp[0, :2].tolist() == [21, 22] and resp[1, :4].tolist() == [21, 22, 23, 24]
 
+
+def test_every_iteration_logs_the_diagnostics(tmp_path):
+    cfg = load_config([SMOKE], [f"train.out_dir={tmp_path}", "train.progress=false", "sft.steps=2",
+                                "train.iterations=2"])
+    history = Trainer(cfg).run()
+    assert len(history) == 2
+    for h in history:
+        missing = [k for k in D.DIAGNOSTIC_KEYS if k not in h]
+        assert not missing, missing
+        assert all(np.isfinite(h[k]) for k in D.DIAGNOSTIC_KEYS)
+        assert h["time/diagnostics_s"] >= 0
+        assert h["diag/mismatch_kl_k3"] == pytest.approx(h["mismatch/kl_k3"], rel=1e-4, abs=1e-7)
+        assert h["diag/veto_rate"] == pytest.approx(h["sars/veto_rate"], abs=1e-6)
+        assert h["diag/response_length_mean"] == pytest.approx(h["response/length_mean"])
+        hist = sum(h[f"diag/reject_pos_{i}"] for i in range(D.N_BINS))
+        assert hist == pytest.approx(1.0 if h["sars/token_reject_rate"] > 0 else 0.0)
