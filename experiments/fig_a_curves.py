@@ -8,6 +8,11 @@ Every arm starts from the same warm start with the same KV budget; seeds change 
 only. Curves are the mean over seeds with a one-standard-deviation band. "Collapse" is reported
 as the first iteration at which the 5-iteration moving average of the training reward falls below
 half of its value over the first 5 iterations (none if it never does).
+
+diagnostics.png follows the rollouts themselves (sparserl_jax/rl/diagnostics.py): SARS token
+rejection among responses with positive and negative advantage, the veto rate, the fraction of
+responses caught in a repetition loop, response length and the sampler-vs-dense mismatch KL per
+iteration (mean over seeds), and where in a response the rejected tokens sit at the last iteration.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 
 import figlib
 from figlib import fmt
+from sparserl_jax.rl.diagnostics import N_BINS
 
 ARMS = {  # arm -> (rl.mode, sparse rollouts?)
     "dense": ("dense", False),
@@ -30,6 +36,24 @@ CURVES = {
     "sars/token_reject_rate": "token rejection rate",
 }
 
+DIAG_TABLE = {  # diagnostic -> (column, format), last-quarter means
+    "diag/reject_rate_pos_adv": ("reject A>0", ".3f"),
+    "diag/reject_rate_neg_adv": ("reject A<0", ".3f"),
+    "diag/veto_rate": ("veto rate", ".3f"),
+    "diag/loop_fraction": ("loop fraction", ".3f"),
+    "diag/response_length_mean": ("response length", ".1f"),
+    "diag/mismatch_kl_k3": ("mismatch KL (k3)", ".4f"),
+    "diag/mismatch_logratio_mean": ("mean log pi_sparse/pi_old", ".4f"),
+}
+DIAG_CURVES = {  # panel title -> [(diagnostic, line style)]
+    "SARS token rejection (solid A>0, dashed A<0)": [("diag/reject_rate_pos_adv", "-"),
+                                                     ("diag/reject_rate_neg_adv", "--")],
+    "sequence veto rate": [("diag/veto_rate", "-")],
+    "responses in a repetition loop": [("diag/loop_fraction", "-")],
+    "response length": [("diag/response_length_mean", "-")],
+    "mismatch KL(pi_sparse || pi_old), k3": [("diag/mismatch_kl_k3", "-")],
+}
+
 
 def collapse_iteration(history: list[dict], window: int = 5) -> int | None:
     r = np.array([h["reward/mean"] for h in history])
@@ -38,6 +62,38 @@ def collapse_iteration(history: list[dict], window: int = 5) -> int | None:
     smooth = np.convolve(r, np.ones(window) / window, mode="valid")
     below = np.nonzero(smooth < 0.5 * smooth[0])[0]
     return int(below[0]) + window if below.size else None
+
+
+def diagnostics_summary(history: list[dict]) -> dict:
+    """Last-quarter means of the rollout diagnostics (nan for runs logged before them)."""
+    return {key: figlib.last_quarter(history, key, np.nan) for key in DIAG_TABLE}
+
+
+def diagnostics_figure(histories: dict[str, list[list[dict]]]):
+    """The diagnostics per iteration (mean over seeds, one colour per arm) and the relative
+    position of rejected tokens at the final iteration."""
+    fig, axes = figlib.plt.subplots(2, 3, figsize=(13, 6.4))
+    axes = axes.ravel()
+    colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
+    for ax, (title, keys) in zip(axes, DIAG_CURVES.items()):
+        for arm, hs in histories.items():
+            for key, style in keys:
+                x, m, _ = figlib.curve(hs, key)
+                ax.plot(x, m, style, color=colours[arm], label=arm if style == "-" else None)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration")
+    axes[0].legend(fontsize=7)
+    ax, width = axes[-1], 0.8 / len(histories)
+    centres = (np.arange(N_BINS) + 0.5) / N_BINS
+    for i, (arm, hs) in enumerate(histories.items()):
+        hist = np.mean([[h[-1].get(f"diag/reject_pos_{b}", np.nan) for b in range(N_BINS)]
+                        for h in hs if h], axis=0)
+        ax.bar(centres + (i - (len(histories) - 1) / 2) * width / N_BINS, hist,
+               width=width / N_BINS, color=colours[arm], label=arm)
+    ax.set_title("rejected tokens by position in the response (last iteration)", fontsize=9)
+    ax.set_xlabel("relative position j / M")
+    ax.set_ylabel("fraction of rejected tokens")
+    return fig
 
 
 def run_arms(study: figlib.Study, seeds, arms=ARMS) -> dict:
@@ -94,6 +150,22 @@ def main(argv=None) -> dict:
             f"{', '.join('none' if c is None else str(c) for c in collapses)} |"
         )
 
+    diag = {arm: [diagnostics_summary(r.history) for r in rs] for arm, rs in runs.items()}
+    lines += [
+        "",
+        "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
+        "update leaves out, SARS and IBR-mask alike):",
+        "",
+        "| arm | " + " | ".join(col for col, _ in DIAG_TABLE.values()) + " |",
+        "|---|" + "---|" * len(DIAG_TABLE),
+    ]
+    for arm, rows in diag.items():
+        lines.append(f"| {arm} | " + " | ".join(fmt([r[k] for r in rows], spec)
+                                                for k, (_, spec) in DIAG_TABLE.items()) + " |")
+    lines += ["", "![diagnostics](diagnostics.png)"]
+    histories = {arm: [r.history for r in rs] for arm, rs in runs.items()}
+    figlib.save_figure(out, diagnostics_figure(histories), "diagnostics")
+
     fig, axes = figlib.plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
     for ax, (key, label) in zip(axes, CURVES.items()):
         for arm, rs in runs.items():
@@ -104,7 +176,7 @@ def main(argv=None) -> dict:
         ax.set_xlabel("iteration")
     axes[0].legend()
     data = {"warm_start": warm_row, "per_seed": per_seed, "seeds": args.seeds,
-            "histories": {arm: [r.history for r in rs] for arm, rs in runs.items()}}
+            "histories": histories, "diagnostics": diag}
     figlib.write_outputs(out, "Figure a: training curves", "\n".join(lines), data, fig, "curves", study)
     return data
 

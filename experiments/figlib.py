@@ -347,12 +347,18 @@ def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figu
         f.write(f"# {title}\n\nCommand: `{command}`\n\n{markdown}\n\n![{figure_name}]({figure_name}.png)\n")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"command": command, **data}, f, indent=1, default=float)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, f"{figure_name}.png"), dpi=110)
-    plt.close(fig)
+    save_figure(out_dir, fig, figure_name)
     if study is not None:
         dump_config(study.base, os.path.join(out_dir, "config.yaml"))
     print(markdown)
+
+
+def save_figure(out_dir: str, fig, name: str) -> None:
+    """<out_dir>/<name>.png (a figure's extra plots; write_outputs saves its main one)."""
+    os.makedirs(out_dir, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=110)
+    plt.close(fig)
 
 
 def default_out(name: str) -> str:

@@ -39,6 +39,7 @@ from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.metrics_log import MetricsLogger
 from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
+from sparserl_jax.rl.diagnostics import rollout_diagnostics
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_score_fn, make_update_fn
 from sparserl_jax.rollout.engine import SlotEngine
@@ -362,15 +363,22 @@ class Trainer:
         batch["ref_logp"] = self.score(self.ref_params, batch["tokens"])
         jax.block_until_ready(batch["ref_logp"])
         t1 = time.perf_counter()
+        # host-side diagnostics of this rollout batch (SARS as the update applies it, loops, mismatch)
+        host = distributed.to_host({k: batch[k] for k in
+                                    ("tokens", "response_mask", "sampler_logp", "old_logp", "advantages")})
+        metrics.update(rollout_diagnostics(host["tokens"], host["response_mask"], host["sampler_logp"],
+                                           host["old_logp"], host["advantages"], self.cfg.rl))
+        t2 = time.perf_counter()
         self.params, self.opt_state, upd = self.update(self.params, self.opt_state, batch)
         upd = distributed.to_host(upd)
-        t2 = time.perf_counter()
-        n_tokens = float(np.sum(distributed.to_host(batch["response_mask"])))
+        t3 = time.perf_counter()
+        n_tokens = float(np.sum(host["response_mask"]))
         metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in upd.items()})
         metrics.update({
             "time/score_s": t1 - t0,
-            "time/update_s": t2 - t1,
-            "throughput/update_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
+            "time/diagnostics_s": t2 - t1,
+            "time/update_s": t3 - t2,
+            "throughput/update_tokens_per_s": n_tokens / max(t3 - t2, 1e-9),
         })
         if not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) > 0:
             self.log(f"iteration {self.iteration}: {int(metrics.get('update/skipped', 0))} "

@@ -6,6 +6,7 @@ import os
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
@@ -51,6 +52,9 @@ def test_fig_a_curves(runs_dir, tmp_path):
         assert (rows[0]["train_kv_saving"] > 0.2) == (arm != "dense")
     assert all(len(h) == 2 for h in data["histories"]["sparse_rl"])
     assert "| sparse_rl |" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "diagnostics.png").stat().st_size > 0
+    assert "loop fraction" in (tmp_path / "results.md").read_text()
+    assert all(np.isfinite(d["diag/loop_fraction"]) for d in saved["diagnostics"]["sparse_rl"])
 
 
 def test_runs_are_cached_and_shared(runs_dir):

@@ -1,0 +1,166 @@
+"""Per-iteration rollout diagnostics for Sparse-RL (methods.md 1.2, 1.7), on the host in NumPy.
+
+What the update's own metrics do not show: whom SARS rejects (responses with positive or
+negative advantage A), where in a response the rejected tokens sit, how often the sampler
+pi_sparse falls into repetition loops (the paper's collapse symptom), and the per-token mismatch
+between pi_sparse and the dense old policy pi_old. The SARS accept mask and veto come from
+corrections.behaviour_terms, the function the update step uses, so they are the update's own.
+
+Inputs follow sparserl_jax/rl/batch.py: [B, T] arrays where position t scores tokens[t + 1] and
+the response mask marks the response tokens (a contiguous run per row).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from sparserl_jax.rl.config import RLConfig
+from sparserl_jax.rl.corrections import behaviour_terms
+
+N_BINS = 10
+DIAGNOSTIC_KEYS = (
+    "diag/reject_rate_pos_adv",
+    "diag/reject_rate_neg_adv",
+    "diag/veto_rate",
+    *(f"diag/reject_pos_{i}" for i in range(N_BINS)),
+    "diag/loop_fraction",
+    "diag/mismatch_kl_k3",
+    "diag/mismatch_logratio_mean",
+    "diag/response_length_mean",
+)
+
+_behaviour_terms = jax.jit(behaviour_terms, static_argnames="cfg")
+
+
+# ----------------------------------------------------------------------------- repetition loops
+
+
+def _has_run(eq: np.ndarray, k: int) -> bool:
+    """Does the boolean vector hold k consecutive Trues?"""
+    if k <= 0:
+        return True
+    c = np.concatenate([[0], np.cumsum(eq)])
+    return bool(np.any(c[k:] - c[:-k] == k))
+
+
+def has_loop(token_ids, min_span: int = 10, min_repeats: int = 2) -> bool:
+    """Is there a repetition loop: a span x[i : i + L] with L >= min_span followed back to back by
+    min_repeats - 1 exact copies of itself (x[i : i + min_repeats * L] has period L)?
+
+    A shorter unit repeated often enough counts (its multiples are such spans: 4 copies of a
+    9-token unit hold 2 copies of an 18-token span); a copy with one token changed does not.
+    Candidate L are the distances between equal min_span-grams (rounded up to a multiple >=
+    min_span when shorter); each candidate is checked exactly, so this costs O(n) per distinct
+    candidate and stops at the first loop found."""
+    x = np.asarray(token_ids).ravel().astype(np.int64)
+    n, s, m = x.size, min_span, min_repeats
+    if s < 1 or m < 2:
+        raise ValueError(f"has_loop needs min_span >= 1 and min_repeats >= 2, got {s}, {m}")
+    if n < s * m:
+        return False
+    # hash of every s-gram (collisions only add candidates: the check below is exact)
+    h = np.zeros(n - s + 1, np.uint64)
+    for k in range(s):
+        h = h * np.uint64(1_000_003) + x[k : n - s + 1 + k].astype(np.uint64)
+    order = np.argsort(h, kind="stable")  # equal s-grams together, positions ascending
+    h_sorted = h[order]
+    tried = set()
+    for lag in range(1, h.size):
+        same = h_sorted[lag:] == h_sorted[:-lag]
+        if not same.any():
+            return False
+        d = order[lag:][same] - order[:-lag][same]
+        for L in np.unique(-(-np.maximum(s, d) // d) * d):  # smallest multiple of d >= s
+            L = int(L)
+            if L > n // m or L in tried:
+                continue
+            tried.add(L)
+            if _has_run(x[:-L] == x[L:], (m - 1) * L):
+                return True
+    return False
+
+
+def loop_fraction(tokens, lengths, min_span: int = 10, min_repeats: int = 2) -> float:
+    """Fraction of responses (tokens [B, M] left-aligned, the first lengths[b] valid) that loop."""
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    if tokens.shape[0] == 0:
+        return 0.0
+    return float(np.mean([has_loop(tokens[b, : lengths[b]], min_span, min_repeats)
+                          for b in range(tokens.shape[0])]))
+
+
+def response_tokens(tokens, response_mask) -> tuple[np.ndarray, np.ndarray]:
+    """(responses [B, T] left-aligned, lengths [B]) from a batch's tokens and response mask."""
+    tokens, mask = np.asarray(tokens), np.asarray(response_mask, bool)
+    B, T = tokens.shape
+    start = np.argmax(mask, axis=1) + 1  # mask at t means tokens[t + 1] is a response token
+    idx = np.minimum(start[:, None] + np.arange(T)[None], T - 1)
+    return np.take_along_axis(tokens, idx, axis=1), mask.sum(axis=1)
+
+
+# ----------------------------------------------------------------------------- SARS rejections
+
+
+def rejection_diagnostics(accept, veto, response_mask, advantages, n_bins: int = N_BINS) -> dict:
+    """Who SARS rejects and where.
+
+    diag/reject_rate_pos_adv, _neg_adv: fraction of response tokens not accepted among responses
+    with A > 0 (A < 0); 0 when there are none. diag/veto_rate: fraction of responses (with any
+    response token) vetoed. diag/reject_pos_i: rejected tokens by relative position j / M in
+    their response (token j of M, n_bins equal bins), as fractions of all rejected tokens
+    (all 0 when none is rejected)."""
+    mask = np.asarray(response_mask, bool)
+    reject = mask & ~np.asarray(accept, bool)
+    adv = np.asarray(advantages, np.float32)
+    out = {}
+    for name, rows in (("pos", adv > 0), ("neg", adv < 0)):
+        n = mask[rows].sum()
+        out[f"diag/reject_rate_{name}_adv"] = float(reject[rows].sum() / n) if n else 0.0
+    has_tokens = mask.any(axis=1)
+    veto = np.asarray(veto, bool)
+    out["diag/veto_rate"] = float(veto[has_tokens].mean()) if has_tokens.any() else 0.0
+
+    lengths = mask.sum(axis=1)
+    j = np.arange(mask.shape[1])[None] - np.argmax(mask, axis=1)[:, None]  # index in the response
+    rows, cols = np.nonzero(reject)
+    bins = (j[rows, cols] * n_bins) // lengths[rows]
+    hist = np.bincount(bins, minlength=n_bins).astype(np.float64)
+    hist = hist / hist.sum() if hist.sum() else hist
+    out.update({f"diag/reject_pos_{i}": float(v) for i, v in enumerate(hist)})
+    return out
+
+
+# ----------------------------------------------------------------------------- all of them
+
+
+def rollout_diagnostics(
+    tokens,
+    response_mask,
+    sampler_logp,
+    old_logp,
+    advantages,
+    cfg: RLConfig,
+    *,
+    min_span: int = 10,
+    min_repeats: int = 2,
+    n_bins: int = N_BINS,
+) -> dict[str, float]:
+    """Every diagnostic of one rollout batch (DIAGNOSTIC_KEYS at the default n_bins).
+
+    SARS accept/veto as the update computes them (behaviour_terms with cfg). diag/mismatch_kl_k3:
+    mean over response tokens of xi - log xi - 1, the k3 estimate of KL(pi_sparse || pi_old)
+    with xi = pi_old / pi_sparse (clamped as in the update); diag/mismatch_logratio_mean: mean
+    of log pi_sparse - log pi_old (the k1 estimate). Dense modes accept every token."""
+    mask = np.asarray(response_mask, bool)
+    old = np.asarray(old_logp, np.float32)
+    sampler = np.asarray(sampler_logp, np.float32)
+    xi, accept, veto, _ = jax.device_get(_behaviour_terms(old, sampler, mask, cfg=cfg))
+    out = rejection_diagnostics(accept, veto, mask, advantages, n_bins)
+    resp, lengths = response_tokens(tokens, mask)
+    out["diag/loop_fraction"] = loop_fraction(resp, lengths, min_span, min_repeats)
+    n = max(int(mask.sum()), 1)
+    out["diag/mismatch_kl_k3"] = float(np.sum(np.where(mask, xi - np.log(xi) - 1.0, 0.0)) / n)
+    out["diag/mismatch_logratio_mean"] = float(np.sum(np.where(mask, sampler - old, 0.0)) / n)
+    out["diag/response_length_mean"] = float(lengths.mean()) if lengths.size else 0.0
+    return out
