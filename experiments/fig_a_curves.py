@@ -116,7 +116,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = p.parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_a_curves")
+    out = args.out or figlib.default_out("fig_a_curves", args.config)
     policy = study.base.kv.policy
     runs = run_arms(study, args.seeds)
     warm = study.warm_start()

@@ -23,7 +23,7 @@ def main(argv=None) -> dict:
     p.add_argument("--mode", default="sparse_rl", help="rl.mode of the budget-specific runs")
     args = p.parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_b_budget")
+    out = args.out or figlib.default_out("fig_b_budget", args.config)
     policy = study.base.kv.policy
     warm = study.warm_start()
     study.train_all([dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds]

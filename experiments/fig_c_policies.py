@@ -25,7 +25,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = p.parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_c_policies")
+    out = args.out or figlib.default_out("fig_c_policies", args.config)
 
     cells = []  # (policy, mode) rows
     study.train_all([dict(name=f"{policy}/{mode}/seed{s}", mode=mode, policy=policy, seed=s)

@@ -27,7 +27,7 @@ VARIANTS = {  # name -> (rl.mode, extra overrides)
 def main(argv=None) -> dict:
     args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_d_corrections")
+    out = args.out or figlib.default_out("fig_d_corrections", args.config)
     policy = study.base.kv.policy
     results, histories = figlib.run_variants(
         study, args.variants, args.seeds, lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),

@@ -27,7 +27,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = p.parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_e_robustness")
+    out = args.out or figlib.default_out("fig_e_robustness", args.config)
     train_policy = study.base.kv.policy
     models = {
         "warm start": [study.warm_start()],

@@ -42,7 +42,7 @@ def row(run) -> dict:
 def main(argv=None) -> dict:
     args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_qurl")
+    out = args.out or figlib.default_out("fig_qurl", args.config)
     sparse = study.base.kv.policy
 
     def arm_of(name):

@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     p.set_defaults(config=LONG_TAIL_CONFIG)
     args = p.parse_args(argv)
     study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_sortedrl")
+    out = args.out or figlib.default_out("fig_sortedrl", args.config, LONG_TAIL_CONFIG)
     b = study.base
     sparse = b.kv.policy if b.kv.policy != "none" else "snapkv"
     iters = b.train.iterations

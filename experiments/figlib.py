@@ -309,7 +309,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     p.add_argument("--config", default=DEFAULT_CONFIG, help="the base YAML config")
-    p.add_argument("--out", help="output directory (default experiments/results/<figure>)")
+    p.add_argument("--out", help="output directory (default experiments/results/<figure>, or "
+                   "<figure>/<config stem> for another --config)")
     p.add_argument("--runs-dir", default=DEFAULT_RUNS, help="cache of training runs, shared by figures")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
     p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
@@ -361,6 +362,11 @@ def save_figure(out_dir: str, fig, name: str) -> None:
     plt.close(fig)
 
 
-def default_out(name: str) -> str:
-    return os.path.join(HERE, "results", name)
+def default_out(name: str, config: str = DEFAULT_CONFIG, default_config: str = DEFAULT_CONFIG) -> str:
+    """experiments/results/<figure>, or .../<figure>/<config stem> for another base config (so
+    a second regime never overwrites the first)."""
+    out = os.path.join(HERE, "results", name)
+    if os.path.abspath(config) == os.path.abspath(default_config):
+        return out
+    return os.path.join(out, os.path.splitext(os.path.basename(config))[0])
 
