@@ -208,7 +208,7 @@ def test_kv_recall_answer_lives_early_in_the_prompt():
         ("copy_digits", {"min_filler": 50, "max_filler": 50}, 8 + 50 + 28, 8 + 50 + 29),
         ("arithmetic", {}, 10, 20),
         ("cycle_walk", {}, 17, 18),
-        ("cycle_walk", {"min_steps": 30, "max_steps": 40, "recall": 3}, 25, 25),
+        ("cycle_walk", {"min_steps": 30, "max_steps": 40, "recall": 3}, 26, 26),
     ],
 )
 def test_prompt_lengths_in_tokens(name, options, lo, hi):
@@ -251,16 +251,23 @@ def test_cycle_walk_malformed_answers_score_zero(response):
     assert task.reward("\\boxed{gd}", "gd") == 1.0
 
 
-def test_cycle_walk_recall_asks_an_early_step_written_by_the_model():
-    task = get_task("cycle_walk", min_steps=24, max_steps=40, recall=3)
-    for prompt, label in task.sample(np.random.default_rng(5), 50):
-        ask = int(re.search(r"ask (\d+):", prompt).group(1))
+@pytest.mark.parametrize("numbering", ["up", "down"])
+def test_cycle_walk_recall_asks_an_early_step_written_by_the_model(numbering):
+    task = get_task("cycle_walk", min_steps=24, max_steps=40, recall=3, numbering=numbering)
+    for prompt, label in task.sample(np.random.default_rng(int(np.random.default_rng().integers(1 << 30))), 50):
+        steps, ask = map(int, re.match(r"From [a-z], (\d+) steps, ask (\d\d):\n$", prompt).groups())
+        q = ask if numbering == "up" else steps - ask + 1  # the asked step
         walk = task.walk(prompt)
-        assert 1 <= ask <= 3 and label == walk[ask - 1] + walk[-1]
+        assert 1 <= q <= 3 and label == walk[q - 1] + walk[-1]
         demo = task.demonstration(prompt)
+        lines = demo.split("\n")
+        labels = [int(line[:2]) for line in lines[:-1]]
+        assert labels == (list(range(1, steps + 1)) if numbering == "up" else list(range(steps, 0, -1)))
         # the asked node sits >= 5 * (24 - 3) tokens before the answer, and not in the prompt
-        assert demo.index(f"{ask:02d} {walk[ask - 1]}\n") + 5 * 21 <= demo.index("\\boxed")
-        assert len(TOK.encode(prompt)) <= 25 < 5 * 24
+        assert demo.index(f"{ask:02d} {walk[q - 1]}\n") + 5 * 21 <= demo.index("\\boxed")
+        assert len(TOK.encode(prompt)) <= 26 < 5 * 24
+    with pytest.raises(ValueError, match="asks for line 45 of 30"):
+        task.solve("From a, 30 steps, ask 45:\n")
 
 
 def test_cycle_walk_long_tail_lengths():
@@ -291,6 +298,7 @@ def test_task_registry_errors():
                            ({"lengths": "zipf"}, r"lengths='zipf'; accepted: \['uniform', 'long_tail'\]"),
                            ({"recall": 5, "min_steps": 3}, "recall=5 must be in"),
                            ({"min_steps": 9, "max_steps": 3}, r"min_steps, max_steps\)=\(9, 3\)"),
-                           ({"tail_alpha": 0.0}, "tail_alpha=0.0")]:
+                           ({"tail_alpha": 0.0}, "tail_alpha=0.0"),
+                           ({"numbering": "sideways"}, r"numbering='sideways'; accepted: \['up', 'down'\]")]:
         with pytest.raises(ValueError, match=match):
             get_task("cycle_walk", **options)

@@ -1,11 +1,12 @@
 """Walk a fixed cycle step by step and write every step: a long-response scratchpad task.
 
-Prompt "From c, 14 steps:\\n" (with `recall` > 0: "From c, 14 steps, ask 3:\\n"). The model has
+Prompt "From c, 14 steps:\\n" (with `recall` > 0: "From c, 14 steps, ask 03:\\n"). The model has
 learned one fixed cycle of nodes (`nodes`, each node's successor is the next letter, wrapping);
-the ideal response writes one numbered line per step and then the final node:
+the ideal response writes one labelled line per step and then the final node:
 
-    01 f\\n02 c\\n ... 14 d\\n\\boxed{d}          (recall 0)
-    01 f\\n02 c\\n ... 14 d\\n\\boxed{gd}         (recall > 0: the node of step 3, then the last)
+    01 f\\n02 c\\n ... 14 d\\n\\boxed{d}          (recall 0, numbering "up")
+    01 f\\n02 c\\n ... 14 d\\n\\boxed{gd}         (ask 03: the node of line 03, then the last)
+    14 f\\n13 c\\n ... 01 d\\n\\boxed{gd}         (numbering "down", ask 12: the line labelled 12)
 
 Each line costs 5 tokens with the char tokenizer, so a response is 5 * steps + 9 (or 10) tokens:
 the prompt is short and fits any KV budget while the response does not. Settings:
@@ -14,10 +15,12 @@ the prompt is short and fits any KV budget while the response does not. Settings
 - `lengths`: "uniform" over the range, or "long_tail": min_steps * (1 + Pareto(tail_alpha)),
   clipped to max_steps - many short walks and a few at the cap (a long-tailed length workload
   for SortedRL);
-- `recall`: 0, or ask for the node of a step q ~ U[1, recall] as well. That node was written by
-  the model itself 5 * (steps - q) tokens before the answer, so an eviction policy that dropped
-  it loses state the answer needs (the Sparse-RL regime: eviction removes the model's own
-  earlier reasoning).
+- `numbering`: line labels count the steps "up" (01, 02, ...; the model must compare its count
+  with the prompt's to stop) or "down" (steps, steps - 1, ..., 01; stopping is local);
+- `recall`: 0, or also ask for the node of a step q ~ U[1, recall], named by its line label.
+  That node was written by the model itself 5 * (steps - q) tokens before the answer, so an
+  eviction policy that dropped it loses state the answer needs (the Sparse-RL regime: eviction
+  removes the model's own earlier reasoning).
 
 The reward checks the boxed answer only (exact match).
 """
@@ -31,8 +34,9 @@ import numpy as np
 
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
 
-_PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d+))?:\n")
+_PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d\d))?:\n")
 LENGTHS = ("uniform", "long_tail")
+NUMBERINGS = ("up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,7 @@ class CycleWalkTask(BoxedAnswerTask):
     max_steps: int = 24
     lengths: str = "uniform"
     tail_alpha: float = 1.0
+    numbering: str = "up"
     recall: int = 0
 
     def __post_init__(self):
@@ -56,6 +61,8 @@ class CycleWalkTask(BoxedAnswerTask):
             raise ValueError(f"cycle_walk max_steps={self.max_steps} must be <= 99 (two-digit lines)")
         if self.lengths not in LENGTHS:
             raise ValueError(f"cycle_walk lengths={self.lengths!r}; accepted: {list(LENGTHS)}")
+        if self.numbering not in NUMBERINGS:
+            raise ValueError(f"cycle_walk numbering={self.numbering!r}; accepted: {list(NUMBERINGS)}")
         if self.tail_alpha <= 0:
             raise ValueError(f"cycle_walk tail_alpha={self.tail_alpha} must be > 0")
         if not 0 <= self.recall <= self.min_steps:
@@ -70,7 +77,7 @@ class CycleWalkTask(BoxedAnswerTask):
     def sample_one(self, rng: np.random.Generator) -> tuple[str, str]:
         start = self.nodes[int(rng.integers(len(self.nodes)))]
         steps = self._steps(rng)
-        ask = f", ask {int(rng.integers(1, self.recall + 1))}" if self.recall else ""
+        ask = f", ask {self._label(int(rng.integers(1, self.recall + 1)), steps)}" if self.recall else ""
         prompt = f"From {start}, {steps} steps{ask}:\n"
         return prompt, self.solve(prompt)
 
@@ -80,11 +87,20 @@ class CycleWalkTask(BoxedAnswerTask):
         i = self.nodes.index(start)
         return [self.nodes[(i + s) % len(self.nodes)] for s in range(1, steps + 1)]
 
+    def _label(self, step: int, steps: int) -> str:
+        """The line label of step `step` (1-based) of a walk of `steps` steps."""
+        return f"{step if self.numbering == 'up' else steps - step + 1:02d}"
+
     def _parse(self, prompt: str) -> tuple[str, int, int]:
+        """(start node, steps, asked step q or 0)."""
         m = _PROMPT_RE.match(prompt)
         if m is None or m.group(1) not in self.nodes:
             raise ValueError(f"not a cycle_walk prompt for nodes={self.nodes!r}: {prompt[:60]!r}")
-        return m.group(1), int(m.group(2)), int(m.group(3) or 0)
+        steps = int(m.group(2))
+        labels = [self._label(q, steps) for q in range(1, steps + 1)]
+        if m.group(3) is not None and m.group(3) not in labels:
+            raise ValueError(f"cycle_walk prompt asks for line {m.group(3)} of {steps}: {prompt!r}")
+        return m.group(1), steps, labels.index(m.group(3)) + 1 if m.group(3) else 0
 
     def solve(self, prompt: str) -> str:
         _, _, ask = self._parse(prompt)
@@ -92,4 +108,6 @@ class CycleWalkTask(BoxedAnswerTask):
         return (path[ask - 1] if ask else "") + path[-1]
 
     def working(self, prompt: str) -> str:
-        return "\n".join(f"{s:02d} {node}" for s, node in enumerate(self.walk(prompt), start=1))
+        steps = self._parse(prompt)[1]
+        return "\n".join(f"{self._label(s, steps)} {node}"
+                         for s, node in enumerate(self.walk(prompt), start=1))
