@@ -57,6 +57,23 @@ def test_fig_a_curves(runs_dir, tmp_path):
     assert all(np.isfinite(d["diag/loop_fraction"]) for d in saved["diagnostics"]["sparse_rl"])
 
 
+WALK = os.path.join(figlib.HERE, "configs", "walk_recall.yaml")
+WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=40", "kv.budget=32"]
+
+
+def test_paper_regime_figure_a(runs_dir, tmp_path):
+    """Figure a on the second regime (cycle_walk, uncompressed prompt, the response evicts its own
+    early lines), written to its own results directory (b, d and e share a's code paths)."""
+    a = fig_a_curves.main(WALK_SMOKE + ["--seeds", "0", "--out", str(tmp_path / "a"), "--runs-dir", runs_dir])
+    _outputs(tmp_path / "a", "curves")
+    assert np.isfinite(a["warm_start"]["mismatch_kl_k3"]) and a["warm_start"]["mismatch_kl_k3"] >= 0.0
+    hist = a["histories"]["naive_sparse"][0]
+    assert all(h["kv/saving"] > 0.0 for h in hist)  # 26-token prompt + 40 tokens > 32 + 8 slots
+    assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
+    assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_recall"))
+    assert figlib.default_out("fig_a_curves", figlib.DEFAULT_CONFIG).endswith("fig_a_curves")
+
+
 def test_runs_are_cached_and_shared(runs_dir):
     study = figlib.Study(figlib.DEFAULT_CONFIG, list(figlib.SMOKE_OVERRIDES), runs_dir, log=lambda *_: None)
     a = study.arm("x", mode="sparse_rl", policy="snapkv", seed=0)
