@@ -22,7 +22,7 @@ def demonstration_batch(task, tokenizer: Tokenizer, rng: np.random.Generator, n:
     mask = np.zeros((n, width), bool)
     for i, (prompt, _) in enumerate(task.sample(rng, n)):
         p = tokenizer.encode(prompt)
-        r = tokenizer.encode(task.demonstration(prompt)) + [eos]
+        r = tokenizer.encode(task.demonstration(prompt, rng=rng)) + [eos]
         seq = (p + r)[:width]
         tokens[i, : len(seq)] = seq
         mask[i, len(p) - 1 : len(seq) - 1] = True

@@ -270,6 +270,24 @@ def test_cycle_walk_recall_asks_an_early_step_written_by_the_model(numbering):
         task.solve("From a, 30 steps, ask 45:\n")
 
 
+def test_cycle_walk_memo_is_the_models_own_choice():
+    task = get_task("cycle_walk", memo=True, min_steps=8, max_steps=40, numbering="down")
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    prompt, label = task.sample(rng, 1)[0]
+    demos = [task.demonstration(prompt, rng=rng) for _ in range(200)]
+    memos = {d[1] for d in demos}
+    assert len(memos) > 20 and all(d.startswith(f"#{d[1]}\n") for d in demos)  # a free choice
+    assert task.demonstration(prompt) == task.demonstration(prompt)  # without rng: reproducible
+    for d in demos[:20]:
+        assert d.endswith(f"\\boxed{{{d[1]}{label}}}") and task.reward(d, label) == 1.0
+        assert task.reward(d[3:], label) == 0.0  # no memo line
+        other = "a" if d[1] != "a" else "b"
+        assert task.reward(f"#{other}" + d[2:], label) == 0.0  # the answer must repeat the memo
+    assert "#" not in prompt and len(TOK.encode(prompt)) < 20
+    walk = task.demonstration(prompt, rng=rng).split("\n")[1:-1]
+    assert [int(line[:2]) for line in walk] == list(range(len(walk), 0, -1))
+
+
 def test_cycle_walk_long_tail_lengths():
     uniform = get_task("cycle_walk", min_steps=2, max_steps=23)
     tail = get_task("cycle_walk", min_steps=2, max_steps=23, lengths="long_tail", tail_alpha=1.0)

@@ -31,8 +31,9 @@ class Task(Protocol):
         """The label of a prompt, read from the prompt alone (an oracle)."""
         ...
 
-    def demonstration(self, prompt: str) -> str:
-        """The ideal response text (without the end-of-sequence token)."""
+    def demonstration(self, prompt: str, rng: np.random.Generator | None = None) -> str:
+        """The ideal response text (without the end-of-sequence token); `rng` draws the free
+        choices of tasks whose ideal response has some (SFT passes its own)."""
         ...
 
     def tokenizer(self) -> Tokenizer:
@@ -62,7 +63,7 @@ class BoxedAnswerTask:
         """The line the ideal response writes before its boxed answer ("" for none)."""
         return ""
 
-    def demonstration(self, prompt: str) -> str:
+    def demonstration(self, prompt: str, rng: np.random.Generator | None = None) -> str:
         working = self.working(prompt)
         return (working + "\n" if working else "") + "\\boxed{" + self.solve(prompt) + "}"
 

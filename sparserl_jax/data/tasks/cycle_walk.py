@@ -20,7 +20,15 @@ the prompt is short and fits any KV budget while the response does not. Settings
 - `recall`: 0, or also ask for the node of a step q ~ U[1, recall], named by its line label.
   That node was written by the model itself 5 * (steps - q) tokens before the answer, so an
   eviction policy that dropped it loses state the answer needs (the Sparse-RL regime: eviction
-  removes the model's own earlier reasoning).
+  removes the model's own earlier reasoning). Retrieving a line by its two-digit label is hard
+  for a 2-layer model (it learns it slowly and partly);
+- `memo`: the ideal response first writes a memo "#x\\n", x a letter of its own free choice
+  (uniform over a-z in the demonstrations), and the answer repeats it before the final node:
+  "#q\\n14 f\\n ... 01 d\\n\\boxed{qd}". Nothing in the prompt determines x, so the answer needs
+  the model's own first tokens, ~5 * steps tokens back (retrieval by a unique marker, which a
+  2-layer model learns easily). The reward reads the memo from the response's first line
+  (no memo line: 0) and checks the boxed answer against memo + final node: it still scores the
+  final answer only, against the commitment the response made.
 
 The reward checks the boxed answer only (exact match).
 """
@@ -34,6 +42,8 @@ import numpy as np
 
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
 
+_MEMO_RE = re.compile(r"^#([a-z])\n")
+MEMO_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d\d))?:\n")
 LENGTHS = ("uniform", "long_tail")
 NUMBERINGS = ("up", "down")
@@ -51,6 +61,7 @@ class CycleWalkTask(BoxedAnswerTask):
     tail_alpha: float = 1.0
     numbering: str = "up"
     recall: int = 0
+    memo: bool = False
 
     def __post_init__(self):
         if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes) or not self.nodes.isalpha() \
@@ -106,6 +117,22 @@ class CycleWalkTask(BoxedAnswerTask):
         _, _, ask = self._parse(prompt)
         path = self.walk(prompt)
         return (path[ask - 1] if ask else "") + path[-1]
+
+    def demonstration(self, prompt: str, rng: np.random.Generator | None = None) -> str:
+        """The ideal response; with `memo`, its memo letter is drawn from rng (without one, from a
+        generator seeded by the prompt, so an oracle call is reproducible)."""
+        demo = super().demonstration(prompt)
+        if not self.memo:
+            return demo
+        rng = rng if rng is not None else np.random.default_rng(list(prompt.encode()))
+        x = MEMO_LETTERS[int(rng.integers(len(MEMO_LETTERS)))]
+        return f"#{x}\n" + demo.replace("\\boxed{", "\\boxed{" + x, 1)
+
+    def reward(self, response: str, label: str) -> float:
+        if not self.memo:
+            return super().reward(response, label)
+        m = _MEMO_RE.match(response)
+        return super().reward(response, m.group(1) + label) if m else 0.0
 
     def working(self, prompt: str) -> str:
         steps = self._parse(prompt)[1]
