@@ -281,7 +281,7 @@ def test_cycle_walk_memo_is_the_models_own_choice():
     for d in demos[:20]:
         assert d.endswith(f"\\boxed{{{d[1]}{label}}}") and task.reward(d, label) == 1.0
         assert task.reward(d[3:], label) == 0.0  # no memo line
-        other = "a" if d[1] != "a" else "b"
+        other = "A" if d[1] != "A" else "B"
         assert task.reward(f"#{other}" + d[2:], label) == 0.0  # the answer must repeat the memo
     assert "#" not in prompt and len(TOK.encode(prompt)) < 20
     walk = task.demonstration(prompt, rng=rng).split("\n")[1:-1]

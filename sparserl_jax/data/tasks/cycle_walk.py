@@ -22,13 +22,13 @@ the prompt is short and fits any KV budget while the response does not. Settings
   eviction policy that dropped it loses state the answer needs (the Sparse-RL regime: eviction
   removes the model's own earlier reasoning). Retrieving a line by its two-digit label is hard
   for a 2-layer model (it learns it slowly and partly);
-- `memo`: the ideal response first writes a memo "#x\\n", x a letter of its own free choice
-  (uniform over a-z in the demonstrations), and the answer repeats it before the final node:
-  "#q\\n14 f\\n ... 01 d\\n\\boxed{qd}". Nothing in the prompt determines x, so the answer needs
-  the model's own first tokens, ~5 * steps tokens back (retrieval by a unique marker, which a
-  2-layer model learns easily). The reward reads the memo from the response's first line
-  (no memo line: 0) and checks the boxed answer against memo + final node: it still scores the
-  final answer only, against the commitment the response made.
+- `memo`: the ideal response first writes a memo "#X\\n", X a capital letter of its own free
+  choice (uniform over 25 capitals in the demonstrations), and the answer repeats it before the
+  final node: "#Q\\n14 f\\n ... 01 d\\n\\boxed{Qd}". Nothing in the prompt determines X, so the
+  answer needs the model's own first tokens, ~5 * steps tokens back (the only capital in the
+  response: one attention head finds it by content). The reward reads the memo from the
+  response's first line (none: 0) and checks the boxed answer against memo + final node: it
+  still scores the final answer only, against the commitment the response made.
 
 The reward checks the boxed answer only (exact match).
 """
@@ -42,8 +42,8 @@ import numpy as np
 
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
 
-_MEMO_RE = re.compile(r"^#([a-z])\n")
-MEMO_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_MEMO_RE = re.compile(r"^#([A-Z])\n")
+MEMO_LETTERS = "ABCDEGHIJKLMNOPQRSTUVWXYZ"  # capitals (not the prompt's F): found by content alone
 _PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d\d))?:\n")
 LENGTHS = ("uniform", "long_tail")
 NUMBERINGS = ("up", "down")
