@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
+import calibrate_task  # noqa: E402
 import fig_a_curves  # noqa: E402
 import fig_b_budget  # noqa: E402
 import fig_c_policies  # noqa: E402
@@ -72,6 +73,16 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
     assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
     assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_recall"))
     assert figlib.default_out("fig_a_curves", figlib.DEFAULT_CONFIG).endswith("fig_a_curves")
+
+
+def test_calibrate_task(runs_dir, tmp_path):
+    data = calibrate_task.main(WALK_SMOKE + ["--policies", "snapkv", "--budgets", "16", "32", "--out",
+                                             str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "calibration")
+    assert set(data["sparse"]) == {"snapkv@16", "snapkv@32"}
+    assert data["sparse"]["snapkv@16"]["kv_saving"] > data["sparse"]["snapkv@32"]["kv_saving"] > 0.0
+    assert data["dense"]["kv_saving"] == 0.0 and _acc_ok(data["dense"]["accuracy"])
+    assert data["first_sparse_rollout"]["mismatch/kl_k3"] >= 0.0
 
 
 def test_runs_are_cached_and_shared(runs_dir):
