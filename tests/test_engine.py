@@ -1,8 +1,11 @@
 """The slot engine and the SortedRL scheduler: equal to the static sampler, per-request results
-under refills, harvests, versions, bubble ratios, resume and bad settings."""
+under refills, harvests, versions, bubble ratios, resume, an 8-device mesh and bad settings."""
 
 import dataclasses
 import os
+import pathlib
+import subprocess
+import sys
 import types
 
 import jax
@@ -188,6 +191,23 @@ def _uids(sched, ptok):
     """Request ids of the rows (uids are 2 * prompt + sample in a fresh partial-mode group)."""
     prompts = [int(np.flatnonzero((sched.prompt_tokens == row).all(axis=1))[0]) for row in ptok[::2]]
     return np.array([2 * p + s for p in prompts for s in range(2)], np.int32)
+
+
+# ----------------------------------------------------------------------------- mesh
+
+
+def test_engine_on_an_8_device_mesh_equals_one_device():
+    """tests/engine_sharded_worker.py: slots over data 2 x fsdp 2 (tensor 2), params by the
+    partition rules, Q = 4 < N = 7 requests with staggered refills: the same tokens and log-probs
+    (1e-5) as the engine on one device, dense and SnapKV; the slots' KV cache is split per device."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=8"])
+    env["JAX_PLATFORMS"] = "cpu"
+    worker = pathlib.Path(__file__).parent / "engine_sharded_worker.py"
+    proc = subprocess.run([sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ENGINE SHARDED OK" in proc.stdout
 
 
 # ----------------------------------------------------------------------------- bad settings
