@@ -169,7 +169,12 @@ class SlotEngine:
             kept_tok=jnp.zeros((Q, M), jnp.int32),
             version=jnp.zeros((Q, M), jnp.int32),
         )
-        return self._place(state)
+        if self.mesh is None:
+            return state
+        # the cache in the layout the segment program returns it (batch and heads split), so the
+        # second segment call does not compile again for another input layout
+        cache = shd.place(state.cache, shd.cache_shardings(state.cache, self.mesh))
+        return self._place(state.replace(cache=None)).replace(cache=cache)
 
     def _place(self, tree):
         return tree if self.mesh is None else shd.shard_batch(tree, self.mesh)
