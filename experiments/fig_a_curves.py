@@ -36,22 +36,22 @@ CURVES = {
     "sars/token_reject_rate": "token rejection rate",
 }
 
-DIAG_TABLE = {  # diagnostic -> (column, format), last-quarter means
+DIAG_TABLE = {  # logged metric -> (column, format), last-quarter means
     "diag/reject_rate_pos_adv": ("reject A>0", ".3f"),
     "diag/reject_rate_neg_adv": ("reject A<0", ".3f"),
-    "diag/veto_rate": ("veto rate", ".3f"),
+    "sars/veto_rate": ("veto rate", ".3f"),
     "diag/loop_fraction": ("loop fraction", ".3f"),
-    "diag/response_length_mean": ("response length", ".1f"),
-    "diag/mismatch_kl_k3": ("mismatch KL (k3)", ".4f"),
-    "diag/mismatch_logratio_mean": ("mean log pi_sparse/pi_old", ".4f"),
+    "response/length_mean": ("response length", ".1f"),
+    "mismatch/kl_k3": ("mismatch KL (k3)", ".4f"),
+    "mismatch/kl_k1": ("mean log pi_sparse/pi_old", ".4f"),
 }
-DIAG_CURVES = {  # panel title -> [(diagnostic, line style)]
+DIAG_CURVES = {  # panel title -> [(logged metric, line style)]
     "SARS token rejection (solid A>0, dashed A<0)": [("diag/reject_rate_pos_adv", "-"),
                                                      ("diag/reject_rate_neg_adv", "--")],
-    "sequence veto rate": [("diag/veto_rate", "-")],
+    "sequence veto rate": [("sars/veto_rate", "-")],
     "responses in a repetition loop": [("diag/loop_fraction", "-")],
-    "response length": [("diag/response_length_mean", "-")],
-    "mismatch KL(pi_sparse || pi_old), k3": [("diag/mismatch_kl_k3", "-")],
+    "response length": [("response/length_mean", "-")],
+    "mismatch KL(pi_sparse || pi_old), k3": [("mismatch/kl_k3", "-")],
 }
 
 

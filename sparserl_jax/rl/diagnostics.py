@@ -1,10 +1,10 @@
 """Per-iteration rollout diagnostics for Sparse-RL (methods.md 1.2, 1.7), on the host in NumPy.
 
-What the update's own metrics do not show: whom SARS rejects (responses with positive or
-negative advantage A), where in a response the rejected tokens sit, how often the sampler
-pi_sparse falls into repetition loops (the paper's collapse symptom), and the per-token mismatch
-between pi_sparse and the dense old policy pi_old. The SARS accept mask and veto come from
-corrections.behaviour_terms, the function the update step uses, so they are the update's own.
+What the update's own metrics (mismatch/kl_k1|k3, sars/veto_rate, sars/token_reject_rate,
+response/length_mean) do not show: whom SARS rejects (responses with positive or negative
+advantage A), where in a response the rejected tokens sit, and how often the sampler pi_sparse
+falls into repetition loops (the paper's collapse symptom). The SARS accept mask comes from
+corrections.behaviour_terms, the function the update step uses, so it is the update's own.
 
 Inputs follow sparserl_jax/rl/batch.py: [B, T] arrays where position t scores tokens[t + 1] and
 the response mask marks the response tokens (a contiguous run per row).
@@ -22,12 +22,8 @@ N_BINS = 10
 DIAGNOSTIC_KEYS = (
     "diag/reject_rate_pos_adv",
     "diag/reject_rate_neg_adv",
-    "diag/veto_rate",
     *(f"diag/reject_pos_{i}" for i in range(N_BINS)),
     "diag/loop_fraction",
-    "diag/mismatch_kl_k3",
-    "diag/mismatch_logratio_mean",
-    "diag/response_length_mean",
 )
 
 _behaviour_terms = jax.jit(behaviour_terms, static_argnames="cfg")
@@ -102,12 +98,11 @@ def response_tokens(tokens, response_mask) -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- SARS rejections
 
 
-def rejection_diagnostics(accept, veto, response_mask, advantages, n_bins: int = N_BINS) -> dict:
-    """Who SARS rejects and where.
+def rejection_diagnostics(accept, response_mask, advantages, n_bins: int = N_BINS) -> dict:
+    """Who SARS rejects and where (vetoed responses count with all their tokens).
 
     diag/reject_rate_pos_adv, _neg_adv: fraction of response tokens not accepted among responses
-    with A > 0 (A < 0); 0 when there are none. diag/veto_rate: fraction of responses (with any
-    response token) vetoed. diag/reject_pos_i: rejected tokens by relative position j / M in
+    with A > 0 (A < 0); 0 when there are none. diag/reject_pos_i: rejected tokens by relative position j / M in
     their response (token j of M, n_bins equal bins), as fractions of all rejected tokens
     (all 0 when none is rejected)."""
     mask = np.asarray(response_mask, bool)
@@ -117,9 +112,6 @@ def rejection_diagnostics(accept, veto, response_mask, advantages, n_bins: int =
     for name, rows in (("pos", adv > 0), ("neg", adv < 0)):
         n = mask[rows].sum()
         out[f"diag/reject_rate_{name}_adv"] = float(reject[rows].sum() / n) if n else 0.0
-    has_tokens = mask.any(axis=1)
-    veto = np.asarray(veto, bool)
-    out["diag/veto_rate"] = float(veto[has_tokens].mean()) if has_tokens.any() else 0.0
 
     lengths = mask.sum(axis=1)
     j = np.arange(mask.shape[1])[None] - np.argmax(mask, axis=1)[:, None]  # index in the response
@@ -148,19 +140,12 @@ def rollout_diagnostics(
 ) -> dict[str, float]:
     """Every diagnostic of one rollout batch (DIAGNOSTIC_KEYS at the default n_bins).
 
-    SARS accept/veto as the update computes them (behaviour_terms with cfg). diag/mismatch_kl_k3:
-    mean over response tokens of xi - log xi - 1, the k3 estimate of KL(pi_sparse || pi_old)
-    with xi = pi_old / pi_sparse (clamped as in the update); diag/mismatch_logratio_mean: mean
-    of log pi_sparse - log pi_old (the k1 estimate). Dense modes accept every token."""
+    SARS acceptance as the update computes it (behaviour_terms with cfg; dense modes accept
+    every token)."""
     mask = np.asarray(response_mask, bool)
     old = np.asarray(old_logp, np.float32)
     sampler = np.asarray(sampler_logp, np.float32)
-    xi, accept, veto, _ = jax.device_get(_behaviour_terms(old, sampler, mask, cfg=cfg))
-    out = rejection_diagnostics(accept, veto, mask, advantages, n_bins)
-    resp, lengths = response_tokens(tokens, mask)
-    out["diag/loop_fraction"] = loop_fraction(resp, lengths, min_span, min_repeats)
-    n = max(int(mask.sum()), 1)
-    out["diag/mismatch_kl_k3"] = float(np.sum(np.where(mask, xi - np.log(xi) - 1.0, 0.0)) / n)
-    out["diag/mismatch_logratio_mean"] = float(np.sum(np.where(mask, sampler - old, 0.0)) / n)
-    out["diag/response_length_mean"] = float(lengths.mean()) if lengths.size else 0.0
+    _, accept, _, _ = jax.device_get(_behaviour_terms(old, sampler, mask, cfg=cfg))
+    out = rejection_diagnostics(accept, mask, advantages, n_bins)
+    out["diag/loop_fraction"] = loop_fraction(*response_tokens(tokens, mask), min_span, min_repeats)
     return out

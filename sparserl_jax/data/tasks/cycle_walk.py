@@ -107,11 +107,12 @@ class CycleWalkTask(BoxedAnswerTask):
         m = _PROMPT_RE.match(prompt)
         if m is None or m.group(1) not in self.nodes:
             raise ValueError(f"not a cycle_walk prompt for nodes={self.nodes!r}: {prompt[:60]!r}")
-        steps = int(m.group(2))
-        labels = [self._label(q, steps) for q in range(1, steps + 1)]
-        if m.group(3) is not None and m.group(3) not in labels:
+        steps, label = int(m.group(2)), int(m.group(3) or 0)
+        if m.group(3) is None:
+            return m.group(1), steps, 0
+        if not 1 <= label <= steps:
             raise ValueError(f"cycle_walk prompt asks for line {m.group(3)} of {steps}: {prompt!r}")
-        return m.group(1), steps, labels.index(m.group(3)) + 1 if m.group(3) else 0
+        return m.group(1), steps, int(self._label(label, steps))  # a label's step: _label again
 
     def solve(self, prompt: str) -> str:
         _, _, ask = self._parse(prompt)
