@@ -55,6 +55,20 @@ def build_model(cfg: TrainConfig) -> Components:
     return Components(model_cfg, params, tokenizer, task, reward)
 
 
+def curriculum_task(cfg: TrainConfig):
+    """The easier task of the SFT curriculum phase (sft.curriculum), or None without one."""
+    cur = cfg.sft.curriculum
+    if not cur.steps:
+        return None
+    if not cfg.data.task:
+        raise ValueError("sft.curriculum needs a synthetic task (data.task): a dataset has no "
+                         "easier version to generate")
+    if cur.max_new_tokens > cfg.rollout.max_new_tokens:
+        raise ValueError(f"sft.curriculum.max_new_tokens={cur.max_new_tokens} exceeds "
+                         f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+    return get_task(cfg.data.task, **{**dict(cfg.data.task_options), **dict(cur.task_options)})
+
+
 def check_lengths(cfg: TrainConfig, model_cfg: ModelConfig) -> None:
     """Length settings that cannot work together, named."""
     total = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens

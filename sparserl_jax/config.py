@@ -106,6 +106,29 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SFTCurriculumConfig:
+    """An SFT phase on an easier version of the task before the `sft.steps` on the task itself.
+
+    A long-range dependency (copying a token written 200 positions back) is found by a tiny model
+    only after a phase change that, on long sequences, may not come in thousands of steps (one
+    position's gradient among hundreds, and an attention of ~1/length on the target to start
+    from); on short demonstrations it comes in a few hundred, and the mechanism then carries over
+    to long ones. `task_options` are merged over data.task_options for this phase; its
+    demonstrations are padded to data.max_prompt_len + `max_new_tokens` (0: rollout.max_new_tokens),
+    and it has its own warmup-cosine schedule over `steps` (the main phase starts a fresh one).
+    """
+
+    steps: int = 0
+    task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_new_tokens: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.curriculum.{name}={getattr(self, name)} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class SFTConfig:
     """Supervised warm-start on task demonstrations (for models that start from scratch)."""
 
@@ -113,6 +136,7 @@ class SFTConfig:
     batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 20
+    curriculum: SFTCurriculumConfig = SFTCurriculumConfig()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,10 +30,29 @@ def demonstration_batch(task, tokenizer: Tokenizer, rng: np.random.Generator, n:
 
 
 def sft_warm_start(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: SFTConfig,
-                   *, seed: int, width: int, log=print):
-    """Run cfg.steps AdamW steps on fresh demonstration batches; returns (params, last loss)."""
+                   *, seed: int, width: int, curriculum_task=None, curriculum_width: int = 0,
+                   log=print):
+    """cfg.curriculum.steps AdamW steps on `curriculum_task` (demonstrations `curriculum_width`
+    wide), if any, then cfg.steps on `task`; returns (params, last loss)."""
+    loss = float("nan")
+    if cfg.curriculum.steps:
+        if curriculum_task is None:
+            raise ValueError("sft.curriculum.steps > 0 needs the curriculum's task")
+        params, loss = _sft_phase(params, model_cfg, curriculum_task, tokenizer, cfg,
+                                  cfg.curriculum.steps, rng_stream=(seed, 20_000_003),
+                                  width=curriculum_width or width, name="sft curriculum", log=log)
+    if cfg.steps:
+        params, loss = _sft_phase(params, model_cfg, task, tokenizer, cfg, cfg.steps,
+                                  rng_stream=(seed, 10_000_019), width=width, name="sft", log=log)
+    return params, loss
+
+
+def _sft_phase(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: SFTConfig,
+               steps: int, *, rng_stream: tuple[int, int], width: int, name: str, log):
+    """`steps` AdamW steps (warmup-cosine schedule, a fresh optimizer) on fresh demonstration
+    batches; batch i is drawn from default_rng([*rng_stream, i])."""
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, min(cfg.warmup_steps, max(cfg.steps - 1, 1)), max(cfg.steps, 2), cfg.lr * 0.1
+        0.0, cfg.lr, min(cfg.warmup_steps, max(steps - 1, 1)), max(steps, 2), cfg.lr * 0.1
     )
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     opt_state = optimizer.init(params)
@@ -49,10 +68,10 @@ def sft_warm_start(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, c
         return optax.apply_updates(params, updates), opt_state, loss
 
     loss = float("nan")
-    for i in range(cfg.steps):
-        rng = np.random.default_rng([seed, 10_000_019, i])
+    for i in range(steps):
+        rng = np.random.default_rng([*rng_stream, i])
         tokens, mask = demonstration_batch(task, tokenizer, rng, cfg.batch_size, width)
         params, opt_state, loss = step(params, opt_state, tokens, mask)
-        if (i + 1) % max(cfg.steps // 5, 1) == 0 or i == cfg.steps - 1:
-            log(f"sft step {i + 1}/{cfg.steps}: loss {float(loss):.4f}")
+        if (i + 1) % max(steps // 5, 1) == 0 or i == steps - 1:
+            log(f"{name} step {i + 1}/{steps}: loss {float(loss):.4f}")
     return params, float(loss)

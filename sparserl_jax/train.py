@@ -120,6 +120,7 @@ class Trainer:
             )
         parts = components.build_model(cfg)
         components.check_lengths(cfg, parts.model_cfg)
+        self.curriculum_task = components.curriculum_task(cfg)
         self.parts = parts
         self.model_cfg = parts.model_cfg
         self.tokenizer = parts.tokenizer
@@ -213,11 +214,14 @@ class Trainer:
         if self.logger:  # a fresh start: metrics of an earlier attempt killed before its first save
             self.logger.truncate_after(0)
         sft = self.cfg.sft
-        if sft.steps and self.parts.task is not None:
-            width = self.cfg.data.max_prompt_len + self.cfg.rollout.max_new_tokens
+        if (sft.steps or sft.curriculum.steps) and self.parts.task is not None:
+            prompt_len = self.cfg.data.max_prompt_len
             self.params, loss = sft_warm_start(
                 self.params, self.model_cfg, self.parts.task, self.tokenizer, sft,
-                seed=self.cfg.train.seed, width=width, log=self.log,
+                seed=self.cfg.train.seed, width=prompt_len + self.cfg.rollout.max_new_tokens,
+                curriculum_task=self.curriculum_task,
+                curriculum_width=prompt_len + sft.curriculum.max_new_tokens if sft.curriculum.max_new_tokens else 0,
+                log=self.log,
             )
             self.params = self._place(self.params)
             self.opt_state = self._init_opt_state()
