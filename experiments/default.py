@@ -70,7 +70,7 @@ def _arm(job) -> tuple[dict, list[dict]]:
     base = load_config([config], overrides)
     policy = base.kv.policy if sparse else "none"
     trainer = Trainer(load_config([config], overrides + [
-        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", "sft.steps=0",
+        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", "sft.steps=0", "sft.curriculum.steps=0",
         f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}",
     ]))
     history = trainer.run()

@@ -183,8 +183,8 @@ class Study:
     def arm(self, name: str, *, mode: str, policy: str, seed: int = 0,
             extra: Sequence[str] = ()) -> Run:
         """RL from the warm start with rollouts under `policy` and corrections `mode`."""
-        overrides = [f"model.init_from={self.warm_start_dir()}", "sft.steps=0", f"rl.mode={mode}",
-                     f"kv.policy={policy}", f"train.seed={seed}", *extra]
+        overrides = [f"model.init_from={self.warm_start_dir()}", "sft.steps=0", "sft.curriculum.steps=0",
+                     f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}", *extra]
         return self._train(name, overrides)
 
     def train_all(self, specs: Sequence[dict]) -> list[Run]:

@@ -58,8 +58,9 @@ def test_fig_a_curves(runs_dir, tmp_path):
     assert all(np.isfinite(d["diag/loop_fraction"]) for d in saved["diagnostics"]["sparse_rl"])
 
 
-WALK = os.path.join(figlib.HERE, "configs", "walk_recall.yaml")
-WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=40", "kv.budget=32"]
+WALK = os.path.join(figlib.HERE, "configs", "walk_memo.yaml")
+WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=48", "kv.budget=32",
+              "sft.curriculum.steps=2"]
 
 
 def test_paper_regime_figure_a(runs_dir, tmp_path):
@@ -69,9 +70,9 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
     _outputs(tmp_path / "a", "curves")
     assert np.isfinite(a["warm_start"]["mismatch_kl_k3"]) and a["warm_start"]["mismatch_kl_k3"] >= 0.0
     hist = a["histories"]["naive_sparse"][0]
-    assert all(h["kv/saving"] > 0.0 for h in hist)  # 26-token prompt + 40 tokens > 32 + 8 slots
+    assert all(h["kv/saving"] > 0.0 for h in hist)  # 18-token prompt + 48 tokens > 32 + 16 slots
     assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
-    assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_recall"))
+    assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_memo"))
     assert figlib.default_out("fig_a_curves", figlib.DEFAULT_CONFIG).endswith("fig_a_curves")
 
 
@@ -83,6 +84,15 @@ def test_calibrate_task(runs_dir, tmp_path):
     assert data["sparse"]["snapkv@16"]["kv_saving"] > data["sparse"]["snapkv@32"]["kv_saving"] > 0.0
     assert data["dense"]["kv_saving"] == 0.0 and _acc_ok(data["dense"]["accuracy"])
     assert data["first_sparse_rollout"]["mismatch/kl_k3"] >= 0.0
+
+
+def test_arms_do_not_repeat_the_warm_start(runs_dir):
+    """An arm starts from the shared warm start's weights: neither SFT phase runs again."""
+    study = figlib.Study(WALK, [*figlib.SMOKE_OVERRIDES, *WALK_SMOKE[3:]], runs_dir, log=lambda *_: None)
+    assert study.base.sft.steps and study.base.sft.curriculum.steps
+    run = study.arm("x", mode="naive_sparse", policy="snapkv", extra=["train.iterations=0"])
+    assert run.cfg.sft.steps == 0 and run.cfg.sft.curriculum.steps == 0
+    assert run.cfg.model.init_from == study.warm_start_dir()
 
 
 def test_runs_are_cached_and_shared(runs_dir):
