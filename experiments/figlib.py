@@ -330,8 +330,14 @@ def study_from_args(args) -> Study:
     JAX computation; workers.py) so its evaluations, like its workers' runs, are the same on any
     machine."""
     workers.pin_to_one_core()
-    overrides = list(args.overrides) + (list(SMOKE_OVERRIDES) if args.smoke else [])
+    overrides = list(args.overrides) + (smoke_overrides(args.config, args.overrides) if args.smoke else [])
     return Study(args.config, overrides, args.runs_dir)
+
+
+def smoke_overrides(config: str, overrides: Sequence[str] = ()) -> list[str]:
+    """SMOKE_OVERRIDES, plus a 2-step SFT curriculum where the config has one."""
+    has_curriculum = load_config([config], list(overrides)).sft.curriculum.steps > 0
+    return list(SMOKE_OVERRIDES) + (["sft.curriculum.steps=2"] if has_curriculum else [])
 
 
 def command_line() -> str:

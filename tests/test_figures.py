@@ -59,8 +59,7 @@ def test_fig_a_curves(runs_dir, tmp_path):
 
 
 WALK = os.path.join(figlib.HERE, "configs", "walk_memo.yaml")
-WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=48", "kv.budget=32",
-              "sft.curriculum.steps=2"]
+WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=48", "kv.budget=32"]
 
 
 def test_paper_regime_figure_a(runs_dir, tmp_path):
@@ -88,7 +87,7 @@ def test_calibrate_task(runs_dir, tmp_path):
 
 def test_arms_do_not_repeat_the_warm_start(runs_dir):
     """An arm starts from the shared warm start's weights: neither SFT phase runs again."""
-    study = figlib.Study(WALK, [*figlib.SMOKE_OVERRIDES, *WALK_SMOKE[3:]], runs_dir, log=lambda *_: None)
+    study = figlib.Study(WALK, [*WALK_SMOKE[3:], *figlib.smoke_overrides(WALK)], runs_dir, log=lambda *_: None)
     assert study.base.sft.steps and study.base.sft.curriculum.steps
     run = study.arm("x", mode="naive_sparse", policy="snapkv", extra=["train.iterations=0"])
     assert run.cfg.sft.steps == 0 and run.cfg.sft.curriculum.steps == 0

@@ -28,7 +28,9 @@ the prompt is short and fits any KV budget while the response does not. Settings
   answer needs the model's own first tokens, ~5 * steps tokens back (the only capital in the
   response: one attention head finds it by content). The reward reads the memo from the
   response's first line (none: 0) and checks the boxed answer against memo + final node: it
-  still scores the final answer only, against the commitment the response made.
+  still scores the final answer only, against the commitment the response made. A 2-layer model
+  learns the copy on short walks within a few hundred SFT steps and then keeps it on long ones,
+  while on long walks alone it does not find it in 1000 (sft.curriculum; configs/walk_memo.yaml).
 
 The reward checks the boxed answer only (exact match).
 """
