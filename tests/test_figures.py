@@ -21,6 +21,7 @@ import fig_f_throughput  # noqa: E402
 import fig_qurl  # noqa: E402
 import fig_sortedrl  # noqa: E402
 import figlib  # noqa: E402
+import memo_choice  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
 jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
@@ -184,3 +185,15 @@ def test_fig_sortedrl(runs_dir, tmp_path):
     assert 0.0 <= r["bubble_wall"] <= 1.0 and 0.0 <= r["bubble_slots"] <= 1.0
     assert r["rollout_tokens_per_s"] > 0 and r["staleness_mean"] >= 0.0
     assert "| sorted_partial | sparse_rl |" in (tmp_path / "results.md").read_text()
+
+
+def test_memo_choice(runs_dir, tmp_path):
+    rows = memo_choice.main(WALK_SMOKE + ["--seeds", "0", "--out", str(tmp_path), "--runs-dir", runs_dir])
+    _outputs(tmp_path, "memo_choice")
+    assert set(rows) == {"warm start", "dense", "naive_sparse", "sparse_rl"}
+    assert all(0.0 <= r["entropy"] <= np.log(26) + 1e-9 for arm in rows.values() for r in arm)
+    stats = memo_choice.memo_statistics(["#P\n1", "#P\n2", "#Q\n3", "no memo", "#p\n"])
+    assert stats["top_letter"] == "P" and stats["top_share"] == 0.4 and stats["no_memo"] == 0.4
+    np.testing.assert_allclose(stats["entropy"], -(2 * 0.4 * np.log(0.4) + 0.2 * np.log(0.2)))
+    with pytest.raises(ValueError, match="memo: true"):
+        memo_choice.main(["--smoke", "--out", str(tmp_path / "x"), "--runs-dir", runs_dir])
