@@ -288,6 +288,29 @@ def test_cycle_walk_memo_is_the_models_own_choice():
     assert [int(line[:2]) for line in walk] == list(range(len(walk), 0, -1))
 
 
+def test_cycle_walk_memo_key_is_named_by_the_prompt():
+    task = get_task("cycle_walk", memo=True, memo_key=True, min_steps=8, max_steps=40, numbering="down")
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    samples = task.sample(rng, 500)
+    assert len({label[0] for _, label in samples}) > 20  # random keys: no constant memo can win
+    for prompt, label in samples[:20]:
+        key = prompt.split("key ")[1][0]
+        demo = task.demonstration(prompt, rng=rng)
+        assert demo == task.demonstration(prompt)  # the memo is the key: no free choice
+        assert demo.startswith(f"#{key}\n") and demo.endswith(f"\\boxed{{{key}{task.walk(prompt)[-1]}}}")
+        assert label == key + task.walk(prompt)[-1] and task.reward(demo, label) == 1.0
+        assert task.reward(demo[3:], label) == 1.0  # the final answer only: the memo line is a means
+        other = "A" if key != "A" else "B"
+        assert task.reward(demo.replace(f"{{{key}", f"{{{other}"), label) == 0.0
+        assert len(TOK.encode(prompt)) <= 25 < 5 * 8 + 3  # the prompt is shorter than any response
+    with pytest.raises(ValueError, match="memo_key=true needs memo=true"):
+        get_task("cycle_walk", memo_key=True)
+    with pytest.raises(ValueError, match="disagree"):
+        task.solve("From a, 12 steps:\n")
+    with pytest.raises(ValueError, match="disagree"):
+        get_task("cycle_walk", memo=True).solve("From a, 12 steps, key Q:\n")
+
+
 def test_cycle_walk_long_tail_lengths():
     uniform = get_task("cycle_walk", min_steps=2, max_steps=23)
     tail = get_task("cycle_walk", min_steps=2, max_steps=23, lengths="long_tail", tail_alpha=1.0)

@@ -31,6 +31,11 @@ the prompt is short and fits any KV budget while the response does not. Settings
   still scores the final answer only, against the commitment the response made. A 2-layer model
   learns the copy on short walks within a few hundred SFT steps and then keeps it on long ones,
   while on long walks alone it does not find it in 1000 (sft.curriculum; configs/walk_memo.yaml).
+  RL can make a free choice predictable (always "P"), and then the answer needs no memory at all;
+- `memo_key` (with `memo`): the prompt names the memo letter instead ("From c, 14 steps, key Q:"),
+  the response still writes it first ("#Q") and the answer must repeat it: the same distance
+  back, but no policy can make it predictable. The reward checks the boxed answer against
+  key + final node.
 
 The reward checks the boxed answer only (exact match).
 """
@@ -46,7 +51,7 @@ from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
 
 _MEMO_RE = re.compile(r"^#([A-Z])\n")
 MEMO_LETTERS = "ABCDEGHIJKLMNOPQRSTUVWXYZ"  # capitals (not the prompt's F): found by content alone
-_PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d\d))?:\n")
+_PROMPT_RE = re.compile(r"From ([a-z]), (\d+) steps(?:, ask (\d\d))?(?:, key ([A-Z]))?:\n")
 LENGTHS = ("uniform", "long_tail")
 NUMBERINGS = ("up", "down")
 
@@ -64,6 +69,7 @@ class CycleWalkTask(BoxedAnswerTask):
     numbering: str = "up"
     recall: int = 0
     memo: bool = False
+    memo_key: bool = False
 
     def __post_init__(self):
         if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes) or not self.nodes.isalpha() \
@@ -78,6 +84,8 @@ class CycleWalkTask(BoxedAnswerTask):
             raise ValueError(f"cycle_walk numbering={self.numbering!r}; accepted: {list(NUMBERINGS)}")
         if self.tail_alpha <= 0:
             raise ValueError(f"cycle_walk tail_alpha={self.tail_alpha} must be > 0")
+        if self.memo_key and not self.memo:
+            raise ValueError("cycle_walk memo_key=true needs memo=true (the key is the memo's letter)")
         if not 0 <= self.recall <= self.min_steps:
             raise ValueError(f"cycle_walk recall={self.recall} must be in [0, min_steps="
                              f"{self.min_steps}] (the asked step must exist in every walk)")
@@ -91,7 +99,8 @@ class CycleWalkTask(BoxedAnswerTask):
         start = self.nodes[int(rng.integers(len(self.nodes)))]
         steps = self._steps(rng)
         ask = f", ask {self._label(int(rng.integers(1, self.recall + 1)), steps)}" if self.recall else ""
-        prompt = f"From {start}, {steps} steps{ask}:\n"
+        key = f", key {MEMO_LETTERS[int(rng.integers(len(MEMO_LETTERS)))]}" if self.memo_key else ""
+        prompt = f"From {start}, {steps} steps{ask}{key}:\n"
         return prompt, self.solve(prompt)
 
     def walk(self, prompt: str) -> list[str]:
@@ -119,7 +128,14 @@ class CycleWalkTask(BoxedAnswerTask):
     def solve(self, prompt: str) -> str:
         _, _, ask = self._parse(prompt)
         path = self.walk(prompt)
-        return (path[ask - 1] if ask else "") + path[-1]
+        return self._key(prompt) + (path[ask - 1] if ask else "") + path[-1]
+
+    def _key(self, prompt: str) -> str:
+        """The memo letter the prompt names ("" without memo_key)."""
+        key = _PROMPT_RE.match(prompt).group(4)
+        if self.memo_key != (key is not None):
+            raise ValueError(f"cycle_walk memo_key={self.memo_key} and the prompt {prompt!r} disagree")
+        return key or ""
 
     def demonstration(self, prompt: str, rng: np.random.Generator | None = None) -> str:
         """The ideal response; with `memo`, its memo letter is drawn from rng (without one, from a
@@ -127,12 +143,14 @@ class CycleWalkTask(BoxedAnswerTask):
         demo = super().demonstration(prompt)
         if not self.memo:
             return demo
+        if self.memo_key:  # the answer (solve) already starts with the key
+            return f"#{self._key(prompt)}\n" + demo
         rng = rng if rng is not None else np.random.default_rng(list(prompt.encode()))
         x = MEMO_LETTERS[int(rng.integers(len(MEMO_LETTERS)))]
         return f"#{x}\n" + demo.replace("\\boxed{", "\\boxed{" + x, 1)
 
     def reward(self, response: str, label: str) -> float:
-        if not self.memo:
+        if not self.memo or self.memo_key:
             return super().reward(response, label)
         m = _MEMO_RE.match(response)
         return super().reward(response, m.group(1) + label) if m else 0.0
