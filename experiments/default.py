@@ -1,7 +1,7 @@
 """The default experiment: dense vs naive sparse vs Sparse-RL rollouts from one warm start, in the
 paper's regime (long responses whose answer needs state written far back).
 
-  python experiments/default.py            # 2 seeds; about 10 minutes on 2 CPU cores
+  python experiments/default.py            # 2 seeds; about 7 minutes on 2 CPU cores
   python experiments/default.py --smoke    # seconds, for tests
   python experiments/default.py --config experiments/configs/default.yaml \
       --out experiments/results/default_kv_recall   # the earlier default: key-value recall
