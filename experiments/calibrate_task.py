@@ -39,7 +39,8 @@ def main(argv=None) -> dict:
     lines = [
         f"Task {study.base.data.task} {study.base.data.task_options}; warm start: "
         f"{study.base.sft.curriculum.steps} curriculum SFT steps "
-        f"{dict(study.base.sft.curriculum.task_options)} + {study.base.sft.steps} SFT steps; avg@1 on {study.base.train.eval_prompts} held-out prompts "
+        f"{dict(study.base.sft.curriculum.task_options)} + {study.base.sft.steps} SFT steps; "
+        f"avg@1 on {study.base.train.eval_prompts} held-out prompts "
         f"at temperature {study.base.rollout.temperature}, buffer {kvc.buffer}, "
         f"compress_prompt={kvc.compress_prompt}.",
         "",

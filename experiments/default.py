@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import workers  # noqa: E402  (imports no JAX)
-from figlib import curve, fmt, mean_std, smoke_overrides  # noqa: E402
+from figlib import FROM_WARM_START, curve, fmt, mean_std, smoke_overrides  # noqa: E402
 from sparserl_jax import kvcache as kv  # noqa: E402
 from sparserl_jax.config import dump_config, load_config  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
@@ -75,7 +75,7 @@ def _arm(job) -> tuple[dict, list[dict]]:
     base = load_config([config], overrides)
     policy = base.kv.policy if sparse else "none"
     trainer = Trainer(load_config([config], overrides + [
-        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", "sft.steps=0", "sft.curriculum.steps=0",
+        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", *FROM_WARM_START,
         f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}",
     ]))
     history = trainer.run()

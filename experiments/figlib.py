@@ -48,6 +48,9 @@ SMOKE_OVERRIDES = (
     "rollout.samples=4", "rl.update.minibatch_size=8", "rl.update.micro_batch_size=8",
 )
 
+# An RL run from a warm start's weights (model.init_from): neither SFT phase runs again.
+FROM_WARM_START = ("sft.steps=0", "sft.curriculum.steps=0")
+
 # Settings that do not change what a run computes: left out of its identity.
 _NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints")
 
@@ -183,7 +186,7 @@ class Study:
     def arm(self, name: str, *, mode: str, policy: str, seed: int = 0,
             extra: Sequence[str] = ()) -> Run:
         """RL from the warm start with rollouts under `policy` and corrections `mode`."""
-        overrides = [f"model.init_from={self.warm_start_dir()}", "sft.steps=0", "sft.curriculum.steps=0",
+        overrides = [f"model.init_from={self.warm_start_dir()}", *FROM_WARM_START,
                      f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}", *extra]
         return self._train(name, overrides)
 

@@ -36,11 +36,11 @@ def sft_warm_start(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, c
     wide), if any, then cfg.steps on `task`; returns (params, last loss)."""
     loss = float("nan")
     if cfg.curriculum.steps:
-        if curriculum_task is None:
-            raise ValueError("sft.curriculum.steps > 0 needs the curriculum's task")
+        if curriculum_task is None or curriculum_width <= 0:
+            raise ValueError("sft.curriculum.steps > 0 needs the curriculum's task and width")
         params, loss = _sft_phase(params, model_cfg, curriculum_task, tokenizer, cfg,
                                   cfg.curriculum.steps, rng_stream=(seed, 20_000_003),
-                                  width=curriculum_width or width, name="sft curriculum", log=log)
+                                  width=curriculum_width, name="sft curriculum", log=log)
     if cfg.steps:
         params, loss = _sft_phase(params, model_cfg, task, tokenizer, cfg, cfg.steps,
                                   rng_stream=(seed, 10_000_019), width=width, name="sft", log=log)

@@ -220,7 +220,7 @@ class Trainer:
                 self.params, self.model_cfg, self.parts.task, self.tokenizer, sft,
                 seed=self.cfg.train.seed, width=prompt_len + self.cfg.rollout.max_new_tokens,
                 curriculum_task=self.curriculum_task,
-                curriculum_width=prompt_len + sft.curriculum.max_new_tokens if sft.curriculum.max_new_tokens else 0,
+                curriculum_width=prompt_len + (sft.curriculum.max_new_tokens or self.cfg.rollout.max_new_tokens),
                 log=self.log,
             )
             self.params = self._place(self.params)

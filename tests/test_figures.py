@@ -1,6 +1,7 @@
 """Every figure script runs end to end in its smoke mode (seconds-long runs) and writes its PNG,
 markdown table and JSON with the command; the scripts share one run cache, as in real use."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ import fig_f_throughput  # noqa: E402
 import fig_qurl  # noqa: E402
 import fig_sortedrl  # noqa: E402
 import figlib  # noqa: E402
+from sparserl_jax.config import load_config  # noqa: E402
 import memo_choice  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
@@ -93,6 +95,15 @@ def test_arms_do_not_repeat_the_warm_start(runs_dir):
     run = study.arm("x", mode="naive_sparse", policy="snapkv", extra=["train.iterations=0"])
     assert run.cfg.sft.steps == 0 and run.cfg.sft.curriculum.steps == 0
     assert run.cfg.model.init_from == study.warm_start_dir()
+
+
+def test_walk_key_rkv_is_walk_key_with_rkv_rollouts():
+    """The default experiment's config copies walk_key.yaml but for the eviction policy (and its
+    output directory): the two must not drift apart."""
+    configs = [load_config([os.path.join(figlib.HERE, "configs", f"{name}.yaml")], ["train.out_dir=x"])
+               for name in ("walk_key", "walk_key_rkv")]
+    assert (configs[0].kv.policy, configs[1].kv.policy) == ("snapkv", "rkv")
+    assert dataclasses.replace(configs[1], kv=configs[0].kv) == configs[0]
 
 
 def test_runs_are_cached_and_shared(runs_dir):
