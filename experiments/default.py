@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +38,8 @@ import numpy as np  # noqa: E402
 
 import workers  # noqa: E402  (imports no JAX)
 from figlib import FROM_WARM_START, curve, fmt, mean_std, smoke_overrides  # noqa: E402
+import jax  # noqa: E402
+from sparserl_jax import components, distributed  # noqa: E402
 from sparserl_jax import kvcache as kv  # noqa: E402
 from sparserl_jax.config import dump_config, load_config  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
@@ -59,13 +62,47 @@ def evaluate_both(trainer: Trainer, sparse_kv: kv.KVConfig, n: int) -> dict:
             "sparse_kv_saving": sparse["kv_saving"]}
 
 
+def _sha(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a))
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def warm_start_fingerprint(trainer: Trainer) -> dict:
+    """Hashes of the warm start's params and of one sparse rollout from it (the first
+    rollout.prompts x samples training prompts, the key of iteration 0, kept sets recorded): two
+    machines that agree here made the same eviction decisions from the same weights."""
+    cfg = trainer.cfg
+    examples = trainer.prompts.next_batch()
+    ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
+    tokens, lengths = components.pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+    sampler_cfg = dataclasses.replace(trainer.sampler_cfg, record_kept=True)
+    out = distributed.generate_on_mesh(trainer.params, trainer.model_cfg, tokens, lengths,
+                                       jax.random.fold_in(jax.random.key(cfg.train.seed), 0),
+                                       sampler_cfg, trainer.mesh, request_ids=np.arange(len(ids)))
+    return {"warm_start_params": _sha(*jax.tree_util.tree_leaves(trainer.params)),
+            "first_rollout_tokens": _sha(out.tokens, out.lengths),
+            "first_rollout_logprobs": _sha(out.logprobs),
+            "first_rollout_kept": _sha(out.kept_positions)}
+
+
+def metrics_fingerprint(results: dict) -> str:
+    """One hash of the warm start's and every arm's per-seed metrics, as exact floats."""
+    rows = [[arm, [sorted(r.items()) for r in results[arm]["per_seed"]]] for arm in ARMS]
+    return hashlib.sha256(json.dumps([sorted(results["warm_start"].items()), rows]).encode()).hexdigest()[:16]
+
+
 def _warm_start(job) -> dict:
-    """Worker: the shared warm start (SFT only, no RL iterations), evaluated."""
+    """Worker: the shared warm start (SFT only, no RL iterations), evaluated and fingerprinted."""
     config, overrides, warm_dir = job
     base = load_config([config], overrides)
     warm = Trainer(load_config([config], overrides + [f"train.out_dir={warm_dir}", "train.iterations=0"]))
     warm.run()
-    return evaluate_both(warm, base.kv, base.train.eval_prompts)
+    return {"eval": evaluate_both(warm, base.kv, base.train.eval_prompts),
+            "fingerprint": warm_start_fingerprint(warm)}
 
 
 def _arm(job) -> tuple[dict, list[dict]]:
@@ -98,8 +135,8 @@ def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1), log=print
     shutil.rmtree(work, ignore_errors=True)
     t0 = time.perf_counter()
     warm_dir = os.path.join(work, "warm_start")
-    results = {"seeds": list(seeds),
-               "warm_start": workers.parallel_map(_warm_start, [(config, overrides, warm_dir)])[0]}
+    warm = workers.parallel_map(_warm_start, [(config, overrides, warm_dir)])[0]
+    results = {"seeds": list(seeds), "warm_start": warm["eval"]}
     log(f"warm start: {results['warm_start']}  ({time.perf_counter() - t0:.0f}s)")
     jobs = [(config, overrides, warm_dir, os.path.join(work, f"{arm}_seed{s}"), arm, s)
             for arm in ARMS for s in seeds]
@@ -113,6 +150,8 @@ def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1), log=print
         results[arm]["per_seed"] = rows
         histories[arm] = [h for _, h in per_seed]
         log(f"{arm}: {results[arm]['per_seed']}")
+    results["fingerprint"] = {**warm["fingerprint"], "metrics": metrics_fingerprint(results)}
+    results["portable_cpu"] = workers.portable_cpu_enabled()
     results["seconds"] = time.perf_counter() - t0
     dump_config(base, os.path.join(out_dir, "config.yaml"))
     write_outputs(results, histories, base, out_dir)
