@@ -86,15 +86,31 @@ def check_lengths(cfg: TrainConfig, model_cfg: ModelConfig) -> None:
         )
 
 
-def dataset_config(cfg: TrainConfig) -> datasets.DatasetConfig:
+def dataset_config(cfg: TrainConfig, tokenizer=None) -> datasets.DatasetConfig:
+    """How prompts are rendered. data.chat_template None templates jsonl datasets and leaves task
+    prompts plain; true templates every prompt. With `tokenizer`, a template it lacks is an error
+    naming the setting."""
     d = cfg.data
     template = d.prompt_template or ("{question}" if d.task else datasets.DEFAULT_PROMPT_TEMPLATE)
+    chat = bool(d.dataset) if d.chat_template is None else d.chat_template
+    if chat and tokenizer is not None and tokenizer.chat_template is None:
+        shown = "null (the default for data.dataset)" if d.chat_template is None else "true"
+        raise ValueError(
+            f"data.chat_template={shown}: the tokenizer of {getattr(tokenizer, 'source', tokenizer)} "
+            "has no chat template; set data.chat_template=false for plain-text prompts"
+        )
     return datasets.DatasetConfig(
         prompt_template=template,
-        chat_template=d.chat_template if d.dataset else False,  # task prompts are plain text
+        chat_template=chat,
         max_prompt_len=d.max_prompt_len,
         on_long_prompt=d.on_long_prompt,
     )
+
+
+def render_prompt(cfg: TrainConfig, tokenizer) -> Callable[[str], str]:
+    """A task question -> the prompt text the sampler sees (for SFT demonstrations)."""
+    dcfg = dataset_config(cfg, tokenizer)
+    return lambda question: datasets.render_prompt(question, tokenizer, dcfg)
 
 
 def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: bool = False):
@@ -104,8 +120,8 @@ def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: b
     if cfg.data.task:
         task = get_task(cfg.data.task, **dict(cfg.data.task_options))
         return datasets.TaskPromptIterator(task, batch_size, seed=seed, tokenizer=tokenizer,
-                                           cfg=dataset_config(cfg))
-    examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg))
+                                           cfg=dataset_config(cfg, tokenizer))
+    examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg, tokenizer))
     if not 1 <= batch_size <= len(examples):
         raise ValueError(f"rollout.prompts={batch_size} must be in [1, {len(examples)}] (the number of "
                          f"prompts in data.dataset={cfg.data.dataset!r})")
@@ -118,7 +134,7 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
     if cfg.data.task:
         return prompt_source(cfg, tokenizer, batch_size=n or 64, eval_split=True).next_batch()
     path = cfg.data.eval_dataset or cfg.data.dataset
-    examples = datasets.load_jsonl(path, tokenizer, dataset_config(cfg))
+    examples = datasets.load_jsonl(path, tokenizer, dataset_config(cfg, tokenizer))
     return examples[:n] if n else examples
 
 

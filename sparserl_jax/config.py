@@ -45,7 +45,10 @@ class DataConfig:
     dataset: str | None = None
     eval_dataset: str | None = None
     prompt_template: str | None = None  # None: the math template for datasets, "{question}" for tasks
-    chat_template: bool = True
+    # the tokenizer's chat template around each prompt (a user message + the generation prompt):
+    # None (default) for jsonl datasets only, task prompts stay plain text; true for every prompt,
+    # task prompts included (e.g. a chat checkpoint on a synthetic task); false for none
+    chat_template: bool | None = None
     max_prompt_len: int = 1024
     on_long_prompt: str = "error"
     reward: str = "math"  # for jsonl datasets; tasks bring their own reward

@@ -109,15 +109,18 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
                           data=DataConfig(task="arithmetic"))  # replaced below
     d = cfg.data
     pick = lambda flag, default: default if flag is None else flag  # noqa: E731
+    if args.chat and args.no_chat:
+        raise ValueError("--chat and --no-chat contradict each other: give at most one")
+    chat = False if args.no_chat else (True if args.chat else (d.chat_template if is_run else None))
     common = dict(max_prompt_len=pick(args.max_prompt_len, d.max_prompt_len if is_run else 1024))
     if args.dataset:
         data = DataConfig(task=None, dataset=args.dataset, reward=pick(args.reward, d.reward),
-                          chat_template=d.chat_template and not args.no_chat, **common)
+                          chat_template=chat, **common)
     elif args.task:  # the run's task options when it is the run's task
         options = d.task_options if args.task == d.task and is_run else {}
-        data = DataConfig(task=args.task, task_options=options, **common)
+        data = DataConfig(task=args.task, task_options=options, chat_template=chat, **common)
     else:
-        data = dataclasses.replace(d, chat_template=d.chat_template and not args.no_chat, **common)
+        data = dataclasses.replace(d, chat_template=chat, **common)
     cfg = dataclasses.replace(cfg, data=data)
     parts = components.build_model(cfg)
     if is_run:
@@ -144,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="default 64")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reward", default=None, help="default math")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap every prompt, task prompts included, in the chat template "
+                        "(data.chat_template=true)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--output-json", default=None)

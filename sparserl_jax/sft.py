@@ -3,6 +3,8 @@ response tokens only), so that RL starts from a policy that sometimes succeeds."
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -14,14 +16,16 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.tokenizer import Tokenizer
 
 
-def demonstration_batch(task, tokenizer: Tokenizer, rng: np.random.Generator, n: int, width: int):
+def demonstration_batch(task, tokenizer: Tokenizer, rng: np.random.Generator, n: int, width: int,
+                        render: Callable[[str], str] | None = None):
     """[n, width] tokens (prompt + ideal response + EOS, right-padded) and the response mask
-    aligned with token_logprobs (position t scores tokens[t + 1])."""
+    aligned with token_logprobs (position t scores tokens[t + 1]). `render` turns a task prompt
+    into the text the sampler sees (e.g. wrapped in the chat template); default: as is."""
     eos = tokenizer.eos_token_ids[0]
     tokens = np.full((n, width), tokenizer.pad_token_id, np.int32)
     mask = np.zeros((n, width), bool)
     for i, (prompt, _) in enumerate(task.sample(rng, n)):
-        p = tokenizer.encode(prompt)
+        p = tokenizer.encode(render(prompt) if render else prompt)
         r = tokenizer.encode(task.demonstration(prompt, rng=rng)) + [eos]
         seq = (p + r)[:width]
         tokens[i, : len(seq)] = seq
@@ -31,24 +35,27 @@ def demonstration_batch(task, tokenizer: Tokenizer, rng: np.random.Generator, n:
 
 def sft_warm_start(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: SFTConfig,
                    *, seed: int, width: int, curriculum_task=None, curriculum_width: int = 0,
-                   log=print):
+                   render: Callable[[str], str] | None = None, log=print):
     """cfg.curriculum.steps AdamW steps on `curriculum_task` (demonstrations `curriculum_width`
-    wide), if any, then cfg.steps on `task`; returns (params, last loss)."""
+    wide), if any, then cfg.steps on `task`; returns (params, last loss). `render`: see
+    demonstration_batch."""
     loss = float("nan")
     if cfg.curriculum.steps:
         if curriculum_task is None or curriculum_width <= 0:
             raise ValueError("sft.curriculum.steps > 0 needs the curriculum's task and width")
         params, loss = _sft_phase(params, model_cfg, curriculum_task, tokenizer, cfg,
                                   cfg.curriculum.steps, rng_stream=(seed, 20_000_003),
-                                  width=curriculum_width, name="sft curriculum", log=log)
+                                  width=curriculum_width, name="sft curriculum", render=render,
+                                  log=log)
     if cfg.steps:
         params, loss = _sft_phase(params, model_cfg, task, tokenizer, cfg, cfg.steps,
-                                  rng_stream=(seed, 10_000_019), width=width, name="sft", log=log)
+                                  rng_stream=(seed, 10_000_019), width=width, name="sft",
+                                  render=render, log=log)
     return params, loss
 
 
 def _sft_phase(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: SFTConfig,
-               steps: int, *, rng_stream: tuple[int, int], width: int, name: str, log):
+               steps: int, *, rng_stream: tuple[int, int], width: int, name: str, render, log):
     """`steps` AdamW steps (warmup-cosine schedule, a fresh optimizer) on fresh demonstration
     batches; batch i is drawn from default_rng([*rng_stream, i])."""
     schedule = optax.warmup_cosine_decay_schedule(
@@ -70,7 +77,8 @@ def _sft_phase(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: 
     loss = float("nan")
     for i in range(steps):
         rng = np.random.default_rng([*rng_stream, i])
-        tokens, mask = demonstration_batch(task, tokenizer, rng, cfg.batch_size, width)
+        tokens, mask = demonstration_batch(task, tokenizer, rng, cfg.batch_size, width,
+                                           render=render)
         params, opt_state, loss = step(params, opt_state, tokens, mask)
         if (i + 1) % max(steps // 5, 1) == 0 or i == steps - 1:
             log(f"{name} step {i + 1}/{steps}: loss {float(loss):.4f}")

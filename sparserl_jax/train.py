@@ -221,7 +221,7 @@ class Trainer:
                 seed=self.cfg.train.seed, width=prompt_len + self.cfg.rollout.max_new_tokens,
                 curriculum_task=self.curriculum_task,
                 curriculum_width=prompt_len + (sft.curriculum.max_new_tokens or self.cfg.rollout.max_new_tokens),
-                log=self.log,
+                render=components.render_prompt(self.cfg, self.tokenizer), log=self.log,
             )
             self.params = self._place(self.params)
             self.opt_state = self._init_opt_state()

@@ -27,8 +27,8 @@ def test_curriculum_phase_trains_on_the_easier_task_first(tmp_path, monkeypatch)
     calls = []
     original = sft.demonstration_batch
 
-    def spy(task, tokenizer, rng, n, width):
-        tokens, mask = original(task, tokenizer, rng, n, width)
+    def spy(task, tokenizer, rng, n, width, **kw):
+        tokens, mask = original(task, tokenizer, rng, n, width, **kw)
         prompts = [tokenizer.decode(row.tolist()).split(":")[0] for row in tokens]
         calls.append((task, width, [int(p.split(", ")[1].split()[0]) for p in prompts]))
         return tokens, mask
