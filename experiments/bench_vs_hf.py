@@ -11,6 +11,9 @@ Targets (a benchmark, not a test): dense >= 1.0x HF at batch 1 and >= 1.5x at ba
 
     taskset -c 1 python experiments/bench_vs_hf.py            # experiments/results/bench_vs_hf.{json,md}
     taskset -c 1 python experiments/bench_vs_hf.py --smoke    # seconds: a tiny shape, one repeat
+    # a real model: SmolLM2-135M-Instruct (python -m sparserl_jax.fetch smollm2-135m-instruct ...)
+    taskset -c 1 python experiments/bench_vs_hf.py --checkpoint checkpoints/smollm2-135m \
+        --batch 1 8 32 --out experiments/results/bench_vs_hf_smollm2.json
 
 Compile time (AOT lower + compile) and HF's first call are excluded from the medians.
 """
@@ -69,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny model, 16 new tokens, 1 repeat")
+    p.add_argument("--checkpoint", default=None,
+                   help="a Hugging Face checkpoint directory to run instead of the random model "
+                        "(both engines load its weights; float32)")
     p.add_argument("--out", default=os.path.join("experiments", "results", "bench_vs_hf.json"))
     args = p.parse_args(argv)
     if args.smoke:
@@ -181,7 +187,8 @@ def markdown(report: dict) -> str:
         "",
         f"Model: {m['family']} V={m['vocab_size']} D={m['d_model']} L={m['n_layers']} "
         f"N={m['n_heads']} K={m['n_kv_heads']} H={m['head_dim']} F={m['d_ff']} {m['dtype']}, "
-        f"{report['n_params'] / 1e6:.1f}M parameters, tied embeddings. Greedy, prompt "
+        f"{report['n_params'] / 1e6:.1f}M parameters{', tied embeddings' if m['tie_embeddings'] else ''}"
+        f"{' (' + report['checkpoint'] + ')' if report.get('checkpoint') else ''}. Greedy, prompt "
         f"{s['prompt_len']} tokens, exactly {s['new_tokens']} new tokens per row (no EOS). Sparse: "
         f"{s['policy']} budget {s['budget']} + buffer {s['buffer']} (window {s['window']}); dense "
         f"decodes in chunks of the same buffer. Median of {s['repeats']} interleaved timed calls "
@@ -212,7 +219,10 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(1)
     args = parse_args(argv)
-    model = SMOKE_MODEL if args.smoke else MODEL
+    if args.checkpoint:
+        model, params = hf.load_params(args.checkpoint, dtype="float32")
+    else:
+        model = SMOKE_MODEL if args.smoke else MODEL
     need = args.prompt_len + args.new_tokens + args.buffer
     model = dataclasses.replace(model, max_seq_len=max(model.max_seq_len, need))
     report = dict(
@@ -221,17 +231,22 @@ def main(argv=None) -> dict:
         machine=machine(),
         model=dataclasses.asdict(model),
         n_params=param_count(model),
+        checkpoint=args.checkpoint,
         setting=dict(prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
                      policy=args.policy, budget=args.budget, buffer=args.buffer,
                      window=args.window, seed=args.seed),
         results=[],
     )
     t_start = time.perf_counter()
-    params = transformer.init_params(model, jax.random.key(args.seed))
-    params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)  # non-flat logits
-    with tempfile.TemporaryDirectory() as ckpt:
-        hf.save_params(ckpt, model, params)
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(ckpt).float().eval()
+    if args.checkpoint:
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+            args.checkpoint, torch_dtype=torch.float32).eval()
+    else:
+        params = transformer.init_params(model, jax.random.key(args.seed))
+        params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)  # non-flat logits
+        with tempfile.TemporaryDirectory() as ckpt:
+            hf.save_params(ckpt, model, params)
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(ckpt).float().eval()
     for batch in args.batch:
         row = bench_batch(params, hf_model, model, args, batch)
         report["results"].append(row)
