@@ -41,7 +41,7 @@ from figlib import FROM_WARM_START, curve, fmt, mean_std, smoke_overrides  # noq
 import jax  # noqa: E402
 from sparserl_jax import components, distributed  # noqa: E402
 from sparserl_jax import kvcache as kv  # noqa: E402
-from sparserl_jax.config import dump_config, load_config  # noqa: E402
+from sparserl_jax.config import dump_config, load_config, to_dict  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,16 +105,15 @@ def _warm_start(job) -> dict:
             "fingerprint": warm_start_fingerprint(warm)}
 
 
-def _arm(job) -> tuple[dict, list[dict]]:
+def _arm(job) -> tuple[dict, list[dict], dict]:
     """Worker: one arm and seed from the warm start, trained and evaluated."""
     config, overrides, warm_dir, out_dir, arm, seed = job
     mode, sparse = ARMS[arm]
     base = load_config([config], overrides)
     policy = base.kv.policy if sparse else "none"
-    trainer = Trainer(load_config([config], overrides + [
-        f"train.out_dir={out_dir}", f"model.init_from={warm_dir}", *FROM_WARM_START,
-        f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}",
-    ]))
+    arm_overrides = [f"model.init_from={warm_dir}", *FROM_WARM_START,
+                     f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}"]
+    trainer = Trainer(load_config([config], overrides + [f"train.out_dir={out_dir}", *arm_overrides]))
     history = trainer.run()
     last = history[-max(len(history) // 4, 1):]
     return {
@@ -124,10 +123,10 @@ def _arm(job) -> tuple[dict, list[dict]]:
         "seq_reject_rate": float(np.mean([h.get("sars/seq_reject_rate", 0) for h in last])),
         "mismatch_kl_k3": float(np.mean([h["mismatch/kl_k3"] for h in history])),
         "final_train_reward": float(np.mean([h["reward/mean"] for h in last])),
-    }, history
+    }, history, {"overrides": arm_overrides, "config": to_dict(trainer.cfg)}
 
 
-def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1), log=print) -> dict:
+def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1, 2, 3, 4), log=print) -> dict:
     """The warm start, then every arm x seed as parallel single-core processes (workers.py): the
     numbers do not depend on how many cores the machine has."""
     base = load_config([config], overrides)
@@ -141,21 +140,31 @@ def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1), log=print
     jobs = [(config, overrides, warm_dir, os.path.join(work, f"{arm}_seed{s}"), arm, s)
             for arm in ARMS for s in seeds]
     outs = workers.parallel_map(_arm, jobs)
-    histories = {}
+    histories, resolved = {}, {}
     for arm in ARMS:
         per_seed = [out for job, out in zip(jobs, outs) if job[4] == arm]
-        rows = [r for r, _ in per_seed]
+        rows = [r for r, _, _ in per_seed]
         results[arm] = {key: mean_std(r[key] for r in rows)[0] for key in rows[0]}
         results[arm]["std"] = {key: mean_std(r[key] for r in rows)[1] for key in rows[0]}
         results[arm]["per_seed"] = rows
-        histories[arm] = [h for _, h in per_seed]
+        histories[arm] = [h for _, h, _ in per_seed]
+        resolved[arm] = [c for _, _, c in per_seed]
         log(f"{arm}: {results[arm]['per_seed']}")
     results["fingerprint"] = {**warm["fingerprint"], "metrics": metrics_fingerprint(results)}
     results["portable_cpu"] = workers.portable_cpu_enabled()
     results["seconds"] = time.perf_counter() - t0
     dump_config(base, os.path.join(out_dir, "config.yaml"))
     write_outputs(results, histories, base, out_dir)
+    with open(os.path.join(out_dir, "arms.json"), "w") as f:  # every run's resolved config
+        json.dump({"base_overrides": overrides, "arms": resolved}, f, indent=1)
     return results
+
+
+COLLAPSE = 0.5  # a seed collapsed: final dense-inference accuracy < COLLAPSE x the warm start's
+
+
+def collapsed(rows: list[dict], warm: dict) -> int:
+    return sum(r["dense_acc"] < COLLAPSE * warm["dense_acc"] for r in rows)
 
 
 def table(results: dict, base) -> str:
@@ -168,11 +177,11 @@ def table(results: dict, base) -> str:
         f"{base.rollout.temperature}).",
         "",
         "| model | acc. dense inference | acc. sparse inference | KV saving (train rollouts) "
-        "| token reject | seq reject | mismatch KL (k3) | train reward (last 25%) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| token reject | seq reject | mismatch KL (k3) | train reward (last 25%) | collapsed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     w = results["warm_start"]
-    lines.append(f"| warm start | {w['dense_acc']:.3f} | {w['sparse_acc']:.3f} | - | - | - | - | - |")
+    lines.append(f"| warm start | {w['dense_acc']:.3f} | {w['sparse_acc']:.3f} | - | - | - | - | - | - |")
     for arm in ARMS:
         rows = results[arm]["per_seed"]
         col = lambda key, spec=".3f": fmt([r[key] for r in rows], spec)  # noqa: E731
@@ -180,10 +189,12 @@ def table(results: dict, base) -> str:
         lines.append(
             f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {saving}% "
             f"| {col('token_reject_rate')} | {col('seq_reject_rate')} | {col('mismatch_kl_k3', '.4f')} "
-            f"| {col('final_train_reward')} |"
+            f"| {col('final_train_reward')} | {collapsed(rows, w)} of {len(rows)} |"
         )
     seeds = results["seeds"]
     lines.append("")
+    lines.append(f"A seed has collapsed when its dense-inference accuracy ends below {COLLAPSE:.0%} of the "
+                 "warm start's (decided before the 5-seed run).")
     lines.append(f"Mean ± std over {len(seeds)} seed(s) (train.seed {', '.join(map(str, seeds))}; one "
                  "shared warm start). Sparse inference KV saving: "
                  f"{results['sparse_rl']['sparse_kv_saving']:.1%} of the entries a dense cache holds. "
@@ -219,7 +230,7 @@ def main(argv=None) -> dict:
     p.add_argument("--config", default=os.path.join(HERE, "configs", "walk_key_rkv.yaml"))
     p.add_argument("--out", default=os.path.join(HERE, "results", "default"))
     p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="train.seed of every arm")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed of every arm")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
     overrides = list(args.overrides)

@@ -92,6 +92,8 @@ def config_key(cfg: TrainConfig) -> str:
     tree = _non_default(tree, to_dict(TrainConfig()))
     if RESULTS_EPOCH > 1:
         tree["results_epoch"] = RESULTS_EPOCH
+    if workers.portable_cpu_enabled():  # other float bits than the host's fastest code
+        tree["portable_cpu"] = True
     blob = json.dumps(tree, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
