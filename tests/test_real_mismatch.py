@@ -18,6 +18,7 @@ sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real"), os.path.join(HE
 
 import mismatch  # noqa: E402
 import prompts  # noqa: E402
+import report  # noqa: E402
 import update_mask  # noqa: E402
 from sparserl_jax import quant  # noqa: E402
 from sparserl_jax.model import hf  # noqa: E402
@@ -71,6 +72,8 @@ def test_eviction(checkpoint, tmp_path):
         tight = rows[f"{pol}@12"]
         assert 0.3 < tight["kv_saving"] < 1 and tight["kl_k3"] > 100 * max(dense["kl_k3"], 1e-9)
     assert "tiny source" in md and "Sparse-RL (methods.md 1.7)" in md
+    report.rerender(str(out))  # the tables again from results.json: the same file
+    assert (out / "results.md").read_text() == md
 
 
 def test_quantization(checkpoint, tmp_path):

@@ -106,16 +106,15 @@ def eviction_figure(data: dict):
         for pol in s["policies"]:
             pts = [(b, by[f"{pol}@{b}"][key] * scale) for b in s["budgets"] if f"{pol}@{b}" in by]
             ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=pol)
-        if "dense" in by and key == "kl_k3":
-            ax.axhline(max(by["dense"][key], 1e-12), color="k", ls=":", label="dense (floor)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(ncol=2)
-    axes[0].set_title(f"Eviction mismatch, SmolLM2-135M, {s['prompts']} prompts x {s['max_new']} tokens")
+    axes[0].set_title(f"Eviction mismatch vs dense, SmolLM2-135M\n{s['prompts']} prompts, "
+                      f"up to {s['max_new']} tokens (dense: k3 = 0)")
     axes[-1].set_xscale("log", base=2)
     axes[-1].set_xticks(s["budgets"], [str(b) for b in s["budgets"]])
-    axes[-1].set_xlabel(f"KV budget B (entries per layer and KV head; buffer {s['buffer']})")
+    axes[-1].set_xlabel(f"KV budget B (entries per layer, head)\nbuffer {s['buffer']}")
     return fig
 
 
@@ -161,15 +160,14 @@ def quantization_markdown(data: dict) -> str:
 
 
 def quantization_figure(data: dict):
-    rows = data["rows"]
-    fig, axes = plt.subplots(2, 1, figsize=(3.4, 5.2))
+    rows = [r for r in data["rows"] if r["arm"]["quant"] != "none"]  # full precision: k3 = 0
+    fig, axes = plt.subplots(2, 1, figsize=(3.4, 5.4))
     names = [r["arm"]["name"] for r in rows]
-    axes[0].barh(np.arange(len(rows)), [max(r["kl_k3"], 1e-12) for r in rows], color="C0")
+    axes[0].barh(np.arange(len(rows)), [r["kl_k3"] for r in rows], color="C0")
     axes[0].set_yticks(np.arange(len(rows)), names)
     axes[0].invert_yaxis()
-    axes[0].set_xscale("log")
-    axes[0].set_xlabel("mismatch k3 KL per token (nats, log scale)")
-    axes[0].set_title("Quantized-rollout mismatch, SmolLM2-135M")
+    axes[0].set_xlabel("mismatch k3 KL per token (nats)")
+    axes[0].set_title("Quantized rollouts vs full precision\nSmolLM2-135M (full precision: k3 = 0)")
     groups = ("qkv", "o_mlp")
     x = np.arange(4)
     width = 0.38
@@ -180,7 +178,7 @@ def quantization_figure(data: dict):
         axes[1].bar(x + (i - 0.5) * width, vals, width, label=f"s = {inv:g}" if inv else "no scaling")
     axes[1].set_xticks(x, ["int8\nq/k/v", "int8\no, MLP", "fp8\nq/k/v", "fp8\no, MLP"])
     axes[1].set_ylabel("codes changed by one step (%)")
-    axes[1].set_title(f"Update masking: one AdamW step at lr {data['updates'][0]['lr']:g}")
+    axes[1].set_title(f"Update masking: codes moved by\none AdamW step at lr {data['updates'][0]['lr']:g}")
     axes[1].legend()
     return fig
 
@@ -232,7 +230,7 @@ def lengths_figure(data: dict):
         axes[0].axvline(np.percentile(lens, p), color="k", ls=ls, label=f"p{p}")
     axes[0].set_xlabel(f"response length (tokens; cap {s['max_new']})")
     axes[0].set_ylabel("responses")
-    axes[0].set_title(f"SmolLM2-135M response lengths, T = 1.0, {len(lens)} prompts")
+    axes[0].set_title(f"SmolLM2-135M response lengths\nT = 1.0, {len(lens)} prompts")
     axes[0].legend()
     labels = ["bubble\n(slot-steps)", "bubble\n(wall)", "tokens/s\nvs static"]
     static = [100 * r["static_bubble"], 100 * r["static_bubble"], 100.0]
@@ -252,11 +250,12 @@ RENDER = {"eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (S
           "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)")}
 
 
-def write(name: str, out_dir: str, data: dict, argv=None) -> None:
-    """results.md, results.json and <name>.png under out_dir."""
+def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None) -> None:
+    """results.md, results.json and <name>.png under out_dir (`cmd`: the command line recorded,
+    default this process's)."""
     markdown, figure, title = RENDER[name]
     os.makedirs(out_dir, exist_ok=True)
-    cmd = command(argv)
+    cmd = cmd or command(argv)
     md = markdown(data)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{md}\n\n![{name}]({name}.png)\n")
@@ -267,3 +266,17 @@ def write(name: str, out_dir: str, data: dict, argv=None) -> None:
     fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=200)
     plt.close(fig)
     print(md)
+
+
+def rerender(out_dir: str) -> None:
+    """Write results.md and the figure again from results.json (same numbers, same command)."""
+    with open(os.path.join(out_dir, "results.json")) as f:
+        data = json.load(f)
+    cmd = data.pop("command")
+    name = next(n for n in RENDER if cmd.split()[2:3] == [n])
+    write(name, out_dir, data, cmd=cmd)
+
+
+if __name__ == "__main__":  # python experiments/real/report.py experiments/results/real/<name>
+    for directory in sys.argv[1:]:
+        rerender(directory)
