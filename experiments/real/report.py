@@ -1,0 +1,282 @@
+"""Tables and figures of the real-model measurements: results.md (the exact command, the
+settings, the tables beside the tiny model's and the papers' numbers), results.json (every number)
+and <name>.png, sized to be read at paper-column width."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+import refs  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7})
+
+
+def command(argv) -> str:
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if argv is None else \
+        "experiments/real/mismatch.py"
+    args = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", script, *args])
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _sci(x: float) -> str:
+    return f"{x:.2e}"
+
+
+def _header(data: dict) -> str:
+    s = data["settings"]
+    return (f"Model: `{os.path.basename(os.path.normpath(s['checkpoint']))}` (float32). {s['prompts']} "
+            f"chat prompts (experiments/real/prompts.py, the checkpoint's chat template), responses "
+            f"sampled at temperature 1.0 up to {s['max_new']} tokens, seed {s['seed']}. Wall time "
+            f"{data['wall_s']:.0f} s on {data['cores']} single-core worker process(es).")
+
+
+MISMATCH_COLS = ("| rollouts | KV saving | k1 KL | k3 KL | KL(dense ‖ sampler) | SARS token reject | "
+                 "SARS veto | mean length | at cap |", "|---|---|---|---|---|---|---|---|---|")
+
+
+def _mismatch_row(r: dict) -> str:
+    return (f"| {r['arm']['name']} | {_pct(r['kv_saving'])} | {_sci(r['kl_k1'])} | {_sci(r['kl_k3'])} | "
+            f"{_sci(r['kl_dense_sparse'])} | {_pct(r['token_reject'])} | {_pct(r['veto'])} | "
+            f"{np.mean(r['lengths']):.1f} | {_pct(r['truncated'])} |")
+
+
+ESTIMATORS = (
+    "k1 = mean(-log xi) and k3 = mean(xi - 1 - log xi) over the sampler's response tokens, xi = "
+    "pi_dense / pi_sampler (the dense model teacher-forced over the sampler's tokens; the sampler's "
+    "log-probs recorded while sampling): both estimate KL(pi_sampler ‖ pi_dense), what the update "
+    "logs as mismatch/kl_k1, kl_k3. KL(dense ‖ sampler) = mean(xi log xi), the importance-weighted "
+    "estimate of the other direction. SARS at the project's defaults (rl.corrections): a token is "
+    "rejected when xi is outside [0.5, 1.5], a response vetoed when min xi < 1e-4.")
+
+
+def eviction_markdown(data: dict) -> str:
+    s = data["settings"]
+    rows = data["rows"]
+    lines = [_header(data), "",
+             f"KV eviction: budget B in {s['budgets']}, buffer {s['buffer']} (a compression every "
+             f"{s['buffer']} decode steps keeps the top B entries per layer and KV head), window 8, "
+             "per-head selection, prompt kept whole until the first compression "
+             "(kv.compress_prompt=false, the authors'). KV saving = 1 - kept entries / dense "
+             "entries behind each generated token's logits.", "", ESTIMATORS, "", *MISMATCH_COLS]
+    lines += [_mismatch_row(r) for r in rows]
+    by = {r["arm"]["name"]: r for r in rows}
+    tiny = refs.tiny_policies()
+    lines += ["", "Side by side with the tiny model (its numbers are training-time means over seeds "
+              "from the committed results named in the source column; k3 KL from the naive-sparse "
+              "arm, SARS rejections from the Sparse-RL arm):", "",
+              "| policy | real k3 KL at B = " + " / ".join(map(str, s["budgets"])) +
+              " | real token reject | real veto | real KV saving | tiny k3 KL | tiny token reject | "
+              "tiny response reject | tiny KV saving | tiny source |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for pol in s["policies"]:
+        cells = [by.get(f"{pol}@{b}") for b in s["budgets"]]
+        real = [" / ".join(f(c) if c else "-" for c in cells) for f in (
+            lambda c: _sci(c["kl_k3"]), lambda c: _pct(c["token_reject"]), lambda c: _pct(c["veto"]),
+            lambda c: _pct(c["kv_saving"]))]
+        for name, t in [(k, v) for k, v in tiny.items() if k.split(" ")[0] == pol] or [(pol, {})]:
+            g = lambda k, f: f(t[k]) if k in t else "-"  # noqa: E731
+            lines.append(f"| {name} | {' | '.join(real)} | {g('kl_k3', _sci)} | "
+                         f"{g('token_reject', _pct)} | {g('seq_reject', _pct)} | {g('kv_saving', _pct)} | "
+                         f"{t.get('source', '-')} |")
+    lines += ["", f"Papers: {refs.PAPER_SPARSE_RL}."]
+    return "\n".join(lines)
+
+
+def eviction_figure(data: dict):
+    s, rows = data["settings"], data["rows"]
+    by = {r["arm"]["name"]: r for r in rows}
+    fig, axes = plt.subplots(3, 1, figsize=(3.4, 6.0), sharex=True)
+    panels = (("kl_k3", "mismatch k3 KL per token (nats)", 1.0),
+              ("token_reject", "SARS token reject (%)", 100.0), ("kv_saving", "KV saving (%)", 100.0))
+    for ax, (key, label, scale) in zip(axes, panels):
+        for pol in s["policies"]:
+            pts = [(b, by[f"{pol}@{b}"][key] * scale) for b in s["budgets"] if f"{pol}@{b}" in by]
+            ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=pol)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].legend(ncol=2)
+    axes[0].set_title(f"Eviction mismatch vs dense, SmolLM2-135M\n{s['prompts']} prompts, "
+                      f"up to {s['max_new']} tokens (dense: k3 = 0)")
+    axes[-1].set_xscale("log", base=2)
+    axes[-1].set_xticks(s["budgets"], [str(b) for b in s["budgets"]])
+    axes[-1].set_xlabel(f"KV budget B (entries per layer, head)\nbuffer {s['buffer']}")
+    return fig
+
+
+def quantization_markdown(data: dict) -> str:
+    s = data["settings"]
+    lines = [_header(data), "",
+             "Quantized rollouts through sparserl_jax.quant (impl native: W8A8 runs an int8 dot with "
+             "int32 accumulation or a float8 e4m3 dot, activations per token; W8A16 upcasts the "
+             "weights inside the dot; weights per output channel; embedding and lm_head full "
+             f"precision). s = {s['invariant_s']:g}: QuRL's invariant scaling (attention RMSNorm x s, "
+             "q/k/v / s) applied to the dense weights first, so pi_dense is the scaled full-precision "
+             "model, as in training.", "", ESTIMATORS, "", *MISMATCH_COLS]
+    lines += [_mismatch_row(r) for r in data["rows"]]
+    tiny = refs.tiny_quant()
+    if tiny:
+        by = {r["arm"]["name"]: r for r in data["rows"]}
+        real = lambda n: _sci(by[n]["kl_k3"]) if n in by else "-"  # noqa: E731
+        lines += ["", "Side by side (k3 KL per token; tiny: fig_qurl, int8 W8A8, mean over its 50 "
+                  "training iterations and 3 seeds):", "",
+                  "| rollouts | real model | tiny model |", "|---|---|---|",
+                  f"| full precision | {real('full precision')} | {_sci(tiny.get('fp', float('nan')))} |",
+                  f"| int8 W8A8 | {real('int8 w8a8')} | {_sci(tiny.get('int8_naive', float('nan')))} |",
+                  f"| int8 W8A8, s = 1.5 | {real('int8 w8a8 s=1.5')} | "
+                  f"{_sci(tiny.get('int8_acr_invariant_scaling', float('nan')))} |"]
+    u0 = data["updates"][0]
+    lines += ["", f"Update masking (QuRL Eq. 10-12): one optimizer step of the project's update "
+              f"(rl.mode=qurl: TIS weights min(rho, 2) + ACR, clipped GRPO surrogate, k3 KL 1e-4; "
+              f"AdamW lr {u0['lr']:g}, betas (0.9, 0.98), weight decay 0.1, grad-norm clip 1) on "
+              f"{u0['rows']} int8 W8A8 rollouts of the first {u0['rows']} prompts, advantage = "
+              "batch-standardised negative response length (brevity reward). Fraction of the "
+              "quantized codes (per-output-channel absmax) that differ before vs after the step:", "",
+              "| invariant scaling | fp32 weights changed | int8 codes: q/k/v | int8: o, gate/up/down | "
+              "int8: all | fp8 codes: q/k/v | fp8: o, gate/up/down | fp8: all | grad norm |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for u in data["updates"]:
+        c = u["codes_changed"]
+        inv = u["arm"]["invariant_s"]
+        lines.append(f"| {'s = %g' % inv if inv else 'off'} | {_pct(u['weights_changed'])} | " +
+                     " | ".join(f"{100 * c[f][g]:.3f}%" for f in ("int8", "fp8")
+                                for g in ("qkv", "o_mlp", "all")) + f" | {u['grad_norm']:.3g} |")
+    lines += ["", f"Papers: {refs.PAPER_QURL}."]
+    return "\n".join(lines)
+
+
+def quantization_figure(data: dict):
+    rows = [r for r in data["rows"] if r["arm"]["quant"] != "none"]  # full precision: k3 = 0
+    fig, axes = plt.subplots(2, 1, figsize=(3.4, 5.4))
+    names = [r["arm"]["name"] for r in rows]
+    axes[0].barh(np.arange(len(rows)), [r["kl_k3"] for r in rows], color="C0")
+    axes[0].set_yticks(np.arange(len(rows)), names)
+    axes[0].invert_yaxis()
+    axes[0].set_xlabel("mismatch k3 KL per token (nats)")
+    axes[0].set_title("Quantized rollouts vs full precision\nSmolLM2-135M (full precision: k3 = 0)")
+    groups = ("qkv", "o_mlp")
+    x = np.arange(4)
+    width = 0.38
+    for i, u in enumerate(data["updates"]):
+        c = u["codes_changed"]
+        vals = [100 * c[f][g] for f in ("int8", "fp8") for g in groups]
+        inv = u["arm"]["invariant_s"]
+        axes[1].bar(x + (i - 0.5) * width, vals, width, label=f"s = {inv:g}" if inv else "no scaling")
+    axes[1].set_xticks(x, ["int8\nq/k/v", "int8\no, MLP", "fp8\nq/k/v", "fp8\no, MLP"])
+    axes[1].set_ylabel("codes changed by one step (%)")
+    axes[1].set_title(f"Update masking: codes moved by\none AdamW step at lr {data['updates'][0]['lr']:g}")
+    axes[1].legend()
+    return fig
+
+
+PERCENTILES = (10, 25, 50, 75, 90, 95, 99)
+
+
+def lengths_markdown(data: dict) -> str:
+    s, r = data["settings"], data["run"]
+    lens = np.asarray(r["lengths"])
+    q = np.percentile(lens, PERCENTILES)
+    lines = [_header(data), "",
+             "Response lengths of the dense sampler (tokens, EOS included):", "",
+             "| mean | " + " | ".join(f"p{p}" for p in PERCENTILES) + " | max | at cap | p95 / p50 |",
+             "|---" * (len(PERCENTILES) + 5) + "|",
+             f"| {lens.mean():.1f} | " + " | ".join(f"{v:.0f}" for v in q) +
+             f" | {lens.max()} | {_pct(np.mean(lens >= s['max_new']))} | {q[5] / max(q[2], 1):.2f} |",
+             "",
+             f"Static sampler (batches of Q = {r['slots']} prompts, each decoded until its longest "
+             f"response ends) vs the slot engine (Q = {r['slots']} slots refilled as responses end, "
+             f"segments of {r['segment_chunks']} x {s['buffer']} steps), one pinned process, "
+             f"median of {r['repeats']} timed call(s) each after a warm-up; "
+             f"{_pct(r['same_responses'])} of the responses are token-identical between the two. "
+             "Relative numbers only (a shared CPU):", "",
+             "| | static sampler | slot engine |", "|---|---|---|",
+             f"| tokens/s relative to static | 1.00 | {r['engine_over_static']:.2f} |",
+             f"| bubble (slot-steps idle) | {_pct(r['static_bubble'])} | {_pct(r['engine_bubble_slots'])} "
+             f"({_pct(r['engine_bubble_slots_until_drain'])} until the queue empties) |",
+             f"| bubble (wall, SortedRL Eq. 4) | {_pct(r['static_bubble'])} (equal step times) | "
+             f"{_pct(r['engine_bubble_wall'])} ({_pct(r['engine_bubble_wall_until_drain'])} until the "
+             "queue empties) |"]
+    tiny = refs.tiny_sorted()
+    if tiny:
+        lines += ["", f"Tiny model (`{tiny['command']}`, experiments/results/bench_sorted.md: forced "
+                  "long-tailed lengths, 256 requests on 16 slots): static bubble "
+                  f"{_pct(tiny['static_bubble'])}, engine {_pct(tiny['engine_bubble_slots'])} "
+                  f"({_pct(tiny['engine_bubble_slots_until_drain'])} until the queue empties), engine "
+                  f"{tiny['speedup']:.2f}x static tokens/s."]
+    lines += ["", f"Paper: {refs.PAPER_SORTED_RL}."]
+    return "\n".join(lines)
+
+
+def lengths_figure(data: dict):
+    s, r = data["settings"], data["run"]
+    lens = np.asarray(r["lengths"])
+    fig, axes = plt.subplots(2, 1, figsize=(3.4, 4.8))
+    axes[0].hist(lens, bins=np.linspace(0, s["max_new"], 17), color="C0")
+    for p, ls in ((50, "--"), (90, ":"), (99, "-.")):
+        axes[0].axvline(np.percentile(lens, p), color="k", ls=ls, label=f"p{p}")
+    axes[0].set_xlabel(f"response length (tokens; cap {s['max_new']})")
+    axes[0].set_ylabel("responses")
+    axes[0].set_title(f"SmolLM2-135M response lengths\nT = 1.0, {len(lens)} prompts")
+    axes[0].legend()
+    labels = ["bubble\n(slot-steps)", "bubble\n(wall)", "tokens/s\nvs static"]
+    static = [100 * r["static_bubble"], 100 * r["static_bubble"], 100.0]
+    engine = [100 * r["engine_bubble_slots"], 100 * r["engine_bubble_wall"], 100 * r["engine_over_static"]]
+    x = np.arange(3)
+    axes[1].bar(x - 0.2, static, 0.4, label="static sampler")
+    axes[1].bar(x + 0.2, engine, 0.4, label="slot engine")
+    axes[1].set_xticks(x, labels)
+    axes[1].set_ylabel("percent")
+    axes[1].set_title(f"Static batches vs slot engine (Q = {r['slots']})")
+    axes[1].legend()
+    return fig
+
+
+RENDER = {"eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (Sparse-RL)"),
+          "quantization": (quantization_markdown, quantization_figure, "Quantization mismatch (QuRL)"),
+          "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)")}
+
+
+def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None) -> None:
+    """results.md, results.json and <name>.png under out_dir (`cmd`: the command line recorded,
+    default this process's)."""
+    markdown, figure, title = RENDER[name]
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = cmd or command(argv)
+    md = markdown(data)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{md}\n\n![{name}]({name}.png)\n")
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"command": cmd, **data}, f, indent=1)
+    fig = figure(data)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=200)
+    plt.close(fig)
+    print(md)
+
+
+def rerender(out_dir: str) -> None:
+    """Write results.md and the figure again from results.json (same numbers, same command)."""
+    with open(os.path.join(out_dir, "results.json")) as f:
+        data = json.load(f)
+    cmd = data.pop("command")
+    name = next(n for n in RENDER if cmd.split()[2:3] == [n])
+    write(name, out_dir, data, cmd=cmd)
+
+
+if __name__ == "__main__":  # python experiments/real/report.py experiments/results/real/<name>
+    for directory in sys.argv[1:]:
+        rerender(directory)

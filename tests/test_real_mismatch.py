@@ -1,0 +1,140 @@
+"""experiments/real/mismatch.py end to end on a tiny HF checkpoint the test builds (random Qwen2
+weights + the char tokenizer and its chat template): every measurement writes its table, JSON and
+figure, and the numbers obey what they must (a budget above the length is the dense sampler, the
+dense sampler against its own teacher-forced recompute is at the float noise floor, rates in
+[0, 1], the engine decodes the static sampler's responses)."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from hf_fixtures import make_tiny_hf_checkpoint
+
+HERE = os.path.dirname(__file__)
+sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real"), os.path.join(HERE, "..", "experiments")]
+
+import mismatch  # noqa: E402
+import prompts  # noqa: E402
+import report  # noqa: E402
+import update_mask  # noqa: E402
+from sparserl_jax import quant  # noqa: E402
+from sparserl_jax.model import hf  # noqa: E402
+from sparserl_jax.tokenizer import CharTokenizer  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("real_mismatch")
+jax.devices()  # the backend runs: workers.parallel_map runs the arms in this process
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = make_tiny_hf_checkpoint("qwen2", tmp_path_factory.mktemp("real"))
+    CharTokenizer().save(directory)
+    return str(directory)
+
+
+def _outputs(out, name):
+    for f in ("results.md", "results.json", f"{name}.png"):
+        assert (out / f).stat().st_size > 0, f
+    md = (out / "results.md").read_text()
+    assert "Command: `python experiments/real/mismatch.py" in md
+    return md, json.loads((out / "results.json").read_text())
+
+
+def _in_unit(x):
+    return 0.0 <= x <= 1.0
+
+
+def test_eviction(checkpoint, tmp_path):
+    out = tmp_path / "eviction"
+    mismatch.main(["eviction", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "12",
+                   "--buffer", "4", "--budgets", "12", "256", "--policies", "streaming", "rkv",
+                   "--rows-per-call", "2", "--out", str(out)])
+    md, data = _outputs(out, "eviction")
+    rows = {r["arm"]["name"]: r for r in data["rows"]}
+    assert set(rows) == {"dense", "streaming@12", "rkv@12", "streaming@256", "rkv@256"}
+    for name in rows:
+        assert f"| {name} |" in md
+    for r in rows.values():
+        assert all(_in_unit(r[k]) for k in ("token_reject", "veto", "seq_reject", "truncated"))
+        assert r["kl_k3"] > -1e-6 and len(r["lengths"]) == 4 and max(r["lengths"]) <= 12
+        assert r["tokens"] == sum(r["lengths"])
+    dense = rows["dense"]
+    # the dense sampler against its own teacher-forced recompute: float noise only
+    assert abs(dense["kl_k1"]) < 1e-5 and dense["kl_k3"] < 1e-8 and dense["token_reject"] == 0
+    assert dense["kv_saving"] == 0
+    for pol in ("streaming", "rkv"):
+        above = rows[f"{pol}@256"]  # the budget exceeds prompt + response: it never evicts
+        assert above["kv_saving"] == 0 and above["lengths"] == dense["lengths"]
+        assert above["kl_k1"] == pytest.approx(dense["kl_k1"], abs=1e-7)
+        tight = rows[f"{pol}@12"]
+        assert 0.3 < tight["kv_saving"] < 1 and tight["kl_k3"] > 100 * max(dense["kl_k3"], 1e-9)
+    assert "tiny source" in md and "Sparse-RL (methods.md 1.7)" in md
+    report.rerender(str(out))  # the tables again from results.json: the same file
+    assert (out / "results.md").read_text() == md
+
+
+def test_quantization(checkpoint, tmp_path):
+    out = tmp_path / "quantization"
+    mismatch.main(["quantization", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "8",
+                   "--buffer", "4", "--update-rows", "4", "--out", str(out)])
+    md, data = _outputs(out, "quantization")
+    names = [r["arm"]["name"] for r in data["rows"]]
+    assert names[0] == "full precision" and len(names) == 9
+    assert {"int8 w8a8", "fp8 w8a16", "int8 w8a8 s=1.5", "fp8 w8a16 s=1.5"} <= set(names)
+    rows = {r["arm"]["name"]: r for r in data["rows"]}
+    assert abs(rows["full precision"]["kl_k1"]) < 1e-5
+    # W8A8 quantizes activations too: a larger departure from the dense policy than the noise floor
+    assert rows["int8 w8a8"]["abs_dlogp_mean"] > 10 * rows["full precision"]["abs_dlogp_mean"]
+    assert all(_in_unit(r["token_reject"]) and r["kl_k3"] > -1e-6 for r in rows.values())
+    assert [u["arm"]["invariant_s"] for u in data["updates"]] == [0.0, 1.5]
+    for u in data["updates"]:
+        assert u["skipped"] == 0 and u["weights_changed"] > 0.5  # Adam moves every weight
+        for fmt in ("int8", "fp8"):
+            assert all(_in_unit(v) for v in u["codes_changed"][fmt].values())
+    assert "| s = 1.5 |" in md and "| off |" in md and "QuRL (methods.md 2)" in md
+
+
+def test_lengths(checkpoint, tmp_path):
+    out = tmp_path / "lengths"
+    mismatch.main(["lengths", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "12",
+                   "--buffer", "4", "--slots", "2", "--out", str(out)])
+    md, data = _outputs(out, "lengths")
+    r = data["run"]
+    assert r["same_responses"] == 1.0  # per-request keys: the engine decodes the same responses
+    assert len(r["lengths"]) == 4 and all(1 <= n <= 12 for n in r["lengths"])
+    assert r["tokens"] == sum(r["lengths"])
+    assert all(_in_unit(r[k]) for k in ("static_bubble", "engine_bubble_slots", "engine_bubble_wall"))
+    assert r["engine_over_static"] > 0
+    assert "| tokens/s relative to static | 1.00 |" in md and "p95 / p50" in md
+
+
+def test_code_changes_see_only_what_moves(checkpoint):
+    _, params = hf.load_params(checkpoint)
+    for fmt in update_mask.FORMATS:
+        same = update_mask.code_change_fractions(params, params, fmt)
+        assert same == {"qkv": 0.0, "o_mlp": 0.0, "all": 0.0}
+        # invariant scaling divides q/k/v by s: per-channel absmax codes stay (up to rounding)
+        scaled = update_mask.code_change_fractions(params, quant.invariant_scale(params, 1.5), fmt)
+        assert scaled["o_mlp"] == 0.0 and scaled["qkv"] < 0.01
+        moved = dict(params, layers=[dict(layer, up=layer["up"] + 0.05) for layer in params["layers"]])
+        frac = update_mask.code_change_fractions(params, moved, fmt)
+        assert frac["qkv"] == 0.0 and frac["o_mlp"] > 0.1
+    assert update_mask.weight_change_fraction(params, params) == 0.0
+
+
+def test_bad_settings_are_named(checkpoint, tmp_path):
+    with pytest.raises(SystemExit):
+        mismatch.main(["eviction", "--checkpoint", checkpoint, "--prompts", "0"])
+    with pytest.raises(SystemExit):
+        mismatch.main(["eviction", "--checkpoint", str(tmp_path / "missing")])
+    with pytest.raises(ValueError, match="--prompts=3 must be a multiple of --slots=2"):
+        mismatch.main(["lengths", "--checkpoint", checkpoint, "--prompts", "3", "--slots", "2",
+                       "--out", str(tmp_path / "x")])
+    n = len(prompts.INSTRUCTIONS)
+    with pytest.raises(ValueError, match=f"--prompts={n + 1}: expected 1 to {n}"):
+        prompts.chat_prompts(CharTokenizer(), n + 1)
+    assert len(set(prompts.INSTRUCTIONS)) == n >= 64
+    np.testing.assert_array_equal(prompts.chat_prompts(CharTokenizer(), 2)[1] > 0, True)
