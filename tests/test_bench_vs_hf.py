@@ -15,7 +15,10 @@ pytestmark = pytest.mark.xdist_group("bench_vs_hf")
 
 
 @pytest.mark.parametrize("use_checkpoint", [False, True])
-def test_smoke_writes_rows(tmp_path, use_checkpoint):
+def test_smoke_writes_rows(tmp_path, use_checkpoint, monkeypatch):
+    # bench_vs_hf sets XLA_FLAGS for its own process when imported: keep it out of later
+    # tests' subprocesses (monkeypatch restores the variable)
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     import bench_vs_hf
 
     args = ["--smoke", "--batch", "1", "2", "--out", str(tmp_path / "b.json")]
