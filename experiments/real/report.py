@@ -202,7 +202,7 @@ def lengths_markdown(data: dict) -> str:
              f"segments of {r['segment_chunks']} x {s['buffer']} steps), one pinned process, "
              f"median of {r['repeats']} timed call(s) each after a warm-up; "
              f"{_pct(r['same_responses'])} of the responses are token-identical between the two. "
-             "Relative numbers only (a shared CPU):", "",
+             "Relative numbers (ratios of one interleaved run):", "",
              "| | static sampler | slot engine |", "|---|---|---|",
              f"| tokens/s relative to static | 1.00 | {r['engine_over_static']:.2f} |",
              f"| bubble (slot-steps idle) | {_pct(r['static_bubble'])} | {_pct(r['engine_bubble_slots'])} "
