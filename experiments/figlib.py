@@ -377,7 +377,10 @@ def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
     target.set_minor_locator(FixedLocator([]))
     target.set_major_formatter(FuncFormatter(
         lambda x, _: "0" if x == 0 else f"$10^{{{int(round(np.log10(abs(x))))}}}$"))
-    getattr(ax, f"set_{axis}lim")(-0.3 * 10.0 ** lo, 10.0 ** hi)
+    neg = np.asarray([x for x in values if np.isfinite(x)], np.float64)
+    low = min(-0.3 * 10.0 ** lo, 1.5 * float(neg.min()) if neg.size else 0.0)
+    # room right of the largest bar for its value
+    getattr(ax, f"set_{axis}lim")(low, 10.0 ** (hi + 0.3 * (hi - lo + 1)))
 
 
 def _value_text(value: float, spec: str) -> str:
@@ -416,7 +419,7 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
         else:
             ax.set_xlim(0, max(1e-9, float(np.nanmax(means + stds))) * 1.3)
         for yi, m, s in zip(y, means, stds):
-            ax.annotate(_value_text(m, spec), (max(m + s, 0) if not log else m + s, yi),
+            ax.annotate(_value_text(m, spec), (max(m + s, 0), yi),
                         xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     multi = np.atleast_2d(bottom.subplots(n_multi_rows, 2, sharex=True, sharey=True))
     for i, ax in enumerate(multi.ravel()):
