@@ -24,6 +24,7 @@ iteration (mean over seeds), and where in a response the rejected tokens sit at 
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 import figlib
 from figlib import fmt
@@ -124,6 +125,8 @@ def diagnostics_figure(histories: dict[str, list[list[dict]]], title: str):
     ax.set_xlabel("relative position in the response, j / M")
     ax.set_ylabel("fraction of rejected tokens")
     figlib.band_legend_below(fig, axes[0])
+    for ax in axes[:-1]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     return fig
 
@@ -281,7 +284,7 @@ def curves_figure(histories, warm_row, per_seed, base, n_eval, title):
             ax.plot(x, m, "-o", ms=3, color=colours[arm], lw=1.2)
             ax.fill_between(x, m - s, m + s, color=colours[arm], alpha=0.2, lw=0)
         fm, fs = figlib.mean_std(r["dense_acc"] for r in per_seed[arm])
-        ax.errorbar(last + 1 + 1.2 * i, fm, yerr=fs, fmt="D", ms=4, color=colours[arm], capsize=2)
+        ax.errorbar(last + max(last, 4) * 0.025 * (i + 1), fm, yerr=fs, fmt="D", ms=4, color=colours[arm], capsize=2)
     ax.plot(0, warm_row["dense_acc"], "*", ms=9, color="k")
     ax.set_ylim(0, 1.02)
     ax.set_title("held-out accuracy", fontsize=9)
@@ -294,6 +297,8 @@ def curves_figure(histories, warm_row, per_seed, base, n_eval, title):
     if has_eval:
         handles.append(Line2D([], [], color="0.3", marker="o", ms=3, label="during training"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     return fig, has_eval
 
