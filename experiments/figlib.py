@@ -9,8 +9,10 @@ checkpoint (the trainer's exact resume). Evaluations are cached in the run direc
 `Study.train_all` trains a figure's independent runs in parallel single-core processes and the
 script's own process is pinned to one core (workers.py), so figures are the same on any machine.
 
-Outputs of a figure: `<out>/results.md` (the exact command, the table), `<out>/results.json`
-(every number behind the table and the figure) and `<out>/<name>.png`.
+Outputs of a figure: `<out>/results.md` (the exact command, the table, the figure's caption),
+`<out>/results.json` (every number behind the table and the figure), `<out>/config.yaml` and
+`<out>/<name>.png`. `--replot <out>` (figures a-e and QuRL) re-renders the PNGs and results.md from
+results.json and config.yaml alone, training and evaluating nothing.
 """
 
 from __future__ import annotations
