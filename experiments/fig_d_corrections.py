@@ -24,19 +24,46 @@ VARIANTS = {  # name -> (rl.mode, extra overrides)
 }
 
 
+LABELS = {  # short readable names in the figure
+    "none": "none (naive sparse)",
+    "sars_only": "SARS only",
+    "ibr_only": "IBR only",
+    "both": "SARS + IBR (Sparse-RL)",
+    "both_sequence_level": "Sparse-RL, sequence ratio",
+    "both_geometric_level": "Sparse-RL, geometric ratio",
+}
+
+
 def main(argv=None) -> dict:
-    args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
+    args = figlib.variants_parser(__doc__, VARIANTS, replot=True).parse_args(argv)
+    if args.replot:
+        data, base = figlib.load_results(args.replot)
+        render(data, base, args.replot, replot=True)
+        return data
     study = figlib.study_from_args(args)
     out = args.out or figlib.default_out("fig_d_corrections", args.config)
     policy = study.base.kv.policy
+    n_eval = figlib.eval_prompts(args, study)
     results, histories = figlib.run_variants(
         study, args.variants, args.seeds, lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),
-        lambda run: figlib.scores(run, policy))
+        lambda run: figlib.scores(run, policy, n_eval))
+    names = list(results)
+    data = {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in names},
+            "eval_prompts": n_eval}
+    render(data, study.base, out, study=study)
+    return data
 
-    kvc = study.base.kv
+
+def render(data: dict, base, out: str, study=None, replot: bool = False) -> None:
+    """results.md and corrections.png of `data` (a fresh run's, or a committed results.json's)."""
+    results, seeds = data["results"], data["seeds"]
+    kvc = base.kv
+    policy = kvc.policy
+    command = data["command"] if replot else figlib.command_line()
     lines = [
         f"Sparse rollouts with {policy}, budget {kvc.budget} + buffer {kvc.buffer}; "
-        f"{study.base.train.iterations} iterations; seeds {args.seeds} (mean ± std).",
+        f"{base.train.iterations} iterations; seeds {seeds} (mean ± std).",
         "",
         "| corrections | mode | acc. dense inf. | acc. sparse inf. | train reward (last 25%) | "
         "token reject | seq reject | mismatch KL (k3) | entropy (last 25%) | skipped steps |",
@@ -50,15 +77,21 @@ def main(argv=None) -> dict:
             f"{fmt(col('seq_reject_rate'))} | {fmt(col('mismatch_kl_k3'), '.4f')} | "
             f"{fmt(col('entropy_last25'))} | {fmt(col('skipped_steps'), '.0f')} |"
         )
-
-    fig = figlib.bars_and_reward_curves(results, histories, [
-        ("dense_acc", "accuracy, dense inference"), ("sparse_acc", "accuracy, sparse inference")])
-    names = list(results)
-    data = {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in names}}
+    n_eval = data.get("eval_prompts", base.train.eval_prompts)
+    acc = f"accuracy (avg@1, {n_eval} prompts)"
+    fig = figlib.ablation_figure(
+        results, data["histories"],
+        [("dense_acc", f"{acc},\ndense inference", ".2f", False),
+         ("sparse_acc", f"{acc},\nsparse inference ({policy}@{kvc.budget})", ".2f", False)],
+        LABELS, figlib.run_title(base, command, seeds, "Figure d, correction ablation"),
+        reference="none" if "none" in results else None)
+    caption = (
+        f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts) of each correction variant "
+        f"under dense and under sparse inference (top), and its train reward per iteration (mean "
+        "reward of the rollouts; bottom, one panel per variant; grey dashed: no correction). "
+        f"{figlib.BAND_CAPTION} Seeds {seeds}.")
     figlib.write_outputs(out, "Figure d: correction ablation", "\n".join(lines), data, fig,
-                         "corrections", study)
-    return data
+                         "corrections", study, caption=caption, replot=replot)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ VARIANTS = {  # name -> (rl.mode, sparse KV rollouts?, extra overrides, paper GS
 }
 
 
-def row(run) -> dict:
+def row(run, n_eval: int | None = None) -> dict:
     h = run.history
     return {
-        "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
+        "dense_acc": run.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
         "mismatch_kl_k3": figlib.run_mean(h, "mismatch/kl_k3"),
         "acr_active": figlib.run_mean(h, "acr/active_frac"),
         "rollout_tokens_per_s": figlib.run_mean(h, "throughput/rollout_tokens_per_s"),
@@ -39,21 +39,49 @@ def row(run) -> dict:
     }
 
 
+LABELS = {  # short readable names in the figure
+    "fp": "full precision",
+    "int8_naive": "INT8, no correction",
+    "int8_tis": "INT8 + TIS",
+    "int8_acr": "INT8 + ACR (QuRL)",
+    "int8_acr_invariant_scaling": "INT8 + ACR + inv. scaling",
+    "sparse_int8_acr": "sparse + INT8 + ACR",
+    "sparse_int8_sparse_rl_acr": "sparse + INT8, Sparse-RL + ACR",
+}
+
+
 def main(argv=None) -> dict:
-    args = figlib.variants_parser(__doc__, VARIANTS).parse_args(argv)
+    args = figlib.variants_parser(__doc__, VARIANTS, replot=True).parse_args(argv)
+    if args.replot:
+        data, base = figlib.load_results(args.replot)
+        render(data, base, args.replot, replot=True)
+        return data
     study = figlib.study_from_args(args)
     out = args.out or figlib.default_out("fig_qurl", args.config)
     sparse = study.base.kv.policy
+    n_eval = figlib.eval_prompts(args, study)
 
     def arm_of(name):
         mode, is_sparse, extra, _ = VARIANTS[name]
         return mode, sparse if is_sparse else "none", extra
 
-    results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of, row)
+    results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of,
+                                             lambda run: row(run, n_eval))
+    names = list(results)
+    data = {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in names},
+            "paper_gsm8k": {n: VARIANTS[n][3] for n in names}, "eval_prompts": n_eval}
+    render(data, study.base, out, study=study)
+    return data
 
-    b = study.base
+
+def render(data: dict, b, out: str, study=None, replot: bool = False) -> None:
+    """results.md and qurl.png of `data` (a fresh run's, or a committed results.json's)."""
+    results, seeds = data["results"], data["seeds"]
+    sparse = b.kv.policy
+    command = data["command"] if replot else figlib.command_line()
     lines = [
-        f"{b.train.iterations} iterations; seeds {args.seeds} (mean ± std); int8 W8A8 rollouts "
+        f"{b.train.iterations} iterations; seeds {seeds} (mean ± std); int8 W8A8 rollouts "
         f"(embedding and lm_head full precision), ACR C = {b.rl.acr.c}, invariant s = "
         f"{b.quant.invariant_s}; sparse rows: {sparse}, budget {b.kv.budget} + buffer {b.kv.buffer}. "
         "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).",
@@ -71,16 +99,25 @@ def main(argv=None) -> dict:
             f"{fmt(col('acr_active'), '.4f')} | {fmt(col('rollout_tokens_per_s'), '.0f')} | "
             f"{'—' if paper is None else f'{paper:.2f}'} |"
         )
-
-    fig = figlib.bars_and_reward_curves(results, histories, [
-        ("dense_acc", "accuracy (dense inference)"), ("mismatch_kl_k3", "mismatch KL (k3)")])
-    names = list(results)
-    data = {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in names},
-            "paper_gsm8k": {n: VARIANTS[n][3] for n in names}}
+    n_eval = data.get("eval_prompts", b.train.eval_prompts)
+    title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also "
+                             "evict KV)")
+    fig = figlib.ablation_figure(
+        results, data["histories"],
+        [("dense_acc", f"accuracy (avg@1, {n_eval} prompts),\ndense inference, full-precision weights",
+          ".2f", False),
+         ("mismatch_kl_k3", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)",
+          ".1e", True)],
+        LABELS, title, reference="fp" if "fp" in results else None)
+    caption = (
+        f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
+        "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "
+        "token, mean over the run; symmetric-log axis, linear around 0, since the full-precision "
+        "arm's KL is ~0 and can be slightly negative) of each rollout variant (top); train reward "
+        "per iteration, one panel per variant, grey dashed: full-precision rollouts (bottom). "
+        f"{figlib.BAND_CAPTION} Seeds {seeds}.")
     figlib.write_outputs(out, "Figure QuRL: quantized rollouts", "\n".join(lines), data, fig,
-                         "qurl", study)
-    return data
+                         "qurl", study, caption=caption, replot=replot)
 
 
 if __name__ == "__main__":

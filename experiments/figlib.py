@@ -9,8 +9,10 @@ checkpoint (the trainer's exact resume). Evaluations are cached in the run direc
 `Study.train_all` trains a figure's independent runs in parallel single-core processes and the
 script's own process is pinned to one core (workers.py), so figures are the same on any machine.
 
-Outputs of a figure: `<out>/results.md` (the exact command, the table), `<out>/results.json`
-(every number behind the table and the figure) and `<out>/<name>.png`.
+Outputs of a figure: `<out>/results.md` (the exact command, the table, the figure's caption),
+`<out>/results.json` (every number behind the table and the figure), `<out>/config.yaml` and
+`<out>/<name>.png`. `--replot <out>` (figures a-e and QuRL) re-renders the PNGs and results.md from
+results.json and config.yaml alone, training and evaluating nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter  # noqa: E402
 
 import workers  # noqa: E402  (imports no JAX)
 from sparserl_jax.config import TrainConfig, dump_config, load_config, to_dict  # noqa: E402
@@ -50,6 +53,16 @@ SMOKE_OVERRIDES = (
 
 # An RL run from a warm start's weights (model.init_from): neither SFT phase runs again.
 FROM_WARM_START = ("sft.steps=0", "sft.curriculum.steps=0")
+
+# Final evaluations use at least this many held-out prompts (binomial SE <= 0.022; 128 prompts
+# gave ~0.04). Evaluations are cached per run and prompt count, so raising it re-trains nothing.
+EVAL_PROMPTS = 512
+
+# Paper-column figures: every panel about 3.5 in wide, saved at DPI, no text below 8 pt.
+PANEL_W = 3.5
+DPI = 150
+plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 8,
+                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10})
 
 # Settings that do not change what a run computes: left out of its identity.
 _NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints")
@@ -240,12 +253,13 @@ def summarize(run: Run) -> dict:
     }
 
 
-def scores(run: Run, sparse_policy: str) -> dict:
-    """Accuracy of the final weights under dense and under `sparse_policy` inference, with the
-    training-time summary: one row of a figure's table."""
+def scores(run: Run, sparse_policy: str, n: int | None = None) -> dict:
+    """Accuracy of the final weights under dense and under `sparse_policy` inference (on `n`
+    held-out prompts, default train.eval_prompts), with the training-time summary: one row of a
+    figure's table."""
     return {
-        "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
-        "sparse_acc": run.evaluate({"policy": sparse_policy})["accuracy"],
+        "dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
+        "sparse_acc": run.evaluate({"policy": sparse_policy}, n=n)["accuracy"],
         **summarize(run),
     }
 
@@ -263,10 +277,25 @@ def fmt(values: Sequence[float], spec: str = ".3f") -> str:
 
 
 def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Iterations, mean and std over seeds of one metric."""
+    """Iterations, mean and sample standard deviation over seeds (0 for one seed) of one metric,
+    as the tables give them."""
     n = min(len(h) for h in histories)
     ys = np.array([[h[i].get(key, np.nan) for i in range(n)] for h in histories], np.float64)
-    return np.arange(1, n + 1), ys.mean(0), ys.std(0)
+    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(n)
+    return np.arange(1, n + 1), ys.mean(0), std
+
+
+def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like curve() for a metric logged at some iterations only (e.g. eval/accuracy every
+    train.eval_every): the iterations where every seed logged it."""
+    steps = None
+    for h in histories:
+        have = {i + 1 for i, row in enumerate(h) if key in row}
+        steps = have if steps is None else steps & have
+    x = np.array(sorted(steps or ()), np.int64)
+    ys = np.array([[h[i - 1][key] for i in x] for h in histories], np.float64).reshape(len(histories), len(x))
+    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(len(x))
+    return x, ys.mean(0), std
 
 
 def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
@@ -307,12 +336,135 @@ def bars_and_reward_curves(results: dict[str, list[dict]], histories: dict[str, 
     return fig
 
 
+# ----------------------------------------------------------------------------- figure style
+
+BAND_CAPTION = ("Lines and bars: mean over seeds; shaded bands and error bars: ± one sample standard "
+                "deviation over seeds (none with one seed).")
+
+
+def config_name(command: str) -> str:
+    """The base config a figure ran on, from its command line: the --config file's stem, or
+    'default'."""
+    words = command.split()
+    for i, w in enumerate(words):
+        if w == "--config" and i + 1 < len(words):
+            return os.path.splitext(os.path.basename(words[i + 1]))[0]
+        if w.startswith("--config="):
+            return os.path.splitext(os.path.basename(w.split("=", 1)[1]))[0]
+    return "default"
+
+
+def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "") -> str:
+    """A suptitle saying what was run: config, task, KV policy and budget, seeds, iterations."""
+    kv = cfg.kv
+    head = f"{what}\n" if what else ""
+    return (f"{head}{config_name(command)} (task {cfg.data.task}), {kv.policy} budget {kv.budget} + "
+            f"buffer {kv.buffer}, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, "
+            f"{cfg.train.iterations} iterations of {cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
+
+
+def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
+    """A log axis that also shows values <= 0: symlog, linear below the smallest positive |value|,
+    with at most 5 decade ticks (no overlapping labels)."""
+    v = np.abs(np.asarray([x for x in values if np.isfinite(x)], np.float64))
+    pos = v[v > 0]
+    lo = int(np.floor(np.log10(pos.min()))) if pos.size else -6
+    hi = int(np.ceil(np.log10(v.max()))) if pos.size else 0
+    hi = max(hi, lo + 1)
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=10.0 ** lo, linscale=0.5)
+    step = max(1, -(-(hi - lo) // 4))
+    ticks = [0.0] + [10.0 ** k for k in range(hi, lo - 1, -step)][::-1]
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(ticks))
+    target.set_minor_locator(FixedLocator([]))
+    target.set_major_formatter(FuncFormatter(
+        lambda x, _: "0" if x == 0 else f"$10^{{{int(round(np.log10(abs(x))))}}}$"))
+    neg = np.asarray([x for x in values if np.isfinite(x)], np.float64)
+    low = min(-0.3 * 10.0 ** lo, 1.5 * float(neg.min()) if neg.size else 0.0)
+    # room right of the largest bar for its value
+    getattr(ax, f"set_{axis}lim")(low, 10.0 ** (hi + 0.3 * (hi - lo + 1)))
+
+
+def _value_text(value: float, spec: str) -> str:
+    return f"{value:{spec}}"
+
+
+def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
+                    bars: Sequence[tuple[str, str, str, bool]], labels: dict[str, str], title: str,
+                    reference: str | None = None):
+    """A figure of an ablation with short variant labels: one horizontal bar panel (mean ± std over
+    seeds, value written beside each bar) per (key, axis label, value format, symlog?) in `bars`,
+    then one small panel per variant with its train reward curve (mean ± std over seeds) over the
+    `reference` variant's mean (grey, dashed)."""
+    names = list(results)
+    colours = {n: f"C{i}" for i, n in enumerate(names)}
+    n_multi_rows = -(-len(names) // 2)
+    bar_h = 0.9 + 0.22 * len(names)
+    fig = plt.figure(figsize=(2 * PANEL_W, bar_h * -(-len(bars) // 2) + 1.55 * n_multi_rows + 0.5),
+                     layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[bar_h * -(-len(bars) // 2), 1.55 * n_multi_rows])
+    bar_axes = np.atleast_1d(top.subplots(-(-len(bars) // 2), min(len(bars), 2))).ravel()
+    y = np.arange(len(names))
+    for ax, (key, xlabel, spec, log) in zip(bar_axes, bars):
+        stats = [mean_std(r[key] for r in results[n]) for n in names]
+        means = np.array([m for m, _ in stats])
+        stds = np.array([s for _, s in stats])
+        ax.barh(y, means, xerr=stds, color=[colours[n] for n in names], capsize=2,
+                error_kw={"elinewidth": 0.8})
+        ax.set_yticks(y, [labels.get(n, n) for n in names])
+        if ax is not bar_axes[0] and len(bar_axes) == 2:  # same rows as its left neighbour
+            ax.tick_params(labelleft=False)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        if log:
+            symlog_axis(ax, np.concatenate([means, means + stds]))
+        else:
+            ax.set_xlim(0, max(1e-9, float(np.nanmax(means + stds))) * 1.3)
+        for yi, m, s in zip(y, means, stds):
+            ax.annotate(_value_text(m, spec), (max(m + s, 0), yi),
+                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    multi = np.atleast_2d(bottom.subplots(n_multi_rows, 2, sharex=True, sharey=True))
+    for i, ax in enumerate(multi.ravel()):
+        if i >= len(names):
+            ax.set_visible(False)
+            continue
+        name = names[i]
+        if reference in histories and name != reference:
+            x, m, _ = curve(histories[reference], "reward/mean")
+            ax.plot(x, m, "--", color="0.55", lw=1)
+        x, m, s = curve(histories[name], "reward/mean")
+        ax.plot(x, m, color=colours[name], lw=1.2)
+        ax.fill_between(x, m - s, m + s, color=colours[name], alpha=0.2, lw=0)
+        ax.set_title(labels.get(name, name), fontsize=8, pad=2)
+        if i % 2 == 0:
+            ax.set_ylabel("train reward\n(mean per rollout)")
+        if i >= len(names) - 2:
+            ax.set_xlabel("iteration")
+            ax.xaxis.set_tick_params(labelbottom=True)
+    fig.suptitle(title)
+    return fig
+
+
+def band_legend_below(fig, ax, ncol: int | None = None) -> None:
+    """One legend for the whole figure, below its panels (never over a curve)."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=ncol or len(names), frameon=False)
+
+
 # ----------------------------------------------------------------------------- command line, outputs
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def parser(doc: str, replot: bool = False) -> argparse.ArgumentParser:
+    """The options every figure script has; `replot`: also --replot and --eval-prompts (the scripts
+    that support them)."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    if replot:
+        p.add_argument("--replot", metavar="DIR", help="re-render the PNG(s) and results.md of a "
+                       "results directory from its results.json and config.yaml (no training); the "
+                       "tables keep their numbers")
+        p.add_argument("--eval-prompts", type=int, help=f"held-out prompts of the final evaluations "
+                       f"(default: at least {EVAL_PROMPTS}; train.eval_prompts with --smoke)")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="the base YAML config")
     p.add_argument("--out", help="output directory (default experiments/results/<figure>, or "
                    "<figure>/<config stem> for another --config)")
@@ -322,9 +474,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def variants_parser(doc: str, variants: Sequence[str]) -> argparse.ArgumentParser:
+def variants_parser(doc: str, variants: Sequence[str], replot: bool = False) -> argparse.ArgumentParser:
     """parser() plus --variants (default: all) and --seeds (default: 0 1 2)."""
-    p = parser(doc)
+    p = parser(doc, replot)
     p.add_argument("--variants", nargs="+", default=list(variants), choices=list(variants))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     return p
@@ -334,6 +486,8 @@ def study_from_args(args) -> Study:
     """The study of a figure script's arguments. Pins this process to one core first (before any
     JAX computation; workers.py) so its evaluations, like its workers' runs, are the same on any
     machine."""
+    if getattr(args, "replot", None):
+        raise ValueError("--replot re-renders committed results: it trains nothing")
     workers.pin_to_one_core()
     overrides = list(args.overrides) + (smoke_overrides(args.config, args.overrides) if args.smoke else [])
     return Study(args.config, overrides, args.runs_dir)
@@ -345,22 +499,43 @@ def smoke_overrides(config: str, overrides: Sequence[str] = ()) -> list[str]:
     return list(SMOKE_OVERRIDES) + (["sft.curriculum.steps=2"] if has_curriculum else [])
 
 
+def eval_prompts(args, study: Study) -> int:
+    """The final evaluations' prompt count: --eval-prompts, else max(EVAL_PROMPTS,
+    train.eval_prompts), else (--smoke) train.eval_prompts."""
+    if getattr(args, "eval_prompts", None):
+        return args.eval_prompts
+    n = study.base.train.eval_prompts
+    return n if args.smoke else max(EVAL_PROMPTS, n)
+
+
+def load_results(out_dir: str) -> tuple[dict, TrainConfig]:
+    """A results directory's results.json and the base config it ran (its config.yaml)."""
+    with open(os.path.join(out_dir, "results.json")) as f:
+        data = json.load(f)
+    return data, load_config([os.path.join(out_dir, "config.yaml")])
+
+
 def command_line() -> str:
     script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if sys.argv[0] else "?"
     return " ".join(["python", script, *sys.argv[1:]])
 
 
 def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figure_name: str,
-                  study: Study | None = None) -> None:
-    """results.md (command + table), results.json (the numbers), <figure_name>.png, config.yaml."""
+                  study: Study | None = None, *, caption: str = "", replot: bool = False) -> None:
+    """results.md (command + table + the figure and its caption), results.json (the numbers),
+    <figure_name>.png, config.yaml. `replot`: results.json and config.yaml stay as they are (the
+    command in results.md stays the one that produced them)."""
     os.makedirs(out_dir, exist_ok=True)
-    command = command_line()
+    command = data["command"] if replot else command_line()
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(f"# {title}\n\nCommand: `{command}`\n\n{markdown}\n\n![{figure_name}]({figure_name}.png)\n")
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"command": command, **data}, f, indent=1, default=float)
+        if caption:
+            f.write(f"\n{caption}\n")
+    if not replot:
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump({"command": command, **data}, f, indent=1, default=float)
     save_figure(out_dir, fig, figure_name)
-    if study is not None:
+    if study is not None and not replot:
         dump_config(study.base, os.path.join(out_dir, "config.yaml"))
     print(markdown)
 
@@ -368,8 +543,9 @@ def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figu
 def save_figure(out_dir: str, fig, name: str) -> None:
     """<out_dir>/<name>.png (a figure's extra plots; write_outputs saves its main one)."""
     os.makedirs(out_dir, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=110)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=DPI)
     plt.close(fig)
 
 

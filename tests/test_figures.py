@@ -1,9 +1,12 @@
 """Every figure script runs end to end in its smoke mode (seconds-long runs) and writes its PNG,
 markdown table and JSON with the command; the scripts share one run cache, as in real use."""
 
+import argparse
 import dataclasses
+import filecmp
 import json
 import os
+import shutil
 import sys
 
 import jax
@@ -55,7 +58,11 @@ def test_fig_a_curves(runs_dir, tmp_path):
         assert len(rows) == 1 and all(_acc_ok(r["dense_acc"]) and _acc_ok(r["sparse_acc"]) for r in rows)
         assert (rows[0]["train_kv_saving"] > 0.2) == (arm != "dense")
     assert all(len(h) == 2 for h in data["histories"]["sparse_rl"])
-    assert "| sparse_rl |" in (tmp_path / "results.md").read_text()
+    # smoke runs evaluate on the held-out prompts every iteration (--eval-every, default 10)
+    assert all(_acc_ok(row["eval/accuracy"]) for h in data["histories"]["sparse_rl"] for row in h)
+    md = (tmp_path / "results.md").read_text()
+    assert "| sparse_rl |" in md and " of 1 |" in md  # collapsed k of n
+    assert "periodic held-out accuracy logged during training" in md  # the caption
     assert (tmp_path / "diagnostics.png").stat().st_size > 0
     assert "loop fraction" in (tmp_path / "results.md").read_text()
     assert all(np.isfinite(d["diag/loop_fraction"]) for d in saved["diagnostics"]["sparse_rl"])
@@ -76,6 +83,45 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
     assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
     assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_memo"))
     assert figlib.default_out("fig_a_curves", figlib.DEFAULT_CONFIG).endswith("fig_a_curves")
+
+
+def _table(md: str) -> list[str]:
+    return [line for line in md.splitlines() if line.startswith("|")]
+
+
+@pytest.mark.parametrize("script, results_dir, pngs", [
+    (fig_a_curves, "fig_a_curves/walk_key", ("curves", "diagnostics")),
+    (fig_d_corrections, "fig_d_corrections/walk_key_rkv", ("corrections",)),
+    (fig_e_robustness, "fig_e_robustness/walk_key", ("robustness",)),
+    (fig_qurl, "fig_qurl", ("qurl",)),
+    (fig_b_budget, "fig_b_budget/walk_key", ("budget",)),
+    (fig_c_policies, "fig_c_policies", ("policies",)),
+])
+def test_replot_keeps_the_committed_numbers(script, results_dir, pngs, tmp_path):
+    """--replot re-renders a committed figure from its results.json and config.yaml, trains
+    nothing, and writes the same tables (with a caption) as the committed results.md."""
+    src = os.path.join(figlib.HERE, "results", results_dir)
+    for name in ("results.json", "config.yaml", "results.md"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    script.main(["--replot", str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    committed = open(os.path.join(src, "results.md")).read()
+    assert _table(md) == _table(committed) and _table(md)
+    assert "Figure: " in md and "standard deviation" in md  # the caption defines the bands
+    assert md.splitlines()[2] == committed.splitlines()[2]  # the command that produced the numbers
+    for png in pngs:
+        assert (tmp_path / f"{png}.png").stat().st_size > 0
+    assert filecmp.cmp(tmp_path / "results.json", os.path.join(src, "results.json"), shallow=False)
+    with pytest.raises(ValueError, match="trains nothing"):
+        figlib.study_from_args(argparse.Namespace(replot=str(tmp_path)))
+
+
+def test_symlog_axis_ticks_do_not_crowd():
+    fig, ax = figlib.plt.subplots()
+    figlib.symlog_axis(ax, [-5.7e-9, 2.4e-5, 0.87])
+    ticks = ax.xaxis.get_major_locator()()
+    assert len(ticks) <= 6 and ticks[0] == 0.0 and ax.get_xscale() == "symlog"
+    figlib.plt.close(fig)
 
 
 def test_calibrate_task(runs_dir, tmp_path):
