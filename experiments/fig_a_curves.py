@@ -274,6 +274,8 @@ def curves_figure(histories, warm_row, per_seed, base, n_eval, title):
         ax.set_title(CURVES[key][0], fontsize=9)
         ax.set_ylabel(CURVES[key][1])
         ax.set_xlabel("iteration")
+        if key == "mismatch/kl_k3":  # spikes of ~10 next to drifts of ~1e-2: log above 1e-3
+            ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
     ax = axes[1]
     has_eval = False
     last = max(len(h) for hs in histories.values() for h in hs)
