@@ -105,15 +105,42 @@ def test_large_dots_equal_on_an_emulated_avx2_cpu():
     assert _probe("portable", "large", emulated=False) == _probe("portable", "large", emulated=True)
 
 
+def _fingerprint(path: Path, **env) -> tuple[dict, str]:
+    """experiments/fingerprint.py in a fresh process (the workers' settings, plus `env`)."""
+    cmd, base = _python_cmd(emulated=False)
+    proc = subprocess.run(cmd + ["fingerprint.py", "--json", str(path)], capture_output=True,
+                          text=True, env={**base, **env}, timeout=600, cwd=EXPERIMENTS)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: differs from the committed one
+    return json.loads(path.read_text()), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def host_fingerprint(tmp_path_factory):
+    return _fingerprint(tmp_path_factory.mktemp("fp") / "host.json")
+
+
 @pytest.mark.slow
-def test_fingerprint_matches_the_committed_one(tmp_path):
+def test_fingerprint_matches_the_committed_one(host_fingerprint):
     """`python experiments/fingerprint.py` on this machine: the default experiment at smoke size
     reproduces the committed fingerprint (same jax version), bit for bit."""
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
-    out = _run(["fingerprint.py", "--json", str(tmp_path / "mine.json")], emulated=False, timeout=600)
-    mine = json.loads((tmp_path / "mine.json").read_text())
+    mine, out = host_fingerprint
     for what in ("jax", "cpu"):
         if mine[what] != committed[what]:  # see the residual in reproducibility.md
             pytest.skip(f"fingerprint committed on {what} {committed[what]!r}, this is {mine[what]!r}")
     assert mine == committed, out
     assert "reproduces" in out
+
+
+@pytest.mark.slow
+def test_default_smoke_is_the_same_under_an_explicit_avx2_cap(host_fingerprint, tmp_path):
+    """The default experiment at smoke size gives identical hashes (warm start, first rollout,
+    metrics) with the host's ISA left to the workers and with XLA and oneDNN capped at AVX2 by
+    hand: what an AVX2-only machine runs. Before the portable settings an AVX-512 host differed
+    (and still does with `--xla_cpu_max_isa=AVX512`: the cap is what makes it portable)."""
+    capped, out = _fingerprint(tmp_path / "avx2.json", XLA_FLAGS="--xla_cpu_max_isa=AVX2",
+                               ONEDNN_MAX_CPU_ISA="AVX2")
+    mine, _ = host_fingerprint
+    hashes = ("warm_start_params", "first_rollout_tokens", "first_rollout_logprobs",
+              "first_rollout_kept", "metrics")
+    assert [capped[k] for k in hashes] == [mine[k] for k in hashes], out
