@@ -14,7 +14,9 @@ rollout wall time into
 and, inside decode, the idle slot-seconds / Q of the segments run while the scheduler's queue
 was empty (drain: grouped loading's tail, nothing left to refill with) and of the others
 (idle: slots that finished mid-segment and wait for the host). Throughput is total tokens /
-total rollout time with compile time excluded.
+total rollout time with compile time excluded. The engine runs with its `sync` flag (every
+device call blocked on), so each call's device time lands in that call; compile events inside
+nested jit traces may be counted twice in a first iteration (its host column can go negative).
 
     taskset -c 1 python experiments/profile_sorted.py --label before
 
@@ -81,12 +83,13 @@ class Recorder:
 
         def timed(self_, *args, **kwargs):
             queue_empty = rec._queue_empty()
+            self_.sync = True  # block on each device call: its device time lands in that call
             c0, s0, t0 = rec.t["compile"], dict(vars(self_.stats)), time.perf_counter()
             out = fn(self_, *args, **kwargs)
             dt = time.perf_counter() - t0 - (rec.t["compile"] - c0)
             rec.t[part] += dt
             rec.n[part] += 1
-            if part == "decode":
+            if part == "decode" and vars(self_.stats)["slot_steps"] > s0["slot_steps"]:
                 s1 = vars(self_.stats)
                 active = s1["active_slot_steps"] - s0["active_slot_steps"]
                 steps = (s1["slot_steps"] - s0["slot_steps"]) / self_.Q
@@ -229,10 +232,13 @@ def main(argv=None):
     study.warm_start_dir()
     rec = Recorder()
     rec.wrap_rollout()
-    for name, part in (("segment", "decode"), ("insert", "insert"), ("harvest", "harvest"),
-                       ("release_all", "harvest")):
-        if hasattr(engine_mod.SlotEngine, name):
-            rec.wrap(engine_mod.SlotEngine, name, part)
+    eng = engine_mod.SlotEngine  # the lowest-level host methods (before: segment, harvest)
+    split = hasattr(eng, "segment_start")
+    for name, part in ((("segment_start", "decode"), ("segment_wait", "decode"),
+                        ("harvest_start", "harvest"), ("harvest_read", "harvest")) if split else
+                       (("segment", "decode"), ("harvest", "harvest"))) + (
+                           ("insert", "insert"), ("release_all", "harvest")):
+        rec.wrap(eng, name, part)
     arms = {}
     for name in args.arms:
         rows = run_arm(name, study, rec, args.iterations)
