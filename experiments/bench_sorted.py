@@ -9,8 +9,15 @@ that compiles everything), the slot-step bubble 1 - active slot-steps / (Q x ste
 engine, SortedRL's wall-time bubble (Eq. 4, insert/harvest time idle). Target: when the static
 bubble is >= 60%, engine slot bubble <= 10% and tokens/s >= 1.8x.
 
+The "trainer" rows put the same comparison inside training beside it: `Trainer.step` on the
+long-tailed task (experiments/configs/long_tail.yaml, from its warm start) with the batch
+scheduler (n x rollout.prompts prompts per rollout) and SortedRL on-policy and partial, measured
+as total rollout tokens / total rollout time with compile time excluded
+(experiments/profile_sorted.py has the per-part split).
+
     taskset -c 0 python experiments/bench_sorted.py
-    taskset -c 0 python experiments/bench_sorted.py --requests 64 --slots 8 --max-new 64 --quick
+    taskset -c 0 python experiments/bench_sorted.py --requests 64 --slots 8 --max-new 64 --quick \
+        --trainer-iterations 0
 
 Not a test.
 """
@@ -87,6 +94,24 @@ def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
     }
 
 
+def trainer_bench(iterations: int) -> list[dict]:
+    """The trainer rows: profile_sorted's arms through Trainer.step, one process."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import figlib
+    import profile_sorted as prof
+
+    study = figlib.Study(os.path.join(figlib.HERE, "configs", "long_tail.yaml"), [],
+                         os.path.join(figlib.REPO, "runs", "profile"), log=lambda *a: None)
+    rec = prof.Recorder()
+    prof.instrument(rec)
+    got = {arm: prof.summary(prof.run_arm(arm, study, rec, iterations)) for arm in prof.ARMS}
+    base = got.pop("batch")
+    return [{"arm": arm.removeprefix("sorted_"), "static_tokens_per_s": base["tokens_per_s"],
+             "engine_tokens_per_s": s["tokens_per_s"], "speedup": s["tokens_per_s"] / base["tokens_per_s"],
+             "static_bubble": base["bubble_slots"], "engine_bubble_slots": s["bubble_slots"],
+             "engine_bubble_wall": s["bubble_wall"], "batch": base, "sorted": s} for arm, s in got.items()]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=256)
@@ -99,6 +124,8 @@ def main(argv=None):
     p.add_argument("--segment-chunks", type=int, default=1)
     p.add_argument("--policies", nargs="+", default=["none", "snapkv"])
     p.add_argument("--quick", action="store_true", help="small model (d_model 64) for a smoke run")
+    p.add_argument("--trainer-iterations", type=int, default=16,
+                   help="update batches per sorted arm in the trainer rows (0: none)")
     p.add_argument("--out", default="experiments/results/bench_sorted")
     args = p.parse_args(argv)
     dims = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128) if args.quick else \
@@ -113,6 +140,7 @@ def main(argv=None):
     prompts[np.arange(P)[None] >= plens[:, None]] = 0
     t0 = time.time()
     rows = [bench(pol, args, model_cfg, params, prompts, plens, limits) for pol in args.policies]
+    trainer_rows = trainer_bench(args.trainer_iterations) if args.trainer_iterations else []
     cmd = " ".join(["python"] + [shlex.quote(a) for a in sys.argv])
     meta = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": jax.devices()[0].device_kind, "jax": jax.__version__, "args": vars(args),
@@ -120,7 +148,7 @@ def main(argv=None):
             "run_s": time.time() - t0}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "rows": rows, "trainer_rows": trainer_rows}, f, indent=1)
     lines = [
         "# Continuous batching benchmark: static sampler vs slot engine", "",
         f"{meta['device']}, jax {meta['jax']}, {meta['date']}", f"`{cmd}`", "",
@@ -142,6 +170,18 @@ def main(argv=None):
                      f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} "
                      f"({r['engine_bubble_slots_until_drain']:.1%}) | {r['engine_bubble_wall']:.1%} "
                      f"({r['engine_bubble_wall_until_drain']:.1%}) |")
+    if trainer_rows:
+        lines += ["", "Trainer rows: `Trainer.step` on experiments/configs/long_tail.yaml (dense KV, "
+                  f"{args.trainer_iterations} update batches per sorted arm, the batch arm "
+                  f"{max(args.trainer_iterations // 4, 1)} iterations of 4 update batches; Q = 64 slots, "
+                  "groups of 4 x 8 prompts x 8 samples); tokens/s = rollout tokens / (rollout time - "
+                  "compile); bubbles are per-iteration means.", "",
+                  "| trainer arm | batch tok/s | sorted tok/s | speedup | batch bubble | sorted bubble (slot-steps) | sorted bubble (wall, Eq. 4) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in trainer_rows:
+            lines.append(f"| trainer {r['arm']} | {r['static_tokens_per_s']:.0f} | {r['engine_tokens_per_s']:.0f} | "
+                         f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} | "
+                         f"{r['engine_bubble_wall']:.1%} |")
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -87,6 +87,8 @@ class Recorder:
             c0, s0, t0 = rec.t["compile"], dict(vars(self_.stats)), time.perf_counter()
             out = fn(self_, *args, **kwargs)
             dt = time.perf_counter() - t0 - (rec.t["compile"] - c0)
+            if part == "insert" and not rec.n[part]:
+                rec.t["first_insert"] += dt  # the first device call after the update
             rec.t[part] += dt
             rec.n[part] += 1
             if part == "decode" and vars(self_.stats)["slot_steps"] > s0["slot_steps"]:
@@ -147,7 +149,7 @@ def run_arm(name: str, study: figlib.Study, rec: Recorder, iterations: int) -> l
              "train_compiles": rec.n["train_compile"],
              "discarded": m.get("sorted/discarded_token_fraction", 0.0),
              "group": m.get("sorted/group", float(i))}
-        for part in ("compile", "train_compile", "insert", "harvest", "drain", "idle"):
+        for part in ("compile", "train_compile", "insert", "first_insert", "harvest", "drain", "idle"):
             r[f"{part}_s"] = rec.t[part]
         for part in ("decode", "insert", "harvest"):
             r[f"n_{part}"] = rec.n[part]
@@ -182,7 +184,7 @@ def summary(rows: list[dict]) -> dict:
         "bubble_wall": float(np.mean([r["bubble_wall"] for r in rows])),
         "reward": float(np.mean([r["reward"] for r in rows])),
     }
-    for p in PARTS + ("drain", "idle", "score", "update"):
+    for p in PARTS + ("drain", "idle", "score", "update", "first_insert"):
         s[f"{p}_s"] = tot(f"{p}_s")
     return s
 
@@ -193,14 +195,16 @@ def markdown(data: dict) -> str:
              "compile (jit trace + lower + XLA compile), decode (engine segments / static generate), "
              "insert (prefill + scatter), harvest (gathers to host), host (the rest of the rollout); "
              "drain and idle are the idle slot-seconds / Q inside decode with the queue empty "
-             "(grouped loading's tail) and not empty (slots waiting for the host). tok/s = rollout "
+             "(grouped loading's tail) and not empty (slots waiting for the host); 1st insert: the "
+             "rollout's first insert, the first device call after the update (its memory is cold "
+             "on this CPU: ~20-40 ms for a ~4 ms prefill). tok/s = rollout "
              "tokens / (rollout time - compile); vs batch: that ratio over the batch arm of the same "
              "label. Wall = rollout + score + diagnostics + update, compile excluded.", ""]
     for label, entry in data.items():
         meta = entry["meta"]
         lines += [f"## {label}", "", f"`{meta['command']}` ({meta['date']}, {meta['commit']}, "
                   f"{meta['device']}, jax {meta['jax']})", "",
-                  "| arm | iters | compiles | compile s | decode s | insert s | harvest s | host s | "
+                  "| arm | iters | compiles | compile s | decode s | insert s (1st) | harvest s | host s | "
                   "drain s | idle s | rollout s (no compile) | tokens | tok/s | vs batch | "
                   "wall s (no compile) | bubble slots | bubble wall | reward |",
                   "|" + "---|" * 18]
@@ -210,12 +214,40 @@ def markdown(data: dict) -> str:
             ratio = f"{s['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "—"
             lines.append(
                 f"| {arm} | {s['iterations']} | {s['compiles']:.0f} | {s['compile_s']:.1f} | "
-                f"{s['decode_s']:.2f} | {s['insert_s']:.2f} | {s['harvest_s']:.2f} | {s['host_s']:.2f} | "
+                f"{s['decode_s']:.2f} | {s['insert_s']:.2f} ({s.get('first_insert_s', float('nan')):.2f}) | "
+                f"{s['harvest_s']:.2f} | {s['host_s']:.2f} | "
                 f"{s['drain_s']:.2f} | {s['idle_s']:.2f} | {s['rollout_s_no_compile']:.2f} | "
                 f"{s['tokens']:.0f} | {s['tokens_per_s']:.0f} | {ratio} | {s['wall_s_no_compile']:.1f} | "
                 f"{s['bubble_slots']:.1%} | {s['bubble_wall']:.1%} | {s['reward']:.3f} |")
+        lines += ["", "Per update batch (the batch arm: its iterations / n), after the first group (ms, mean): "
+                  "the rollout split and the rest of the step.", "",
+                  "| arm | iterations | decode | insert | harvest | host | compile | drain | idle | "
+                  "rollout | score | update | wall |", "|" + "---|" * 13]
+        for arm, a in entry["arms"].items():
+            rows = [r for r in a["rows"] if r["group"] != a["rows"][0]["group"]] or a["rows"]
+            per = {}
+            for r in rows:  # the batch arm's iteration is n update batches
+                for k in ("decode", "insert", "harvest", "host", "compile", "drain", "idle",
+                          "rollout", "score", "update", "wall"):
+                    per[k] = per.get(k, 0.0) + r[f"{k}_s"] * 1e3
+            k_batches = len(rows) * (N_GROUP if arm == "batch" else 1)
+            lines.append(f"| {arm} | {len(rows)} | " + " | ".join(
+                f"{v / k_batches:.0f}" for v in per.values()) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def instrument(rec: Recorder) -> None:
+    """Time the trainer's rollout and the engine's lowest-level host methods (before this
+    commit's engine: segment and harvest; after: their start / wait (read) halves)."""
+    rec.wrap_rollout()
+    eng = engine_mod.SlotEngine
+    split = hasattr(eng, "segment_start")
+    for name, part in ((("segment_start", "decode"), ("segment_wait", "decode"),
+                        ("harvest_start", "harvest"), ("harvest_read", "harvest")) if split else
+                       (("segment", "decode"), ("harvest", "harvest"))) + (
+                           ("insert", "insert"), ("release_all", "harvest")):
+        rec.wrap(eng, name, part)
 
 
 def main(argv=None):
@@ -231,14 +263,7 @@ def main(argv=None):
     study = figlib.Study(args.config, args.overrides, args.runs_dir, log=lambda *a: None)
     study.warm_start_dir()
     rec = Recorder()
-    rec.wrap_rollout()
-    eng = engine_mod.SlotEngine  # the lowest-level host methods (before: segment, harvest)
-    split = hasattr(eng, "segment_start")
-    for name, part in ((("segment_start", "decode"), ("segment_wait", "decode"),
-                        ("harvest_start", "harvest"), ("harvest_read", "harvest")) if split else
-                       (("segment", "decode"), ("harvest", "harvest"))) + (
-                           ("insert", "insert"), ("release_all", "harvest")):
-        rec.wrap(eng, name, part)
+    instrument(rec)
     arms = {}
     for name in args.arms:
         rows = run_arm(name, study, rec, args.iterations)
