@@ -270,6 +270,8 @@ def test_bad_settings_name_the_setting():
         SortedConfig(group_batches=0)
     with pytest.raises(ValueError, match=r"sorted\.mode='lazy'"):
         SortedConfig(mode="lazy")
+    with pytest.raises(ValueError, match=r"sorted\.resume='keep'.*\('cache', 'prefill'\)"):
+        SortedConfig(resume="keep")
     with pytest.raises(ValueError, match=r"record_kept"):
         SlotEngine(CFG, dataclasses.replace(cfg, record_kept=True), 2, P)
     from sparserl_jax.config import load_config

@@ -3,11 +3,11 @@
 Q slots each hold one sequence in the same fixed-slot cache the static sampler uses (dense:
 prompt + max new tokens; sparse: budget + buffer). A request flows through it as follows:
   1. insert: the host pads the new requests to one of a few row buckets (powers of two from
-     Q / 8 to Q: each shape compiles once per engine) and dispatches one jitted program that
-     prefills them (prompt, or prompt + partial response when resumed) into a fresh cache and
-     scatters every cache leaf (keys, values, fill, length, positions, H2O mass, window queries)
-     into free slots, so nothing of the previous occupant survives. It returns at once (JAX
-     async dispatch); the device runs it before the next segment.
+     Q / 8 to Q: each compiles once per engine, all of them at its first insert) and dispatches
+     one jitted program that prefills them (prompt, or prompt + partial response when resumed)
+     into a fresh cache and scatters every cache leaf (keys, values, fill, length, positions,
+     H2O mass, window queries) into free slots, so nothing of the previous occupant survives.
+     It returns at once (JAX async dispatch); the device runs it before the next segment.
   2. segment: a jitted program of up to `segment_chunks` x kv.buffer decode steps (the slot
      state donated) with the static sampler's own step (sampler.decode_token), every slot at its
      own token index t. `segment_start` dispatches it; `segment_wait` fetches only the slots'
@@ -166,6 +166,7 @@ class SlotEngine:
         self._harvest = jax.jit(self._harvest_fn)
         self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
         self._all_slots = None  # the harvest's row index, every slot (built on first use)
+        self._warmed: set[bool] = set()  # insert kinds (resume?) whose buckets are compiled
 
     # ------------------------------------------------------------------ device programs
 
@@ -304,7 +305,33 @@ class SlotEngine:
                limits=None, partial: Optional[Finished] = None) -> SlotState:
         """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`;
         with `partial` (their harvested partial responses) they resume after re-prefilling
-        prompt + partial response. Counted as idle time in the wall bubble ratio."""
+        prompt + partial response. Counted as idle time in the wall bubble ratio. The first
+        insert of each kind (fresh, resumed) compiles every row bucket first (_warm_up)."""
+        if (partial is not None) not in self._warmed:
+            state = self._warm_up(params, state, key, partial is not None)
+        return self._insert_rows(params, state, key, slots, prompts, lengths, request,
+                                 limits=limits, partial=partial)
+
+    def _warm_up(self, params, state: SlotState, key, resume: bool) -> SlotState:
+        """Run the insert program once for every row bucket with every row aimed at the padding
+        slot Q (dropped: nothing is written), so that a run compiles each shape before its first
+        segment rather than in whichever later group first meets that bucket."""
+        self._warmed.add(resume)
+        stats = dataclasses.replace(self.stats)
+        for nb in sorted({_bucket(n, self.Q, self.dp) for n in range(1, self.Q + 1)}):
+            partial = None
+            if resume:
+                zeros = np.zeros((nb, self.M), np.int32)
+                ones = np.ones((nb,), np.int32)
+                partial = Finished(ones * 0, zeros, zeros.astype(np.float32), zeros, zeros,
+                                   lengths=ones, n_compressions=ones * 0, prompt_lengths=ones)
+            state = self._insert_rows(params, state, key, [self.Q] * nb, np.zeros((nb, self.P), np.int32),
+                                      np.ones((nb,), np.int32), np.zeros((nb,), np.int32), partial=partial)
+        self.stats = stats  # not the run's insert time
+        return state
+
+    def _insert_rows(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
+                     limits=None, partial: Optional[Finished] = None) -> SlotState:
         tic = time.perf_counter()
         n = len(slots)
         nb = _bucket(n, self.Q, self.dp)
