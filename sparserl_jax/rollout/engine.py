@@ -184,7 +184,9 @@ class SlotEngine:
             version=jnp.zeros((Q, M), jnp.int32),
         )
         if self.mesh is None:
-            return state
+            # committed to the device, as every program's output is: a jit cache key includes
+            # committedness, so an uncommitted fresh state would compile the insert again
+            return jax.device_put(state, jax.devices()[0])
         # the cache in the layout the segment program returns it (batch and heads split), so the
         # second segment call does not compile again for another input layout
         cache = shd.place(state.cache, shd.cache_shardings(state.cache, self.mesh))

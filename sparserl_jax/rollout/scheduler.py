@@ -103,6 +103,7 @@ class SortedScheduler:
         self.b, self.n = prompts_per_batch, samples
         self.pad = pad_token_id
         self.group = -1  # index of the loaded group
+        self.state = None  # the engine's slot state, kept across groups (every slot free between)
         self._reset_group()
 
     # ------------------------------------------------------------------ group state
@@ -120,7 +121,6 @@ class SortedScheduler:
         self.trained: set[int] = set()
         self.next_uid = 0
         self.limits = None
-        self.state = None
         self.key = None
 
     @property
@@ -147,7 +147,8 @@ class SortedScheduler:
         for p in range(len(examples)):
             for s in range(self.n):
                 self.queue.append(self._fresh(p, s))
-        self.state = self.engine.init_state()
+        if self.state is None:
+            self.state = self.engine.init_state()
 
     def _fresh(self, prompt: int, sample: int) -> Request:
         self.next_uid += 1
