@@ -9,8 +9,15 @@ that compiles everything), the slot-step bubble 1 - active slot-steps / (Q x ste
 engine, SortedRL's wall-time bubble (Eq. 4, insert/harvest time idle). Target: when the static
 bubble is >= 60%, engine slot bubble <= 10% and tokens/s >= 1.8x.
 
+The "trainer" rows put the same comparison inside training beside it: `Trainer.step` on the
+long-tailed task (experiments/configs/long_tail.yaml, from its warm start) with the batch
+scheduler (n x rollout.prompts prompts per rollout) and SortedRL on-policy and partial, measured
+as total rollout tokens / total rollout time with compile time excluded
+(experiments/profile_sorted.py has the per-part split).
+
     taskset -c 0 python experiments/bench_sorted.py
-    taskset -c 0 python experiments/bench_sorted.py --requests 64 --slots 8 --max-new 64 --quick
+    taskset -c 0 python experiments/bench_sorted.py --requests 64 --slots 8 --max-new 64 --quick \
+        --trainer-iterations 0
 
 Not a test.
 """
@@ -87,6 +94,25 @@ def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
     }
 
 
+def trainer_bench(iterations: int) -> list[dict]:
+    """The trainer rows: profile_sorted's arms through Trainer.step, one process."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import figlib
+    import profile_sorted as prof
+
+    study = figlib.Study(os.path.join(figlib.HERE, "configs", "long_tail.yaml"), [],
+                         os.path.join(figlib.REPO, "runs", "profile"), log=lambda *a: None)
+    rec = prof.Recorder()
+    prof.instrument(rec)
+    got = {arm: prof.summary(prof.run_arm(arm, study, rec, iterations)) for arm in prof.ARMS}
+    base = got.pop("batch")
+    key = "tokens_per_s_after_first_group"
+    return [{"arm": arm.removeprefix("sorted_"), "static_tokens_per_s": base[key],
+             "engine_tokens_per_s": s[key], "speedup": s[key] / base[key],
+             "static_bubble": base["bubble_slots"], "engine_bubble_slots": s["bubble_slots"],
+             "engine_bubble_wall": s["bubble_wall"], "batch": base, "sorted": s} for arm, s in got.items()]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=256)
@@ -99,6 +125,8 @@ def main(argv=None):
     p.add_argument("--segment-chunks", type=int, default=1)
     p.add_argument("--policies", nargs="+", default=["none", "snapkv"])
     p.add_argument("--quick", action="store_true", help="small model (d_model 64) for a smoke run")
+    p.add_argument("--trainer-iterations", type=int, default=16,
+                   help="update batches per sorted arm in the trainer rows (0: none)")
     p.add_argument("--out", default="experiments/results/bench_sorted")
     args = p.parse_args(argv)
     dims = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128) if args.quick else \
@@ -113,6 +141,7 @@ def main(argv=None):
     prompts[np.arange(P)[None] >= plens[:, None]] = 0
     t0 = time.time()
     rows = [bench(pol, args, model_cfg, params, prompts, plens, limits) for pol in args.policies]
+    trainer_rows = trainer_bench(args.trainer_iterations) if args.trainer_iterations else []
     cmd = " ".join(["python"] + [shlex.quote(a) for a in sys.argv])
     meta = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": jax.devices()[0].device_kind, "jax": jax.__version__, "args": vars(args),
@@ -120,13 +149,20 @@ def main(argv=None):
             "run_s": time.time() - t0}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "rows": rows, "trainer_rows": trainer_rows}, f, indent=1)
+    print(write_markdown(args.out, {"meta": meta, "rows": rows, "trainer_rows": trainer_rows}))
+
+
+def write_markdown(out: str, data: dict) -> str:
+    """<out>.md from the saved numbers (python -c to redo it from <out>.json)."""
+    meta, rows, trainer_rows = data["meta"], data["rows"], data.get("trainer_rows", [])
+    args = argparse.Namespace(**meta["args"])
     lines = [
         "# Continuous batching benchmark: static sampler vs slot engine", "",
-        f"{meta['device']}, jax {meta['jax']}, {meta['date']}", f"`{cmd}`", "",
+        f"{meta['device']}, jax {meta['jax']}, {meta['date']}", f"`{meta['command']}`", "",
         f"{args.requests} requests, Q = {args.slots} slots (static: batches of {args.slots}), forced "
         f"lengths: {args.long_frac:.0%} at the cap {args.max_new}, the rest uniform in "
-        f"[{args.short[0]}, {args.short[1]}] ({int(limits.sum())} tokens); model {meta['model']}; "
+        f"[{args.short[0]}, {args.short[1]}] ({rows[0]['tokens']} tokens); model {meta['model']}; "
         f"sparse: snapkv budget {args.budget} + buffer {args.buffer}; engine segments of "
         f"{args.segment_chunks} x {args.buffer} steps. Wall time after a warm-up run; run time "
         f"{meta['run_s']:.0f} s. Static bubble = 1 - tokens / (Q x steps) per batch (its wall form is "
@@ -142,9 +178,23 @@ def main(argv=None):
                      f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} "
                      f"({r['engine_bubble_slots_until_drain']:.1%}) | {r['engine_bubble_wall']:.1%} "
                      f"({r['engine_bubble_wall_until_drain']:.1%}) |")
-    with open(args.out + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if trainer_rows:
+        lines += ["", "Trainer rows: `Trainer.step` on experiments/configs/long_tail.yaml (dense KV, "
+                  f"{args.trainer_iterations} update batches per sorted arm, the batch arm "
+                  f"{max(args.trainer_iterations // 4, 1)} iterations of 4 update batches; Q = 64 slots, "
+                  "groups of 4 x 8 prompts x 8 samples; every engine call blocked on, as in "
+                  "profile_sorted); tokens/s = rollout tokens / rollout time of the update batches "
+                  "after the first group (which compiles); bubbles are per-iteration means.", "",
+                  "| trainer arm | batch tok/s | sorted tok/s | speedup | batch bubble | sorted bubble (slot-steps) | sorted bubble (wall, Eq. 4) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in trainer_rows:
+            lines.append(f"| trainer {r['arm']} | {r['static_tokens_per_s']:.0f} | {r['engine_tokens_per_s']:.0f} | "
+                         f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} | "
+                         f"{r['engine_bubble_wall']:.1%} |")
+    text = "\n".join(lines) + "\n"
+    with open(out + ".md", "w") as f:
+        f.write(text)
+    return text
 
 
 if __name__ == "__main__":

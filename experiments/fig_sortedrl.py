@@ -15,8 +15,13 @@ n x the minibatches), the sorted arms `iterations` harvests of rollout.prompts p
 of n = sorted.group_batches update batches. The partial and stacked arms use rl.mode=sparse_rl,
 whose xi = pi_old / pi_sampler covers the staleness of resumed tokens (and the sparse KV and int8
 weights in the stacked arm); baseline and on-policy use rl.mode=dense with dense KV. Rollout
-throughput and bubble ratios are measured on this machine (CPU; the first iterations include
-compilation: bubbles and throughput are last-quarter means). Curves: train reward vs samples and vs wall time (rollout + score + update).
+throughput is total-time: the rollout tokens of the update batches after the first group divided
+by their total rollout time (the first group holds the compilation; the baseline's group is one
+iteration of n update batches); the bubble ratios are those iterations' means weighted by rollout
+time (Eq. 4 over the whole rollout time). Figure: throughput and wall bubble bars with the
+paper's numbers marked, and cumulative rollout time and train reward against cumulative rollout
+tokens after the first group, every arm on one axis (the paper's throughput gains drawn as
+slopes from the baseline's).
 """
 
 from __future__ import annotations
@@ -40,14 +45,36 @@ VARIANTS = {  # name -> (rl.mode, sparse KV?, extra overrides, paper bubble, pap
 }
 
 
+def _tokens(run, r: dict) -> float:
+    return r["response/length_mean"] * run.cfg.rollout.prompts * run.cfg.rollout.samples
+
+
+def _after_first_group(h: list[dict]) -> list[dict]:
+    """The iterations after the first group (which compiles everything); all of a short run."""
+    group = lambda i, r: r.get("sorted/group", float(i))  # noqa: E731 (baseline: a group per iteration)
+    later = [r for i, r in enumerate(h) if group(i, r) != group(0, h[0])]
+    return later or h
+
+
 def row(run) -> dict:
     h = run.history
+    later = _after_first_group(h)
+    t = np.array([r["time/rollout_s"] for r in later])
+    weighted = lambda k: float(np.sum(t * [r[k] for r in later]) / max(t.sum(), 1e-12))  # noqa: E731
     return {
         "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
-        # the last quarter of the run: the first iterations include compilation
-        "bubble_wall": figlib.last_quarter(h, "rollout/bubble_wall"),
-        "bubble_slots": figlib.last_quarter(h, "rollout/bubble_slots"),
-        "rollout_tokens_per_s": figlib.last_quarter(h, "throughput/rollout_tokens_per_s"),
+        # total tokens / total rollout time after the first group (compilation), and Eq. 4 over
+        # that rollout time
+        "bubble_wall": weighted("rollout/bubble_wall"),
+        "bubble_slots": weighted("rollout/bubble_slots"),
+        "rollout_tokens_per_s": float(sum(_tokens(run, r) for r in later) / max(t.sum(), 1e-12)),
+        "rollout_s": float(t.sum()),
+        # a baseline iteration is n update batches
+        "wall_s_per_batch": float(np.mean([_iter_seconds(r) for r in later]))
+        / (1 if run.cfg.rollout.scheduler == "sorted" else N_GROUP),
+        # the curves: cumulative over the update batches after the first group
+        "tokens_cum": np.cumsum([_tokens(run, r) for r in later]).tolist(),
+        "rollout_s_cum": np.cumsum(t).tolist(),
         "staleness_mean": figlib.run_mean(h, "sorted/staleness_mean"),
         "discarded_token_fraction": figlib.run_mean(h, "sorted/discarded_token_fraction"),
         "wall_s": float(sum(_iter_seconds(r) for r in h)),
@@ -84,9 +111,15 @@ def main(argv=None) -> dict:
         f"arm: {sparse} budget {b.kv.budget} + buffer {b.kv.buffer}, int8 W8A8 rollouts. Paper: bubble "
         "74% -> 5.8% (on-policy) / 3.4% (partial), rollout throughput +7.6% / +39.5%.",
         "",
+        "Rollout tokens/s is total-time throughput: the rollout tokens of every update batch after "
+        "the first group (which compiles) / their total rollout time; bubbles are those iterations' "
+        "means weighted by rollout time; wall s / batch is rollout + score + update per update "
+        "batch after the first group (a baseline iteration is n of them); wall s is the whole run's.",
+        "",
         "| variant | mode | accuracy | train reward (last 25%) | bubble (wall, Eq. 4) | bubble (slot-steps) | "
-        "rollout tokens/s | vs baseline | staleness | discarded tokens | wall s | paper bubble | paper throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "rollout tokens/s | vs baseline | staleness | discarded tokens | wall s / batch | wall s | "
+        "paper bubble | paper throughput |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base_tps = (np.mean([r["rollout_tokens_per_s"] for r in results["baseline"]])
                 if "baseline" in results else None)
@@ -97,30 +130,12 @@ def main(argv=None) -> dict:
         lines.append(
             f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | {fmt(col('train_reward_last25'))} | "
             f"{fmt(col('bubble_wall'))} | {fmt(col('bubble_slots'))} | {fmt(col('rollout_tokens_per_s'), '.0f')} | {gain} | "
-            f"{fmt(col('staleness_mean'))} | {fmt(col('discarded_token_fraction'))} | {fmt(col('wall_s'), '.0f')} | "
+            f"{fmt(col('staleness_mean'))} | {fmt(col('discarded_token_fraction'))} | "
+            f"{fmt(col('wall_s_per_batch'), '.2f')} | {fmt(col('wall_s'), '.0f')} | "
             f"{'—' if paper is None else f'{paper:.1%}'} | "
             f"{'—' if paper_gain is None else f'+{paper_gain:.1%}'} |")
 
-    fig = figlib.bars_and_reward_curves(results, histories, [
-        ("bubble_wall", "bubble ratio (wall, Eq. 4)"), ("rollout_tokens_per_s", "rollout tokens/s")])
-    # the reward curves again, against samples and wall time
-    fig2, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for name, hs in histories.items():
-        rows = (N_GROUP if name == "baseline" else 1) * b.rollout.prompts * b.rollout.samples
-        n = min(len(h) for h in hs)
-        reward = np.mean([[h[i]["reward/mean"] for i in range(n)] for h in hs], axis=0)
-        wall = np.mean([np.cumsum([_iter_seconds(h[i]) for i in range(n)]) for h in hs], axis=0)
-        axes[0].plot(rows * np.arange(1, n + 1), reward, label=name)
-        axes[1].plot(wall, reward, label=name)
-    axes[0].set_xlabel("samples")
-    axes[1].set_xlabel("wall s")
-    for ax in axes:
-        ax.set_ylabel("train reward")
-        ax.legend(fontsize=7)
-    fig2.tight_layout()
-    os.makedirs(out, exist_ok=True)
-    fig2.savefig(os.path.join(out, "reward_vs_samples_and_time.png"), dpi=110)
-    plt.close(fig2)
+    fig = _figure(results, histories, base_tps)
     names = list(results)
     data = {"results": results, "seeds": args.seeds, "histories": histories,
             "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *arm_of(n)[2]] for n in names},
@@ -128,6 +143,52 @@ def main(argv=None) -> dict:
     figlib.write_outputs(out, "Figure SortedRL: length-aware rollout scheduling", "\n".join(lines),
                          data, fig, "sortedrl", study)
     return data
+
+
+def _figure(results: dict, histories: dict, base_tps):
+    """Throughput and wall bubble per arm (the paper's numbers marked), then cumulative rollout
+    time and train reward against cumulative rollout tokens, every arm on one axis."""
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    names = list(results)
+    x = np.arange(len(names))
+    for ax, key, title in ((axes[0], "rollout_tokens_per_s", "rollout tokens/s (total time)"),
+                           (axes[1], "bubble_wall", "bubble ratio (wall, Eq. 4)")):
+        stats = [figlib.mean_std(r[key] for r in results[n]) for n in names]
+        ax.bar(x, [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
+        for i, n in enumerate(names):
+            bubble, gain = VARIANTS[n][3], VARIANTS[n][4]
+            mark = bubble if key == "bubble_wall" else (None if base_tps is None or gain is None
+                                                        else base_tps * (1 + gain))
+            if mark is not None:
+                ax.plot([i - 0.4, i + 0.4], [mark, mark], "r--", lw=1.5,
+                        label="paper" if i == 0 or not ax.get_legend_handles_labels()[0] else None)
+        ax.set_xticks(x, names, fontsize=7, rotation=30)
+        ax.set_title(title)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for name in names:
+        rows = results[name]
+        n = min(len(r["tokens_cum"]) for r in rows)
+        tokens = np.mean([r["tokens_cum"][:n] for r in rows], axis=0)
+        seconds = np.mean([r["rollout_s_cum"][:n] for r in rows], axis=0)
+        reward = np.mean([[r["reward/mean"] for r in _after_first_group(h)[:n]]
+                          for h in histories[name]], axis=0)
+        axes[2].plot(tokens, seconds, marker=".", label=name)
+        axes[3].plot(tokens, reward, marker=".", label=name)
+    if base_tps:
+        top = max(r["tokens_cum"][-1] for rows in results.values() for r in rows)
+        for name, gain in (("on-policy", VARIANTS["sorted_on_policy"][4]),
+                           ("partial", VARIANTS["sorted_partial"][4])):
+            axes[2].plot([0, top], [0, top / (base_tps * (1 + gain))], ":", lw=1,
+                         label=f"paper {name}: baseline rate +{gain:.1%}")
+    axes[2].set_title("rollout time after the first group")
+    axes[2].set_ylabel("rollout s")
+    axes[3].set_title("train reward (after the first group)")
+    for ax in axes[2:]:
+        ax.set_xlabel("rollout tokens")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

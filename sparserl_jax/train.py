@@ -146,7 +146,6 @@ class Trainer:
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         self._check_prompts()
         self.sorted = None  # rollout.scheduler='sorted': the SortedRL scheduler (built on first use)
-        self._engines: dict[int, SlotEngine] = {}
         self._saved_at = 0
         self.iteration = 0
         self.started = False
@@ -291,17 +290,13 @@ class Trainer:
     def _sorted_scheduler(self) -> SortedScheduler:
         if self.sorted is None:
             r, s = self.cfg.rollout, self.cfg.sorted
-            self.sorted = SortedScheduler(self._engine(self.cfg.data.max_prompt_len), s,
-                                          prompts_per_batch=r.prompts, samples=r.samples)
+            # one engine for the run: every group's prompts are padded to data.max_prompt_len,
+            # so each of its programs compiles once
+            engine = SlotEngine(self.model_cfg, self.sampler_cfg, s.slots or self.batch_rows,
+                                self.cfg.data.max_prompt_len, segment_chunks=s.segment_chunks,
+                                mesh=self.mesh)
+            self.sorted = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
         return self.sorted
-
-    def _engine(self, P: int) -> SlotEngine:
-        """One slot engine per prompt width (each compiles its own programs)."""
-        if P not in self._engines:
-            s = self.cfg.sorted
-            self._engines[P] = SlotEngine(self.model_cfg, self.sampler_cfg, s.slots or self.batch_rows, P,
-                                          segment_chunks=s.segment_chunks, mesh=self.mesh)
-        return self._engines[P]
 
     def _sorted_rollout(self):
         """SortedRL: the next update batch of the slot engine (loading a group of
@@ -313,7 +308,9 @@ class Trainer:
                 raise ValueError("the prompt source returned an empty batch (empty dataset?)")
             tokens, lengths = components.pad_prompt_batch(
                 [e.prompt_ids for e in examples], self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
-            sched.engine = self._engine(tokens.shape[1])
+            width = sched.engine.P  # the engine's fixed prompt width
+            tokens = np.pad(tokens, ((0, 0), (0, width - tokens.shape[1])),
+                            constant_values=self.tokenizer.pad_token_id)
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.train.seed), 0x5011ED),
                                      sched.group + 1)
             sched.load_group(examples, tokens, lengths, key)

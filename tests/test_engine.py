@@ -131,9 +131,10 @@ def test_bubble_ratio_equals_a_hand_computed_schedule():
 # ----------------------------------------------------------------------------- scheduler
 
 
-def _scheduler(mode, group_batches=2, limits=None):
+def _scheduler(mode, group_batches=2, limits=None, resume="cache"):
     eng = _engine("none")
-    sched = SortedScheduler(eng, SortedConfig(mode=mode, slots=3, group_batches=group_batches),
+    sched = SortedScheduler(eng, SortedConfig(mode=mode, slots=3, group_batches=group_batches,
+                                              resume=resume),
                             prompts_per_batch=2, samples=2)
     tok, ln = _prompts(2 * group_batches, seed=11)
     sched.load_group(list(range(len(tok))), tok, ln, jax.random.key(4), limits)
@@ -164,13 +165,15 @@ def test_harvests_are_complete_groups_with_the_right_versions(mode):
     assert sorted(seen) == [0, 1, 2, 3] and sched.at_group_boundary
 
 
-def test_partial_responses_resume_exactly_under_unchanged_weights():
+@pytest.mark.parametrize("resume", ["cache", "prefill"])
+def test_partial_responses_resume_exactly_under_unchanged_weights(resume):
     """Partial mode with the same weights in every version: a response interrupted at a harvest
-    and resumed after re-prefilling prompt + partial response is the uninterrupted one (dense
-    cache), so its tokens, log-probs and versions were joined correctly."""
+    and resumed, in its slot with its cache or after re-prefilling prompt + partial response, is
+    the uninterrupted one (dense cache), so its tokens, log-probs and versions were joined
+    correctly."""
     # forced lengths so that prompt 2's responses are mid-way at the first harvest (Q = 3,
     # segments of 4 steps: prompts 0 and 1 complete after 3 segments, prompt 2 then has 8 tokens)
-    sched = _scheduler("partial", limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]))
+    sched = _scheduler("partial", limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]), resume=resume)
     eng = sched.engine
     outs = []
     for version in range(2):
@@ -185,6 +188,51 @@ def test_partial_responses_resume_exactly_under_unchanged_weights():
         np.testing.assert_allclose(out.logprobs, np.asarray(ref.logprobs), rtol=1e-4, atol=1e-5)
         resumed += int(sum(len(set(v[:n])) > 1 for v, n in zip(out.version, out.lengths)))
     assert resumed > 0  # some response did span two versions
+
+
+def test_on_policy_requeues_dropped_prompts_behind_unstarted_ones():
+    """On-policy: prompt 2, mid-way at the first harvest (limits as above), is dropped and
+    re-queued behind prompt 3, which had not started; its re-sampled responses get new request
+    ids, and every prompt is still trained on once in the group."""
+    sched = _scheduler("on_policy", limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]))
+    examples, _, _, _, metrics = sched.next_batch(PARAMS, 0)
+    assert examples == [0, 1] and metrics["sorted/discarded_token_fraction"] > 0
+    assert [r.prompt for r in sched.queue] == [3, 3, 2, 2]
+    assert min(r.uid for r in sched.queue if r.prompt == 2) >= 8  # fresh ids: 8 were issued first
+    examples, _, _, _, _ = sched.next_batch(PARAMS, 1)
+    assert sorted(examples) == [2, 3] and sched.at_group_boundary
+
+
+def test_the_next_segment_is_dispatched_before_a_harvest_is_read():
+    """The device is not idle while the host books finished responses: after a segment whose
+    slots finished, the scheduler refills them and dispatches the next segment before reading
+    the harvested copy (engine.harvest_read with idle=False), and the results are unchanged."""
+    sched = _scheduler("partial", limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]))
+    eng, events = sched.engine, []
+    orig = {name: getattr(eng, name) for name in ("segment_start", "harvest_start", "harvest_read")}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            events.append((name, kwargs.get("idle")))
+            return orig[name](*args, **kwargs)
+        return call
+
+    for name in orig:
+        setattr(eng, name, spy(name))
+    try:
+        outs = [sched.next_batch(PARAMS, v)[3] for v in range(2)]
+    finally:
+        for name in orig:
+            delattr(eng, name)
+    overlapped = 0
+    for i, (name, idle) in enumerate(events):
+        if name == "harvest_read" and idle is False:
+            before = [e for e, _ in events[:i]]
+            last_copy = len(before) - 1 - before[::-1].index("harvest_start")
+            assert "segment_start" in before[last_copy:]  # a segment went out after the copy
+            overlapped += 1
+    assert overlapped >= 2
+    assert all((o.lengths >= 1).all() for o in outs)
 
 
 def _uids(sched, ptok):
@@ -222,6 +270,8 @@ def test_bad_settings_name_the_setting():
         SortedConfig(group_batches=0)
     with pytest.raises(ValueError, match=r"sorted\.mode='lazy'"):
         SortedConfig(mode="lazy")
+    with pytest.raises(ValueError, match=r"sorted\.resume='keep'.*\('cache', 'prefill'\)"):
+        SortedConfig(resume="keep")
     with pytest.raises(ValueError, match=r"record_kept"):
         SlotEngine(CFG, dataclasses.replace(cfg, record_kept=True), 2, P)
     from sparserl_jax.config import load_config

@@ -25,7 +25,14 @@ def _strip(rows):
 
 
 def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
-    Trainer(_cfg(tmp_path / "a", "train.iterations=3")).run()
+    run = Trainer(_cfg(tmp_path / "a", "train.iterations=3"))
+    run.run()
+    # one engine for the run (prompts padded to data.max_prompt_len): one segment program, one
+    # harvest copy, and at most the insert buckets Q / 8 .. Q (fresh prompts only)
+    eng = run.sorted.engine
+    assert eng.P == run.cfg.data.max_prompt_len
+    assert eng._segment._cache_size() == 1 and eng._harvest._cache_size() == 1
+    assert eng._insert._cache_size() <= 4
     # killed after 2 iterations (the end of the first group), then resumed
     Trainer(_cfg(tmp_path / "b", "train.iterations=2")).run()
     Trainer(_cfg(tmp_path / "b", "train.iterations=3")).run()

@@ -1,15 +1,24 @@
 """The slot engine: continuous batching over a fixed-slot KV cache (SortedRL's rollout engine).
 
 Q slots each hold one sequence in the same fixed-slot cache the static sampler uses (dense:
-prompt + max new tokens; sparse: budget + buffer). Decoding runs in jitted segments of
-`segment_chunks` x kv.buffer steps (the slot state donated) with the static sampler's own step
-(sampler.decode_token), every slot at its own token index t; the host then
-  - harvests finished slots with a jitted gather (tokens, sampler log-probs, kept counts, and
-    the policy version that sampled each token), and
-  - inserts new requests into free slots: a bucketed batch of prompts (or, resumed, prompt +
-    partial response) is prefilled into a fresh cache and every cache leaf (keys, values, fill,
-    length, positions, H2O mass, window queries) is scattered into the slots, so nothing of the
-    previous occupant survives.
+prompt + max new tokens; sparse: budget + buffer). A request flows through it as follows:
+  1. insert: the host pads the new requests to one of a few row buckets (powers of two from
+     Q / 8 to Q: each compiles once per engine, all of them at its first insert) and dispatches
+     one jitted program that prefills them (prompt, or prompt + partial response when resumed)
+     into a fresh cache and scatters every cache leaf (keys, values, fill, length, positions,
+     H2O mass, window queries) into free slots, so nothing of the previous occupant survives.
+     It returns at once (JAX async dispatch); the device runs it before the next segment.
+  2. segment: a jitted program of up to `segment_chunks` x kv.buffer decode steps (the slot
+     state donated) with the static sampler's own step (sampler.decode_token), every slot at its
+     own token index t. `segment_start` dispatches it; `segment_wait` fetches only the slots'
+     done flags and t (two [Q] arrays).
+  3. harvest: `harvest_start` dispatches a copy of every slot's response (tokens, sampler
+     log-probs, kept counts, the policy version that sampled each token; one compiled shape,
+     all Q rows); the slots are free to insert into at once, and `harvest_read` brings the copy
+     to the host later: the SortedScheduler reads it after dispatching the next segment, so the
+     device decodes while the host copies and books the finished responses.
+Between harvests a slot may also keep its request across a policy update (the scheduler's
+partial mode with sorted.resume='cache'): its cache stays, and later tokens carry the new version.
 Randomness is per request (sampler.request_keys): token t of request r draws with
 fold_in(fold_in(key, r), t), and an interval-trigger compression runs before a slot's token t
 when t is a multiple of kv.buffer, as the static sampler's chunk boundaries. So with Q >= N and
@@ -17,8 +26,10 @@ no refill the engine reproduces sampler.generate, and with refills every request
 generation alone.
 
 Bubble ratio (SortedRL Eq. 4): sum_k (Q - r_k) dt_k / (T Q), with r_k the running slots in
-interval k of wall time dt_k (a segment: its mean running slots; insert and harvest: none), and
-the slot-step form 1 - active slot-steps / (Q x steps).
+interval k of wall time dt_k (a segment from dispatch to its done flags on the host: its mean
+running slots, the device work queued before it, e.g. prefills, included; host time spent
+inserting and harvesting outside a segment: none), and the slot-step form
+1 - active slot-steps / (Q x steps).
 """
 
 from __future__ import annotations
@@ -116,9 +127,9 @@ def bubble_ratio(intervals, slots: int) -> float:
 
 
 def _bucket(n: int, cap: int, multiple: int) -> int:
-    """Rows of a compiled insert/harvest call: the next power of two >= n (at least `multiple`,
-    a multiple of it), at most `cap`."""
-    b = max(multiple, 1 << max(n - 1, 0).bit_length())
+    """Rows of a compiled insert call: the next power of two >= n, at least cap / 8 (a few
+    shapes per engine) and `multiple`, a multiple of it, at most `cap`."""
+    b = max(multiple, cap // 8, 1 << max(n - 1, 0).bit_length())
     b = min(b, cap)
     return -(-b // multiple) * multiple
 
@@ -149,10 +160,13 @@ class SlotEngine:
         self.C = cache_capacity(cfg.kv, prompt_len, self.M)
         self.segment_chunks = segment_chunks
         self.stats = EngineStats()
+        self.sync = False  # block on every device call (profiles: its device time lands in it)
         self._segment = jax.jit(self._segment_fn, donate_argnums=(1,))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,), static_argnames=("resume",))
         self._harvest = jax.jit(self._harvest_fn)
         self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
+        self._all_slots = None  # the harvest's row index, every slot (built on first use)
+        self._warmed: set[bool] = set()  # insert kinds (resume?) whose buckets are compiled
 
     # ------------------------------------------------------------------ device programs
 
@@ -170,7 +184,9 @@ class SlotEngine:
             version=jnp.zeros((Q, M), jnp.int32),
         )
         if self.mesh is None:
-            return state
+            # committed to the device, as every program's output is: a jit cache key includes
+            # committedness, so an uncommitted fresh state would compile the insert again
+            return jax.device_put(state, jax.devices()[0])
         # the cache in the layout the segment program returns it (batch and heads split), so the
         # second segment call does not compile again for another input layout
         cache = shd.place(state.cache, shd.cache_shardings(state.cache, self.mesh))
@@ -255,11 +271,17 @@ class SlotEngine:
 
         return distributed.to_host(x)
 
-    def segment(self, params, state: SlotState, key, version: int):
-        """Run one segment; returns (state, done [Q] and t [Q] as host arrays)."""
+    def segment_start(self, params, state: SlotState, key, version: int):
+        """Dispatch one segment (returns at once); returns (state, a handle for segment_wait)."""
         t0 = time.perf_counter()
         state, active, steps = self._segment(params, state, key, jnp.int32(version))
-        done, t, active, steps = self._fetch((state.done, state.t, active, steps))
+        return state, (t0, state.done, state.t, active, steps)
+
+    def segment_wait(self, handle):
+        """Wait for a dispatched segment; returns done [Q] and t [Q] as host arrays and counts the
+        segment (from its dispatch) in the stats."""
+        t0, *arrays = handle
+        done, t, active, steps = self._fetch(tuple(arrays))
         dt = time.perf_counter() - t0
         active, steps = int(active), int(steps)
         st = self.stats
@@ -269,6 +291,12 @@ class SlotEngine:
         running = active / max(steps, 1)
         st.idle_slot_seconds += (self.Q - running) * dt
         st.seconds += dt
+        return done, t
+
+    def segment(self, params, state: SlotState, key, version: int):
+        """Run one segment; returns (state, done [Q] and t [Q] as host arrays)."""
+        state, handle = self.segment_start(params, state, key, version)
+        done, t = self.segment_wait(handle)
         return state, done, t
 
     def _idle(self, dt: float) -> None:
@@ -279,7 +307,33 @@ class SlotEngine:
                limits=None, partial: Optional[Finished] = None) -> SlotState:
         """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`;
         with `partial` (their harvested partial responses) they resume after re-prefilling
-        prompt + partial response. Counted as idle time in the wall bubble ratio."""
+        prompt + partial response. Counted as idle time in the wall bubble ratio. The first
+        insert of each kind (fresh, resumed) compiles every row bucket first (_warm_up)."""
+        if (partial is not None) not in self._warmed:
+            state = self._warm_up(params, state, key, partial is not None)
+        return self._insert_rows(params, state, key, slots, prompts, lengths, request,
+                                 limits=limits, partial=partial)
+
+    def _warm_up(self, params, state: SlotState, key, resume: bool) -> SlotState:
+        """Run the insert program once for every row bucket with every row aimed at the padding
+        slot Q (dropped: nothing is written), so that a run compiles each shape before its first
+        segment rather than in whichever later group first meets that bucket."""
+        self._warmed.add(resume)
+        stats = dataclasses.replace(self.stats)
+        for nb in sorted({_bucket(n, self.Q, self.dp) for n in range(1, self.Q + 1)}):
+            partial = None
+            if resume:
+                zeros = np.zeros((nb, self.M), np.int32)
+                ones = np.ones((nb,), np.int32)
+                partial = Finished(ones * 0, zeros, zeros.astype(np.float32), zeros, zeros,
+                                   lengths=ones, n_compressions=ones * 0, prompt_lengths=ones)
+            state = self._insert_rows(params, state, key, [self.Q] * nb, np.zeros((nb, self.P), np.int32),
+                                      np.ones((nb,), np.int32), np.zeros((nb,), np.int32), partial=partial)
+        self.stats = stats  # not the run's insert time
+        return state
+
+    def _insert_rows(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
+                     limits=None, partial: Optional[Finished] = None) -> SlotState:
         tic = time.perf_counter()
         n = len(slots)
         nb = _bucket(n, self.Q, self.dp)
@@ -310,21 +364,36 @@ class SlotEngine:
         prefix = tuple(pad(np.asarray(a), 0) for a in (tokens, logprobs, kept, version, n_comp))
         args, prefix = self._place((args, prefix)) if self.mesh is not None else (args, prefix)
         state = self._insert(params, state, key, *args, prefix, resume=resume)
-        jax.block_until_ready(state.done)
+        if self.sync:
+            jax.block_until_ready(state.done)
         self._idle(time.perf_counter() - tic)
         return state
 
+    def harvest_start(self, state: SlotState):
+        """Dispatch a copy of every slot's response (all Q rows: one compiled shape); the slots
+        may be inserted into at once. Read it with harvest_read."""
+        tic = time.perf_counter()
+        if self._all_slots is None:
+            idx = np.arange(self.Q, dtype=np.int32)
+            self._all_slots = self._place(idx) if self.mesh is not None else jnp.asarray(idx)
+        out = self._harvest(state, self._all_slots)
+        if self.sync:
+            jax.block_until_ready(out)
+        self._idle(time.perf_counter() - tic)
+        return out
+
+    def harvest_read(self, pending, slots, *, idle: bool = True) -> Finished:
+        """Host copies of the responses of `slots` in a harvest_start copy; `idle`: count the
+        wait as idle time (False while a segment is running, whose interval covers it)."""
+        tic = time.perf_counter()
+        out = [np.asarray(x)[np.asarray(slots, np.int64)] for x in self._fetch(pending)]
+        if idle:
+            self._idle(time.perf_counter() - tic)
+        return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
+
     def harvest(self, state: SlotState, slots) -> Finished:
         """Host copies of the responses in `slots` (the slots are then free to insert into)."""
-        tic = time.perf_counter()
-        n = len(slots)
-        nb = _bucket(n, self.Q, self.dp)
-        idx = np.zeros((nb,), np.int32)
-        idx[:n] = slots
-        out = self._fetch(self._harvest(state, self._place(idx) if self.mesh is not None else idx))
-        out = [np.asarray(x)[:n] for x in out]
-        self._idle(time.perf_counter() - tic)
-        return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
+        return self.harvest_read(self.harvest_start(state), slots)
 
     def release_all(self, state: SlotState) -> SlotState:
         """Stop decoding in every slot (their occupants were harvested or dropped)."""

@@ -7,12 +7,22 @@ oversubscribed (the group holds more requests than its Q slots) and refilled as 
 an update batch is harvested as soon as b complete GRPO groups (all samples of a prompt) have
 finished, in completion order, so update batches come out sorted by length (short first).
 At a harvest the unharvested responses are treated by mode:
-  on_policy: dropped, their prompts' requests re-queued (every trained token has the current
-    weights' version; the dropped tokens are the discarded-token fraction);
+  on_policy: dropped, their prompts' requests re-queued behind the prompts not yet started
+    (every trained token has the current weights' version; the dropped tokens are the
+    discarded-token fraction). A prompt dropped at a harvest has shown a long response, so it
+    waits for the group's last harvest, which takes every remaining prompt and drops nothing,
+    instead of being restarted first and dropped again (SortedRL's short-first order applied
+    to what a harvest has revealed about lengths);
   partial: finished ones wait for their group to complete; unfinished ones keep their tokens
-    and per-token sampler log-probs and resume under the new weights after re-prefilling
-    prompt + partial response (each token's ratio then uses the log-prob of the weights that
-    sampled it: xi covers staleness, staleness < n updates).
+    and per-token sampler log-probs and resume under the new weights: by default
+    (sorted.resume='cache') in their slot, with the KV cache the earlier weights wrote (no
+    harvest, no re-prefill; an in-flight weight update), or (sorted.resume='prefill') after
+    re-prefilling prompt + partial response under the new weights. Each token's ratio uses the
+    log-prob of the weights that sampled it: xi covers staleness, staleness < n updates.
+The decode loop keeps the device busy while the host books finished responses: a segment's
+finished slots are copied on the device (engine.harvest_start), refilled, and the next segment
+dispatched before the copy is read on the host (engine.harvest_read). Completion is decided
+from the done flags alone, so nothing waits for a copy except the update batch itself.
 A checkpoint at a group boundary (nothing queued or running) is an exact resume point.
 """
 
@@ -28,6 +38,7 @@ import numpy as np
 from sparserl_jax.rollout.engine import Finished, SlotEngine
 
 MODES = ("on_policy", "partial")
+RESUMES = ("cache", "prefill")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +50,22 @@ class SortedConfig:
       sampler's batch, so both hold the same KV memory).
     group_batches: n, update batches per loaded group (the paper's n = 4).
     segment_chunks: decode chunks (of kv.buffer steps) per jitted segment between host visits.
+    resume: partial mode, how an unfinished response continues after a harvest: "cache" (in
+      its slot, keeping the KV cache of the weights that wrote it) or "prefill" (prompt +
+      partial response re-prefilled under the new weights in a free slot).
     """
 
     mode: str = "on_policy"
     slots: int = 0
     group_batches: int = 4
     segment_chunks: int = 2
+    resume: str = "cache"
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"sorted.mode={self.mode!r}: expected one of {MODES}")
+        if self.resume not in RESUMES:
+            raise ValueError(f"sorted.resume={self.resume!r}: expected one of {RESUMES}")
         if self.slots < 0:
             raise ValueError(f"sorted.slots={self.slots} must be >= 0 (0: rollout.prompts x samples)")
         if self.group_batches < 1:
@@ -86,6 +103,7 @@ class SortedScheduler:
         self.b, self.n = prompts_per_batch, samples
         self.pad = pad_token_id
         self.group = -1  # index of the loaded group
+        self.state = None  # the engine's slot state, kept across groups (every slot free between)
         self._reset_group()
 
     # ------------------------------------------------------------------ group state
@@ -97,11 +115,12 @@ class SortedScheduler:
         self.queue: collections.deque[Request] = collections.deque()
         self.occupant: dict[int, Request] = {}  # slot -> request
         self.done: dict[int, list] = collections.defaultdict(list)  # prompt -> [(sample, Finished)]
+        self.n_done: collections.Counter = collections.Counter()  # prompt -> finished samples
+        self.pending: list = []  # (harvest_start copy, [(slot, Request)]) not read yet
         self.complete: list[int] = []  # prompts whose samples all finished, in completion order
         self.trained: set[int] = set()
         self.next_uid = 0
         self.limits = None
-        self.state = None
         self.key = None
 
     @property
@@ -128,7 +147,8 @@ class SortedScheduler:
         for p in range(len(examples)):
             for s in range(self.n):
                 self.queue.append(self._fresh(p, s))
-        self.state = self.engine.init_state()
+        if self.state is None:
+            self.state = self.engine.init_state()
 
     def _fresh(self, prompt: int, sample: int) -> Request:
         self.next_uid += 1
@@ -160,24 +180,27 @@ class SortedScheduler:
         prompt tokens [b*n, P], lengths [b*n], Finished [b*n] rows prompt-major, metrics)."""
         eng = self.engine
         stats0 = dataclasses.replace(eng.stats)
-        generated = 0
         while len(self.complete) < self.b:
             self._fill(params)
             if not self.occupant:
                 raise RuntimeError("SortedRL: nothing left to decode before a harvest was complete")
-            self.state, done, _ = eng.segment(params, self.state, self.key, version)
+            self.state, run = eng.segment_start(params, self.state, self.key, version)
+            self._read_pending(idle=False)  # the device decodes meanwhile
+            done, _ = eng.segment_wait(run)
             finished = [q for q in self.occupant if done[q]]
             if finished:
-                got = eng.harvest(self.state, finished)
-                for j, q in enumerate(finished):
-                    req = self.occupant.pop(q)
-                    self.done[req.prompt].append((req.sample, _row(got, j)))
-                    if len(self.done[req.prompt]) == self.n:
+                reqs = [(q, self.occupant.pop(q)) for q in finished]
+                self.pending.append((eng.harvest_start(self.state), reqs))
+                for _, req in reqs:
+                    self.n_done[req.prompt] += 1
+                    if self.n_done[req.prompt] == self.n:
                         self.complete.append(req.prompt)
+        self._read_pending(idle=True)
         take, self.complete = self.complete[:self.b], self.complete[self.b:]
         rows = []
         for p in take:
             rows.extend(f for _, f in sorted(self.done.pop(p), key=lambda x: x[0]))
+            del self.n_done[p]
             self.trained.add(p)
         out = _cat(rows)
         discarded = self._after_harvest(version)
@@ -187,24 +210,33 @@ class SortedScheduler:
         return ([self.examples[p] for p in take], self.prompt_tokens[idx], self.prompt_lengths[idx],
                 out, metrics)
 
+    def _read_pending(self, *, idle: bool) -> None:
+        """Bring the harvested copies to the host and file each response under its prompt."""
+        for copy, reqs in self.pending:
+            got = self.engine.harvest_read(copy, [q for q, _ in reqs], idle=idle)
+            for j, (_, req) in enumerate(reqs):
+                self.done[req.prompt].append((req.sample, _row(got, j)))
+        self.pending = []
+
     def _after_harvest(self, version: int) -> int:
         """Treat the unharvested responses by mode; returns the tokens discarded (on-policy)."""
         eng = self.engine
         slots = sorted(self.occupant)
+        if self.cfg.mode == "partial" and self.cfg.resume == "cache":
+            return 0  # every slot keeps decoding its request under the next weights
         partial = eng.harvest(self.state, slots) if slots else None
         self.state = eng.release_all(self.state)
         if self.cfg.mode == "on_policy":
             discarded = 0 if partial is None else int(partial.lengths.sum())
             prompts = sorted({self.occupant[q].prompt for q in slots} | set(self.done) | set(self.complete))
-            for p in self.complete:
-                for _, f in self.done[p]:
-                    discarded += int(f.lengths.sum())
-            for p in set(self.done) - set(self.complete):
-                discarded += sum(int(f.lengths.sum()) for _, f in self.done[p])
-            # re-queue every unharvested request of those prompts, in prompt order, first
+            for p in prompts:
+                discarded += sum(int(f.lengths.sum()) for _, f in self.done.get(p, ()))
+            # re-queue every unharvested request of those prompts, in prompt order, behind the
+            # prompts not started yet (they have shown a long response)
             requeue = [self._fresh(p, s) for p in prompts for s in range(self.n)]
-            self.queue = collections.deque(requeue + [r for r in self.queue if r.prompt not in prompts])
+            self.queue = collections.deque([r for r in self.queue if r.prompt not in prompts] + requeue)
             self.done.clear()
+            self.n_done.clear()
             self.complete = []
             self.occupant.clear()
             return discarded
