@@ -12,7 +12,9 @@ kv.policy at each --budgets (default the config's kv.budget), buffer kv.buffer (
 kept / dense entries behind each generated token). `key=value` overrides change the config (a
 difficulty setting, rollout.max_new_tokens). Every call appends one run to results.json in --out
 (default experiments/results/real/calibration/<task>/) and re-renders results.md from all runs,
-so the settings tried (failures too) stay side by side; --fresh starts a new file.
+so the settings tried (failures too) stay side by side; --fresh starts a new file. One process,
+arms one after the other: pin it to one core (taskset -c 0) for the numbers of the other
+experiments (experiments/workers.py).
 """
 
 from __future__ import annotations
@@ -306,4 +308,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(HERE))
+    import workers  # imports no JAX
+
+    workers.set_portable_cpu_env()  # the numerics of the project's other CPU experiments
     main()
