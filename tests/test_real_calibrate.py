@@ -47,11 +47,11 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     assert run["arms"][2]["k"] == 2 and 0 <= run["arms"][2]["groups"]["mixed"] <= 1
     assert 0 <= run["arms"][1]["same_as_dense"] <= 1
     # a second call (another setting, greedy dense only) appends a run; results.md shows both
-    data = calibrate.main([*common, "--arms", "greedy", "--dense-only", "data.task_options.max_value=20"])
+    data = calibrate.main([*common, "--arms", "greedy", "--dense-only", "data.task_options.max_value=30"])
     assert len(data["runs"]) == 2 and [a["name"] for a in data["runs"][1]["arms"]] == ["greedy dense"]
-    assert data["runs"][1]["task_options"]["max_value"] == 20
+    assert data["runs"][1]["task_options"]["max_value"] == 30
     md = (out / "results.md").read_text()
-    assert "## Run 1: min_value=10" in md and "## Run 2:" in md and "max_value=20" in md
+    assert "## Run 1: min_value=1, max_value=20" in md and "## Run 2:" in md and "max_value=30" in md
     assert "Command: `python experiments/real/calibrate.py --config" in md and "first" in md
     assert json.loads((out / "results.json").read_text()) == data
     with pytest.raises(FileNotFoundError, match="model.checkpoint="):

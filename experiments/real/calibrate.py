@@ -50,6 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--note", default="", help="a sentence stored with the run (shown in results.md)")
     p.add_argument("--out", help="default experiments/results/real/calibration/<task>")
     p.add_argument("--fresh", action="store_true", help="start a new results.json instead of appending")
+    p.add_argument("--rerender", action="store_true", help="only rewrite results.md from results.json")
     args = p.parse_intermixed_args(argv)  # key=value overrides may follow any option
     for name in ("prompts", "samples", "rows_per_call"):
         if getattr(args, name) < 1:
@@ -136,7 +137,7 @@ def measure_arm(cfg, parts, examples, *, name: str, kv_cfg, temperature: float, 
     return out
 
 
-def run(args, argv=None) -> dict:
+def run(args, argv=None, save=lambda run_data: None) -> dict:
     from sparserl_jax import components
 
     cfg, parts = load(args)
@@ -148,17 +149,8 @@ def run(args, argv=None) -> dict:
     seed = cfg.train.seed + 1 if args.seed is None else args.seed
     t0 = time.perf_counter()
     arms = []
-    for mode in args.arms:
-        temp, k = (0.0, 1) if mode == "greedy" else (cfg.rollout.temperature, args.samples)
-        for kv_name, kv_cfg in kvs:
-            arms.append(measure_arm(cfg, parts, examples, name=f"{mode} {kv_name}", kv_cfg=kv_cfg,
-                                    temperature=temp, k=k, seed=seed, rows=args.rows_per_call))
-    dense_greedy = next((a for a in arms if a["name"] == "greedy dense"), None)
-    for a in arms:  # how often eviction changes the greedy answer text
-        if a["k"] == 1 and a is not dense_greedy and dense_greedy is not None:
-            a["same_as_dense"] = float(np.mean([x == y for x, y in zip(a["responses"], dense_greedy["responses"])]))
     prompt_lens = [len(e.prompt_ids) for e in examples]
-    return {
+    run_data = {
         "command": shlex.join(["python", "experiments/real/calibrate.py",
                                *(sys.argv[1:] if argv is None else argv)]),
         "note": args.note, "task": cfg.data.task, "task_options": dict(cfg.data.task_options),
@@ -172,8 +164,21 @@ def run(args, argv=None) -> dict:
                           "max": int(max(prompt_lens))},
         "example_prompt": examples[0].prompt, "first_label": examples[0].label, "seed": seed,
         "cores": len(os.sched_getaffinity(0)),
-        "wall_s": time.perf_counter() - t0, "arms": arms,
+        "wall_s": 0.0, "arms": arms,
     }
+    for mode in args.arms:
+        temp, k = (0.0, 1) if mode == "greedy" else (cfg.rollout.temperature, args.samples)
+        for kv_name, kv_cfg in kvs:
+            arms.append(measure_arm(cfg, parts, examples, name=f"{mode} {kv_name}", kv_cfg=kv_cfg,
+                                    temperature=temp, k=k, seed=seed, rows=args.rows_per_call))
+            dense_greedy = arms[0] if arms[0]["name"] == "greedy dense" else None
+            if k == 1 and dense_greedy is not None and arms[-1] is not dense_greedy:
+                # how often eviction changes the greedy answer text
+                arms[-1]["same_as_dense"] = float(np.mean([
+                    x == y for x, y in zip(arms[-1]["responses"], dense_greedy["responses"])]))
+            run_data["wall_s"] = time.perf_counter() - t0
+            save(run_data)  # after every arm: a stopped run keeps the arms it finished
+    return run_data
 
 
 # ----------------------------------------------------------------------------- report
@@ -203,7 +208,12 @@ def _accs(arms: list[dict]) -> str:
 
 
 def _options(r: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in r["task_options"].items() if k != "instruction") or "defaults"
+    """The task options of a run; a changed instruction is quoted (the default is not shown)."""
+    from sparserl_jax.data.tasks import TASKS
+
+    default = getattr(TASKS.get(r["task"]), "instruction", None)
+    return ", ".join(f'{k}="{v}"' if k == "instruction" else f"{k}={v}" for k, v in r["task_options"].items()
+                     if not (k == "instruction" and v == default)) or "defaults"
 
 
 def render(runs: list[dict]) -> str:
@@ -282,19 +292,25 @@ def render(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: str, run_data: dict, fresh: bool) -> dict:
+def writer(out: str, fresh: bool):
+    """save(run_data): results.json = the earlier runs (none with `fresh`) + this one, and
+    results.md rendered from them. Returns save and the data it writes."""
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "results.json")
     data = {"runs": []}
     if os.path.exists(path) and not fresh:
         with open(path) as f:
             data = json.load(f)
-    data["runs"].append(run_data)
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(render(data["runs"]))
-    return data
+    earlier = list(data["runs"])
+
+    def save(run_data: dict) -> None:
+        data["runs"] = earlier + [run_data]
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write(render(data["runs"]))
+
+    return save, data
 
 
 def main(argv=None) -> dict:
@@ -303,8 +319,15 @@ def main(argv=None) -> dict:
 
     task = load_config(args.config, args.overrides).data.task
     out = args.out or os.path.join(REPO, "experiments", "results", "real", "calibration", str(task))
-    run_data = run(args, argv)
-    return write(out, run_data, args.fresh)
+    if args.rerender:
+        with open(os.path.join(out, "results.json")) as f:
+            data = json.load(f)
+        with open(os.path.join(out, "results.md"), "w") as f:
+            f.write(render(data["runs"]))
+        return data
+    save, data = writer(out, args.fresh)
+    run(args, argv, save)
+    return data
 
 
 if __name__ == "__main__":
