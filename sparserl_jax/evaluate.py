@@ -74,7 +74,7 @@ def evaluate_examples(
             r = float(reward(text, e.label))
             rewards.append(r)
             lengths.append(n)
-            rows.append({"source": e.source, "label": e.label, "response": text, "reward": r})
+            rows.append({"source": e.source, "label": e.label, "response": text, "reward": r, "length": n})
         mask = out.mask
         nonfinite += int(np.sum(~np.all(np.isfinite(np.where(mask, out.logprobs, 0.0)), axis=1)))
         kept += float(np.sum(out.kept * mask))

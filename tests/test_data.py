@@ -323,7 +323,7 @@ def test_cycle_walk_long_tail_lengths():
 
 
 def test_task_registry_errors():
-    with pytest.raises(ValueError, match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'copy_digits', 'cycle_walk', 'kv_recall'\]"):
+    with pytest.raises(ValueError, match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'chat_arithmetic', 'copy_digits', 'cycle_walk', 'kv_recall'\]"):
         get_task("sudoku")
     with pytest.raises(ValueError, match=r"has no option\(s\) \['pairs'\]; accepted"):
         get_task("kv_recall", pairs=3)

@@ -41,7 +41,9 @@ def run(model: str, mesh: str, *overrides: str, **kw) -> dict:
 
 
 def test_every_real_config_loads_with_every_overlay():
-    models = sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{REAL}/*.yaml"))
+    # smollm2_*.yaml: the CPU configs of the 135M model (tests/test_chat_arithmetic.py), no overlays
+    models = sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{REAL}/*.yaml")
+                    if not os.path.basename(p).startswith("smollm2_"))
     assert models == sorted(PUBLISHED)
     for model in models:
         for mesh in MESHES:

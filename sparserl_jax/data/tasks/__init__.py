@@ -7,6 +7,7 @@ import typing
 
 from sparserl_jax.data.tasks.arithmetic import ArithmeticTask
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, Task
+from sparserl_jax.data.tasks.chat_arithmetic import ChatArithmeticTask
 from sparserl_jax.data.tasks.copy_digits import CopyDigitsTask
 from sparserl_jax.data.tasks.cycle_walk import CycleWalkTask
 from sparserl_jax.data.tasks.kv_recall import KVRecallTask
@@ -16,6 +17,7 @@ TASKS: dict[str, type] = {
     "kv_recall": KVRecallTask,
     "copy_digits": CopyDigitsTask,
     "cycle_walk": CycleWalkTask,
+    "chat_arithmetic": ChatArithmeticTask,
 }
 
 
@@ -35,4 +37,4 @@ def get_task(name: str, **options) -> Task:
 
 
 __all__ = ["TASKS", "Task", "BoxedAnswerTask", "get_task", "ArithmeticTask", "KVRecallTask", "CopyDigitsTask",
-           "CycleWalkTask"]
+           "CycleWalkTask", "ChatArithmeticTask"]

@@ -1,0 +1,58 @@
+"""experiments/real/calibrate.py end to end on a tiny Llama checkpoint with the char tokenizer's
+chat template: greedy and sampled arms, dense and sparse, their group and length statistics, and
+results.md / results.json accumulating one run per call."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(__file__)
+sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real")]
+
+import calibrate  # noqa: E402
+
+CONFIG = os.path.join(HERE, "..", "experiments", "configs", "real", "smollm2_chat_arithmetic.yaml")
+
+
+def test_group_and_length_stats():
+    g = calibrate.group_stats(np.array([[1, 1], [0, 1], [0, 0], [1, 0]], float))
+    assert g == {"mixed": 0.5, "all_right": 0.25, "all_wrong": 0.25, "pass_at_k": 0.75}
+    L = calibrate.length_stats(np.array([10, 128, 200, 256]), 256)
+    assert L["at_cap"] == 0.25 and L["ge_128"] == 0.75 and L["max"] == 256
+
+
+def test_calibrate_on_a_tiny_checkpoint(tmp_path):
+    pytest.importorskip("transformers")
+    from hf_fixtures import make_tiny_hf_checkpoint
+
+    from sparserl_jax.tokenizer import CharTokenizer
+
+    ckpt = make_tiny_hf_checkpoint("llama", tmp_path)
+    CharTokenizer().save(ckpt)
+    out = tmp_path / "cal"
+    common = ["--config", CONFIG, "--prompts", "3", "--samples", "2", "--rows-per-call", "6",
+              "--out", str(out), f"model.checkpoint={ckpt}", "data.max_prompt_len=160",
+              "rollout.max_new_tokens=20", "kv.buffer=4"]
+    data = calibrate.main([*common, "--budgets", "48", "--note", "first"])
+    (run,) = data["runs"]
+    names = [a["name"] for a in run["arms"]]
+    assert names == ["greedy dense", "greedy rkv@48", "sampled dense", "sampled rkv@48"]
+    for a in run["arms"]:
+        assert 0 <= a["accuracy"] <= 1 and np.array(a["rewards"]).shape == (3, a["k"])
+        assert max(a["response_lengths"]) <= 20 and a["lengths"]["max"] <= 20
+        assert (a["kv_saving"] == 0) == (a["policy"] == "none")
+    assert run["arms"][2]["k"] == 2 and 0 <= run["arms"][2]["groups"]["mixed"] <= 1
+    assert 0 <= run["arms"][1]["same_as_dense"] <= 1
+    # a second call (another setting, greedy dense only) appends a run; results.md shows both
+    data = calibrate.main([*common, "--arms", "greedy", "--dense-only", "data.task_options.max_value=30"])
+    assert len(data["runs"]) == 2 and [a["name"] for a in data["runs"][1]["arms"]] == ["greedy dense"]
+    assert data["runs"][1]["task_options"]["max_value"] == 30
+    md = (out / "results.md").read_text()
+    assert "## Run 1: min_value=1, max_value=20" in md and "## Run 2:" in md and "max_value=30" in md
+    assert "Command: `python experiments/real/calibrate.py --config" in md and "first" in md
+    assert json.loads((out / "results.json").read_text()) == data
+    with pytest.raises(FileNotFoundError, match="model.checkpoint="):
+        calibrate.main(["--config", CONFIG, "--out", str(out), "model.checkpoint=/nonexistent"])
