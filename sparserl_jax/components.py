@@ -139,13 +139,14 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
 
 
 def pad_prompt_batch(
-    prompt_ids: Sequence[Sequence[int]], pad_id: int, max_prompt_len: int
+    prompt_ids: Sequence[Sequence[int]], pad_id: int, max_prompt_len: int, *, fixed: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad to a multiple of PROMPT_BUCKET: ([B, P] tokens, [B] lengths)."""
+    """Right-pad to a multiple of PROMPT_BUCKET, or to max_prompt_len itself with `fixed` (one
+    shape for every batch): ([B, P] tokens, [B] lengths)."""
     longest = max(len(p) for p in prompt_ids)
     if longest > max_prompt_len:
         raise ValueError(f"a prompt has {longest} tokens, more than data.max_prompt_len={max_prompt_len}")
-    P = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, max(max_prompt_len, longest))
+    P = max_prompt_len if fixed else min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, max_prompt_len)
     tokens = np.full((len(prompt_ids), P), pad_id, np.int32)
     for i, p in enumerate(prompt_ids):
         tokens[i, : len(p)] = p

@@ -306,11 +306,8 @@ class Trainer:
             examples = [e for _ in range(cfg.sorted.group_batches) for e in self.prompts.next_batch()]
             if not examples:
                 raise ValueError("the prompt source returned an empty batch (empty dataset?)")
-            tokens, lengths = components.pad_prompt_batch(
-                [e.prompt_ids for e in examples], self.tokenizer.pad_token_id, cfg.data.max_prompt_len)
-            width = sched.engine.P  # the engine's fixed prompt width
-            tokens = np.pad(tokens, ((0, 0), (0, width - tokens.shape[1])),
-                            constant_values=self.tokenizer.pad_token_id)
+            tokens, lengths = components.pad_prompt_batch(  # the engine's one prompt width
+                [e.prompt_ids for e in examples], self.tokenizer.pad_token_id, sched.engine.P, fixed=True)
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.train.seed), 0x5011ED),
                                      sched.group + 1)
             sched.load_group(examples, tokens, lengths, key)
