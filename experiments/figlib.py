@@ -170,7 +170,8 @@ class Study:
         self.base = load_config([config], self.overrides)
         self._warm_dir: str | None = None
 
-    def _train(self, name: str, overrides: Sequence[str]) -> Run:
+    def train(self, name: str, overrides: Sequence[str]) -> Run:
+        """Train (or resume, or reuse when finished) the run of the base config + `overrides`."""
         cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides])
         out_dir = os.path.join(self.runs_dir, config_key(cfg))
         cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides,
@@ -193,7 +194,7 @@ class Study:
     def warm_start_dir(self) -> str:
         """The shared warm start: SFT with seed 0 and no RL iterations (every arm starts here)."""
         if self._warm_dir is None:
-            run = self._train("warm_start", ["train.iterations=0", "train.seed=0",
+            run = self.train("warm_start", ["train.iterations=0", "train.seed=0",
                                              "rl.mode=dense", "kv.policy=none"])
             self._warm_dir = run.out_dir
         return self._warm_dir
@@ -203,7 +204,7 @@ class Study:
         """RL from the warm start with rollouts under `policy` and corrections `mode`."""
         overrides = [f"model.init_from={self.warm_start_dir()}", *FROM_WARM_START,
                      f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}", *extra]
-        return self._train(name, overrides)
+        return self.train(name, overrides)
 
     def train_all(self, specs: Sequence[dict]) -> list[Run]:
         """Train the runs `study.arm(**spec)` would, in parallel single-core processes (one per

@@ -1,0 +1,225 @@
+"""RL on the real model: Sparse-RL, QuRL and SortedRL arms trained on SmolLM2-135M-Instruct on CPU.
+
+  python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m
+  python experiments/real_rl.py                                # every arm (ARMS), resumable
+  python experiments/real_rl.py --arms dense sparse_rl_rkv --seeds 0 1 train.iterations=4
+  python experiments/real_rl.py --replot experiments/results/real/rl
+
+Each arm is one training run of the base config (default experiments/configs/real/
+smollm2_chat_arithmetic.yaml) with the arm's rl.mode, KV policy, quantization and scheduler; the
+runs go to parallel single-core processes (experiments/workers.py) into runs/real_rl/<config
+hash>/, so a killed command resumes every unfinished run from its last checkpoint when re-run (the
+trainer's exact resume; finished runs are reused). Then the final weights of every run, and the
+untrained model once, are evaluated greedily with dense full-precision inference on
+--eval-prompts held-out prompts (cached per run), and results.md / results.json / real_rl.png
+are written: accuracy before and after, training reward per iteration (sampled on prompts never
+seen before), mismatch KL, SARS rejection, ACR activity, KV saving, rollout tokens/s, bubble and
+seconds per iteration per arm. Three comparisons share the `dense` arm (full precision, dense KV,
+the batch scheduler): Sparse-RL (dense | naive R-KV | Sparse-RL R-KV), QuRL (full precision |
+int8 W8A8 uncorrected | QuRL: ACR + invariant scaling) and SortedRL (batch | sorted partial);
+`stacked` combines R-KV, int8 and the sorted scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import figlib  # noqa: E402
+import numpy as np  # noqa: E402
+import workers  # noqa: E402
+from figlib import fmt  # noqa: E402
+from matplotlib import pyplot as plt  # noqa: E402
+
+CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
+RUNS = os.path.join(figlib.REPO, "runs", "real_rl")
+OUT = os.path.join(figlib.HERE, "results", "real", "rl")
+
+INT8 = ("quant.format=int8", "quant.mode=w8a8")
+SORTED = ("rollout.scheduler=sorted", "sorted.mode=partial")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One training run's settings on top of the base config; `seeds`: how many of --seeds."""
+
+    mode: str
+    policy: str
+    extra: tuple[str, ...] = ()
+    seeds: int = 2
+    label: str = ""
+
+    def overrides(self, seed: int) -> list[str]:
+        return [f"rl.mode={self.mode}", f"kv.policy={self.policy}", f"train.seed={seed}", *self.extra]
+
+
+ARMS = {
+    "dense": Arm("dense", "none", label="dense fp, batch scheduler"),
+    "naive_rkv": Arm("naive_sparse", "rkv", label="R-KV, no correction"),
+    "sparse_rl_rkv": Arm("sparse_rl", "rkv", label="R-KV + Sparse-RL"),
+    "int8_naive": Arm("dense", "none", INT8, label="int8 W8A8, no correction"),
+    "qurl": Arm("qurl", "none", INT8 + ("quant.invariant_scaling=true",), label="int8 + ACR + inv. scaling"),
+    "sorted_partial": Arm("sparse_rl", "none", SORTED, seeds=1, label="SortedRL partial"),
+    "stacked": Arm("sparse_rl", "rkv", SORTED + INT8, seeds=1, label="R-KV + int8 + SortedRL"),
+}
+# name -> (arms, the paper's figure / table it stands beside)
+COMPARISONS = {
+    "Sparse-RL": (("dense", "naive_rkv", "sparse_rl_rkv"), "Sparse-RL Table 1 / Fig. 3"),
+    "QuRL": (("dense", "int8_naive", "qurl"), "QuRL Table 1"),
+    "SortedRL": (("dense", "sorted_partial"), "SortedRL Fig. 6"),
+    "stacked": (("dense", "stacked"), "-"),
+}
+CURVES = (  # (metric, panel title)
+    ("reward/mean", "training reward (new prompts)"),
+    ("mismatch/kl_k3", "mismatch KL k3 (sampler vs pi_old)"),
+    ("sars/token_reject_rate", "SARS token rejection"),
+    ("acr/active_frac", "ACR active fraction"),
+)
+# A seconds-long version on a tiny checkpoint (tests): with --smoke and model.checkpoint=<tiny>.
+SMOKE = ("train.iterations=2", "train.save_every=1", "rollout.prompts=2", "rollout.samples=2",
+         "rollout.max_new_tokens=24", "data.max_prompt_len=160", "kv.budget=64", "kv.buffer=8",
+         "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4",
+         "sorted.group_batches=2", "train.eval_prompts=2")
+
+
+def base_overrides(args) -> list[str]:
+    """Every run's overrides of the base config: SMOKE (with --smoke), then the command line's."""
+    return (list(SMOKE) if args.smoke else []) + list(args.overrides)
+
+
+def seeds_of(name: str, seeds: Sequence[int]) -> list[int]:
+    return list(seeds)[: ARMS[name].seeds]
+
+
+def _train_job(job) -> str:
+    """Worker: train (or resume, or reuse) one run, then evaluate its final weights (dense, full
+    precision; cached in the run directory); returns the run directory."""
+    config, overrides, runs_dir, name, arm_overrides, n_eval = job
+    run = figlib.Study(config, overrides, runs_dir).train(name, [*arm_overrides, "train.progress=true"])
+    run.evaluate({"policy": "none"}, n=n_eval)
+    return run.out_dir
+
+
+def row(run: figlib.Run, n_eval: int) -> dict:
+    """One run's numbers: dense full-precision accuracy of the final weights and its training-time
+    statistics (iteration means unless named last25)."""
+    h = run.history
+    seconds = [sum(v for k, v in x.items() if k.startswith("time/")) for x in h]
+    return {
+        "dense_acc": run.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
+        "reward_first25": float(np.mean([x["reward/mean"] for x in h[: max(len(h) // 4, 1)]])),
+        "acr_active": figlib.run_mean(h, "acr/active_frac"),
+        "rollout_tokens_per_s": figlib.run_mean(h, "throughput/rollout_tokens_per_s"),
+        "bubble": figlib.run_mean(h, "rollout/bubble_wall"),
+        "seconds_per_iteration": float(np.median(seconds[1:] or seconds)),  # the first compiles
+        "iterations": len(h),
+        **figlib.summarize(run),
+    }
+
+
+def train_and_score(args) -> tuple[dict, dict, dict]:
+    workers.pin_to_one_core()
+    overrides = base_overrides(args)
+    study = figlib.Study(args.config, overrides, args.runs_dir)
+    n_eval = args.eval_prompts or study.base.train.eval_prompts
+    untrained = ("untrained", ARMS["dense"].overrides(0) + ["train.iterations=0"])
+    # the two-seed comparisons first, seed-major; then the one-seed arms (sorted, stacked)
+    runs = sorted([(-ARMS[n].seeds, i, n, s) for n in args.arms
+                   for i, s in enumerate(seeds_of(n, args.seeds))])
+    jobs = [untrained] + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
+    t0 = time.perf_counter()
+    workers.parallel_map(_train_job, [(args.config, overrides, args.runs_dir, name, o, n_eval)
+                                      for name, o in jobs])
+    wall = time.perf_counter() - t0
+    untrained = study.train(*untrained).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
+    results, histories = {}, {}
+    for name in args.arms:
+        runs = [study.train(f"{name}/seed{s}", ARMS[name].overrides(s)) for s in seeds_of(name, args.seeds)]
+        results[name] = [row(r, n_eval) for r in runs]
+        histories[name] = [r.history for r in runs]
+    return results, histories, {"untrained_dense_acc": untrained, "eval_prompts": n_eval,
+                                "train_wall_s": wall, "cores": len(workers.available_cores())}
+
+
+def tables(results: dict, meta: dict) -> str:
+    col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
+    lines = [
+        f"Untrained model: {meta['untrained_dense_acc']:.3f} greedy accuracy (dense, full precision) "
+        f"on {meta['eval_prompts']} held-out prompts. Every row: mean ± sample std over its seeds; "
+        "`dense acc` is the final weights' greedy accuracy on the same prompts (dense full-precision "
+        "inference), `reward` the training reward (sampled accuracy on prompts never seen before) "
+        "over the first / last quarter of the iterations.",
+        "",
+        "| arm | seeds | iterations | dense acc | reward first25 | reward last25 | KV saving | mismatch KL k3 "
+        "| SARS token reject (last25) | ACR active | rollout tok/s | bubble | s / iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in results:
+        lines.append(
+            f"| {name} ({ARMS[name].label}) | {len(results[name])} | {results[name][0]['iterations']} | "
+            f"{col(name, 'dense_acc')} | {col(name, 'reward_first25')} | {col(name, 'train_reward_last25')} | "
+            f"{col(name, 'train_kv_saving', '.1%')} | {col(name, 'mismatch_kl_k3', '.2e')} | "
+            f"{col(name, 'token_reject_rate', '.1%')} | {col(name, 'acr_active', '.1%')} | "
+            f"{col(name, 'rollout_tokens_per_s', '.1f')} | {col(name, 'bubble', '.1%')} | "
+            f"{col(name, 'seconds_per_iteration', '.0f')} |")
+    lines += ["", "Comparisons (dense accuracy change from the untrained model, mean ± std over seeds):", ""]
+    for title, (names, paper) in COMPARISONS.items():
+        have = [n for n in names if n in results]
+        if len(have) < 2:
+            continue
+        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - meta['untrained_dense_acc'] for r in results[n]], '+.3f')}"
+                           for n in have)
+        lines.append(f"- **{title}** (beside {paper}): {deltas}")
+    return "\n".join(lines)
+
+
+def figure(histories: dict):
+    fig, axes = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.0))
+    for ax, (key, title) in zip(axes.flat, CURVES):
+        for name, hs in histories.items():
+            x, m, s = figlib.curve(hs, key)
+            ax.plot(x, m, label=ARMS[name].label, lw=1.2)
+            ax.fill_between(x, m - s, m + s, alpha=0.15)
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+    figlib.band_legend_below(fig, axes.flat[-1], ncol=3)
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = figlib.parser(__doc__, replot=True)
+    p.set_defaults(config=CONFIG, runs_dir=RUNS)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
+                   help="seeds of the two-seed arms; one-seed arms (sorted, stacked) take the first")
+    args = p.parse_args(argv)
+    out = args.out or OUT
+    if args.replot:
+        data, _ = figlib.load_results(args.replot)
+        results, histories, meta = data["results"], data["histories"], data["meta"]
+        out = args.replot
+    else:
+        results, histories, meta = train_and_score(args)
+        data = {"results": results, "histories": histories, "meta": meta}
+    study = None if args.replot else figlib.Study(args.config, base_overrides(args), args.runs_dir)
+    b = (study.base if study else figlib.load_results(out)[1])
+    title = f"RL on {os.path.basename(b.model.checkpoint)}: {b.data.task}"
+    caption = (
+        f"Each run: {b.rollout.prompts} prompts x {b.rollout.samples} samples per iteration at temperature "
+        f"{b.rollout.temperature}, up to {b.rollout.max_new_tokens} new tokens, lr {b.rl.optim.lr}; R-KV "
+        f"budget {b.kv.budget} + buffer {b.kv.buffer}; seconds per iteration: median over the iterations "
+        f"after the first, on one core of this machine, {meta['cores']} runs in parallel "
+        f"(training wall time {meta['train_wall_s'] / 60:.0f} min)."
+    )
+    figlib.write_outputs(out, title, tables(results, meta), data, figure(histories), "real_rl", study,
+                         caption=caption, replot=bool(args.replot))
+    return data
+
+
+if __name__ == "__main__":
+    main()
