@@ -123,6 +123,7 @@ def row(run: figlib.Run, n_eval: int) -> dict:
 
 
 def train_and_score(args) -> tuple[dict, dict, dict]:
+    cores = workers.available_cores()  # the workers' cores: this process then keeps only the first
     workers.pin_to_one_core()
     overrides = base_overrides(args)
     study = figlib.Study(args.config, overrides, args.runs_dir)
@@ -134,7 +135,7 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
     jobs = [untrained] + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
     t0 = time.perf_counter()
     workers.parallel_map(_train_job, [(args.config, overrides, args.runs_dir, name, o, n_eval)
-                                      for name, o in jobs])
+                                      for name, o in jobs], cores)
     wall = time.perf_counter() - t0
     untrained = study.train(*untrained).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
     results, histories = {}, {}
@@ -143,7 +144,7 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
         results[name] = [row(r, n_eval) for r in runs]
         histories[name] = [r.history for r in runs]
     return results, histories, {"untrained_dense_acc": untrained, "eval_prompts": n_eval,
-                                "train_wall_s": wall, "cores": len(workers.available_cores())}
+                                "train_wall_s": wall, "cores": len(cores)}
 
 
 def tables(results: dict, meta: dict) -> str:
