@@ -162,8 +162,9 @@ class Study:
     """Runs of one base config (YAML + overrides) that all start from the same warm start."""
 
     def __init__(self, config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
-                 runs_dir: str = DEFAULT_RUNS, log: Callable = print):
+                 runs_dir: str = DEFAULT_RUNS, log: Callable = print, cores: list[int] | None = None):
         self.config = config
+        self.cores = cores  # train_all's worker cores (default: this process's available ones)
         self.overrides = list(overrides)
         self.runs_dir = runs_dir
         self.log = log
@@ -211,7 +212,7 @@ class Study:
         available core; workers.py), into the same cache: later `arm` calls reuse them."""
         warm = self.warm_start_dir()
         jobs = [(self.config, self.overrides, self.runs_dir, warm, dict(spec)) for spec in specs]
-        return workers.parallel_map(_train_job, jobs)
+        return workers.parallel_map(_train_job, jobs, self.cores)
 
     def warm_start(self, policy: str | None = None) -> Run:
         """The warm start itself as a zero-iteration run (to evaluate it like any other model)."""
@@ -489,9 +490,10 @@ def study_from_args(args) -> Study:
     machine."""
     if getattr(args, "replot", None):
         raise ValueError("--replot re-renders committed results: it trains nothing")
+    cores = workers.available_cores()  # counted before this process keeps only the first
     workers.pin_to_one_core()
     overrides = list(args.overrides) + (smoke_overrides(args.config, args.overrides) if args.smoke else [])
-    return Study(args.config, overrides, args.runs_dir)
+    return Study(args.config, overrides, args.runs_dir, cores=cores)
 
 
 def smoke_overrides(config: str, overrides: Sequence[str] = ()) -> list[str]:

@@ -254,3 +254,26 @@ def test_memo_choice(runs_dir, tmp_path):
     np.testing.assert_allclose(stats["entropy"], -(2 * 0.4 * np.log(0.4) + 0.2 * np.log(0.2)))
     with pytest.raises(ValueError, match="memo: true"):
         memo_choice.main(["--smoke", "--out", str(tmp_path / "x"), "--runs-dir", runs_dir])
+
+
+def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch):
+    """study_from_args counts the cores before it pins its own process to the first: train_all's
+    workers get all of them (pinning first left one worker for the whole figure)."""
+    import workers
+
+    cores = [0, 1, 2]
+    monkeypatch.setattr(workers, "available_cores", lambda: list(cores))
+
+    def pin(core=None):
+        cores[1:] = []
+        return True
+
+    monkeypatch.setattr(workers, "pin_to_one_core", pin)
+    seen = []
+    monkeypatch.setattr(workers, "parallel_map", lambda fn, items, c=None: seen.append(c) or [])
+    args = argparse.Namespace(config=figlib.DEFAULT_CONFIG, overrides=[], smoke=True,
+                              runs_dir=str(tmp_path), replot=None)
+    study = figlib.study_from_args(args)
+    study._warm_dir = str(tmp_path)
+    study.train_all([])
+    assert seen == [[0, 1, 2]] and study.cores == [0, 1, 2]
