@@ -10,7 +10,8 @@ smollm2_chat_arithmetic.yaml) with the arm's rl.mode, KV policy, quantization an
 runs go to parallel single-core processes (experiments/workers.py) into runs/real_rl/<config
 hash>/, so a killed command resumes every unfinished run from its last checkpoint when re-run (the
 trainer's exact resume; finished runs are reused). Then the final weights of every run, and the
-untrained model once, are evaluated greedily with dense full-precision inference on
+untrained model once, are evaluated (avg@1, sampled at the rollout temperature with a fixed seed)
+with dense full-precision inference on
 --eval-prompts held-out prompts (cached per run), and results.md / results.json / real_rl.png
 are written: accuracy before and after, training reward per iteration (sampled on prompts never
 seen before), mismatch KL, SARS rejection, ACR activity, KV saving, rollout tokens/s, bubble and
@@ -150,10 +151,12 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
 def tables(results: dict, meta: dict) -> str:
     col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
     lines = [
-        f"Untrained model: {meta['untrained_dense_acc']:.3f} greedy accuracy (dense, full precision) "
+        f"Untrained model: {meta['untrained_dense_acc']:.3f} accuracy (avg@1 sampled at the rollout "
+        "temperature, seed train.seed + 1; dense, full precision) "
         f"on {meta['eval_prompts']} held-out prompts. Every row: mean ± sample std over its seeds; "
-        "`dense acc` is the final weights' greedy accuracy on the same prompts (dense full-precision "
-        "inference), `reward` the training reward (sampled accuracy on prompts never seen before) "
+        "`dense acc` is the final weights' accuracy on the same prompts and samples' seed (dense "
+        "full-precision inference); SARS rejects only under rl.mode sparse_rl; `reward` the training "
+        "reward (sampled accuracy on prompts never seen before) "
         "over the first / last quarter of the iterations.",
         "",
         "| arm | seeds | iterations | dense acc | reward first25 | reward last25 | KV saving | mismatch KL k3 "
