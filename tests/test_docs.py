@@ -74,16 +74,23 @@ def missing_commands(text: str) -> list[str]:
 
 def unexercised(text: str) -> list[str]:
     """Scripts named in `text` that no test runs and no committed result (experiments/results/**.md)
-    records."""
+    records, and `python -m` modules no test runs or imports."""
     tests = "\n".join(p.read_text() for p in (REPO / "tests").glob("*.py") if p.name != "test_docs.py")
     results = "\n".join(p.read_text() for p in (REPO / "experiments/results").rglob("*.md"))
 
     def tested(script: str) -> bool:  # imported by a test, or its file named there
         stem = re.escape(Path(script).stem)
-        return re.search(rf"^\s*(import|from) {stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']", tests, re.M) is not None
+        pattern = rf"^\s*(import|from) {stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']"
+        return re.search(pattern, tests, re.M) is not None
+
+    def module_tested(mod: str) -> bool:  # `python -m` or an import of it in a test
+        parent, _, name = mod.rpartition(".")
+        pattern = rf"\b{re.escape(mod)}\b|from {re.escape(parent)} import [\w, ]*\b{name}\b"
+        return re.search(pattern, tests) is not None
 
     return [s for s in sorted(set(SCRIPT.findall(text)))
-            if s not in NOT_RUN and not tested(s) and s not in results]
+            if s not in NOT_RUN and not tested(s) and s not in results] + [
+        f"python -m {m}" for m in sorted(set(MODULE.findall(text))) if not module_tested(m)]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -115,8 +122,9 @@ def test_the_checkers_find_what_is_broken():
                             "python -m sparserl_jax.nope\nM=experiments/configs/real\n"
                             "python -m sparserl_jax.fetch --config $M/qwen2.5-1.5b.yaml") == [
         "experiments/no_such.py", "python -m sparserl_jax.nope", "experiments/configs/none.yaml"]
-    assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py") == [
-        "experiments/not_run_anywhere.py"]
+    assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
+                       "python -m sparserl_jax.train python -m sparserl_jax.untested") == [
+        "experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]
 
 
 def test_readme_is_a_landing_page():
