@@ -1,5 +1,8 @@
-"""Supervised warm-start: teach a from-scratch model a task's ideal responses (cross-entropy on
-response tokens only), so that RL starts from a policy that sometimes succeeds."""
+"""Owns the supervised warm start: a task's ideal responses taught before RL (cross-entropy).
+Must not touch RL state: no optimizer state, pi_ref, checkpoints or rollouts of the RL run.
+
+Cross-entropy on response tokens only, so that RL starts from a policy that sometimes succeeds.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sparserl_jax.config import SFTConfig
+from sparserl_jax import components
+from sparserl_jax.config import SFTConfig, TrainConfig
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.tokenizer import Tokenizer
@@ -52,6 +56,23 @@ def sft_warm_start(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, c
                                   rng_stream=(seed, 10_000_019), width=width, name="sft",
                                   render=render, log=log)
     return params, loss
+
+
+def run_warm_start(params, cfg: TrainConfig, parts: components.Components, curriculum_task, *,
+                   log=print):
+    """A run's warm start: sft_warm_start with the widths of its config (prompt + the rollout's
+    max new tokens, or sft.curriculum.max_new_tokens for the curriculum); None when the run has
+    no SFT steps or no synthetic task (data.task) to draw demonstrations from."""
+    sft, prompt_len, max_new = cfg.sft, cfg.data.max_prompt_len, cfg.rollout.max_new_tokens
+    if not (sft.steps or sft.curriculum.steps) or parts.task is None:
+        return None
+    params, _ = sft_warm_start(
+        params, parts.model_cfg, parts.task, parts.tokenizer, sft, seed=cfg.train.seed,
+        width=prompt_len + max_new, curriculum_task=curriculum_task,
+        curriculum_width=prompt_len + (sft.curriculum.max_new_tokens or max_new),
+        render=components.render_prompt(cfg, parts.tokenizer), log=log,
+    )
+    return params
 
 
 def _sft_phase(params, model_cfg: ModelConfig, task, tokenizer: Tokenizer, cfg: SFTConfig,

@@ -1,5 +1,8 @@
-"""RL update: GRPO advantages, behaviour-policy corrections (xi, r, SARS, IBR, TIS, ACR), the
-clipped loss, the optimizer, the jitted update step and the per-iteration rollout diagnostics."""
+"""Owns the RL update: GRPO advantages, corrections (xi, r, SARS, IBR, TIS, ACR), loss, optimizer.
+Must not touch sampling or the run directory: imports no rollout/ module, run_state or train.
+
+Also the jitted update step, the per-iteration rollout diagnostics and (rl/learner.py, not
+re-exported here) the learner step that ties them together for the trainer."""
 
 from sparserl_jax.rl.advantages import grpo_advantages, token_advantages
 from sparserl_jax.rl.batch import BATCH_KEYS, assemble, response_mask_from_lengths

@@ -5,7 +5,7 @@ Kept keys keep their original RoPE positions, as in the Sparse-RL fork's "stream
 (sglang/compress/r1kv_utils.py KVCluster: first_tokens + the last budget - first_tokens entries
 of the rotated cache), R-KV, SnapKV and kvpress. The original StreamingLLM
 (mit-han-lab/streaming-llm, pos_shift) instead re-rotates cached keys to their in-cache
-positions; that is not offered (see README, "Method: as the authors run it")."""
+positions; that is not offered (see docs/implementation.md, "Method: as the authors run it")."""
 
 from __future__ import annotations
 

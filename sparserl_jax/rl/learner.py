@@ -1,0 +1,110 @@
+"""Owns the learner step: rewards -> GRPO advantages -> batch -> pi_old / pi_ref -> update.
+Must not touch sampling or the run directory: it imports no rollout/, run_state or train.
+
+`Learner.batch` scores a host rollout (decoded responses through the task reward), computes GRPO
+advantages and assembles the update batch (layout in rl/batch.py) on the mesh; `Learner.step`
+teacher-forces log pi_old (theta_old, the current weights) and log pi_ref over it, computes the
+host-side rollout diagnostics and runs the jitted update step, whose rl.mode picks the corrections.
+The learner holds functions and settings only; params, optimizer state and pi_ref stay with the
+caller, which passes them in and takes the updated ones back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sparserl_jax import distributed
+from sparserl_jax.model import sharding
+from sparserl_jax.rl.advantages import grpo_advantages
+from sparserl_jax.rl.batch import assemble
+from sparserl_jax.rl.config import RLConfig
+from sparserl_jax.rl.diagnostics import rollout_diagnostics
+from sparserl_jax.rl.optim import make_optimizer
+from sparserl_jax.rl.update import make_score_fn, make_update_fn
+
+HOST_KEYS = ("tokens", "response_mask", "sampler_logp", "old_logp", "advantages")
+
+
+def check_minibatch(rows: int, minibatch_size: int) -> None:
+    if rows % minibatch_size:
+        raise ValueError(
+            f"rollout.prompts x rollout.samples = {rows} must be a multiple of "
+            f"rl.update.minibatch_size={minibatch_size}"
+        )
+
+
+class Learner:
+    """The update side of one run: its optimizer, update step and scorer on one mesh."""
+
+    def __init__(self, rl: RLConfig, samples: int, model_cfg, mesh, tokenizer,
+                 reward: Callable[[str, str], float], *, log: Callable = print):
+        self.rl, self.samples, self.mesh = rl, samples, mesh
+        self.tokenizer, self.reward, self.log = tokenizer, reward, log
+        self.optimizer = make_optimizer(rl.optim)
+        self.update = make_update_fn(model_cfg, rl, self.optimizer, donate=rl.update.donate)
+        self.score = make_score_fn(model_cfg, rl.update)
+
+    def place(self, params):
+        """Params split over the mesh by the partition rules (a no-op layout on one device)."""
+        return sharding.shard_params(params, self.mesh) if self.mesh.size > 1 else params
+
+    def init_opt_state(self, params):
+        """optimizer.init, its scalars (step counts) replicated on the mesh as the update step
+        returns them, so that the second update does not compile again for other input shardings."""
+        state = self.optimizer.init(params)
+        if self.mesh.size == 1:
+            return state
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
+
+    def _place_batch(self, x):
+        return sharding.shard_batch(jnp.asarray(x), self.mesh) if self.mesh.size > 1 else jnp.asarray(x)
+
+    def batch(self, rollout) -> tuple[dict, dict, list[str]]:
+        """The update batch of one rollout (a rollout.source.RolloutBatch: rows are each of its
+        examples `samples` times, responses on the host), its reward metrics and the responses."""
+        n, examples, out = self.samples, rollout.examples, rollout.out
+        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist())
+                 for i in range(len(examples) * n)]
+        labels = [e.label for e in examples for _ in range(n)]
+        rewards = np.array([self.reward(t, l) for t, l in zip(texts, labels)], np.float32)
+        batch = assemble(jnp.asarray(rollout.tokens), jnp.asarray(rollout.lengths), out.tokens,
+                         out.logprobs, out.mask, pad_token_id=self.tokenizer.pad_token_id)
+        batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
+        batch = {k: self._place_batch(v) for k, v in batch.items()}
+        metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
+        return batch, metrics, texts
+
+    def step(self, params, ref_params, opt_state, batch: dict, iteration: int):
+        """Teacher-force pi_old and pi_ref, diagnose, update: (params, opt_state, metrics)."""
+        t0 = time.perf_counter()
+        batch["old_logp"] = self.score(params, batch["tokens"])
+        batch["ref_logp"] = self.score(ref_params, batch["tokens"])
+        jax.block_until_ready(batch["ref_logp"])
+        t1 = time.perf_counter()
+        # host-side diagnostics of this rollout batch (SARS as the update applies it, loops, mismatch)
+        host = distributed.to_host({k: batch[k] for k in HOST_KEYS})
+        metrics = rollout_diagnostics(host["tokens"], host["response_mask"], host["sampler_logp"],
+                                      host["old_logp"], host["advantages"], self.rl)
+        t2 = time.perf_counter()
+        params, opt_state, upd = self.update(params, opt_state, batch)
+        upd = distributed.to_host(upd)
+        t3 = time.perf_counter()
+        n_tokens = float(np.sum(host["response_mask"]))
+        metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in upd.items()})
+        metrics.update({
+            "time/score_s": t1 - t0,
+            "time/diagnostics_s": t2 - t1,
+            "time/update_s": t3 - t2,
+            "throughput/update_tokens_per_s": n_tokens / max(t3 - t2, 1e-9),
+        })
+        if not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) > 0:
+            self.log(f"iteration {iteration}: {int(metrics.get('update/skipped', 0))} "
+                     "optimizer step(s) skipped (non-finite loss or gradient)")
+        return params, opt_state, metrics

@@ -1,0 +1,202 @@
+"""Owns where an iteration's rollouts come from: rollout.scheduler batch | sorted, one interface.
+Must not touch rewards, advantages, the update or the run directory (rl/, run_state, train).
+
+A source draws prompts from its prompt iterator, samples them with the behaviour policy (theta_old,
+quantized afresh when quant.format is set) and returns a RolloutBatch on the host; its
+state_dict() (data position, and SortedRL's group) goes into every checkpoint's metadata.
+  BatchSource   the static sampler: rollout.prompts x rollout.samples rows per iteration, sampled
+                rollout.rows_per_call rows per call (chunk i draws request ids i*R .. (i+1)*R).
+  SortedSource  SortedRL: the SortedScheduler over one SlotEngine (built on first use), loading a
+                group of sorted.group_batches x rollout.prompts prompts at each group boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from sparserl_jax import components, distributed, quant
+from sparserl_jax.config import TrainConfig
+from sparserl_jax.rollout.engine import SlotEngine
+from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
+from sparserl_jax.rollout.scheduler import SortedScheduler
+from sparserl_jax.rollout.stats import rollout_bubble, rollout_metrics
+
+SORTED_KEY_SALT = 0x5011ED  # SortedRL's group keys: fold_in(fold_in(key(seed), salt), group + 1)
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """One update batch's rollouts, on the host: B = len(examples) x rollout.samples rows."""
+
+    examples: list  # the prompts; row b is a sample of examples[b // samples]
+    tokens: np.ndarray  # [B, P] prompt tokens, right-padded
+    lengths: np.ndarray  # [B] prompt lengths
+    out: Rollout  # the responses (host arrays)
+    metrics: dict  # response/*, time/rollout_s, throughput/*, kv/*, rollout/* (and sorted/*)
+
+
+def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
+    """Host-side Rollouts of consecutive row chunks joined along the batch axis (axis 0; the
+    per-chunk kept_positions [R, L, B, K, C], when recorded, along its axis 2)."""
+    def cat(name):
+        leaves = [getattr(o, name) for o in outs]
+        if leaves[0] is None:
+            return None
+        return np.concatenate([np.asarray(x) for x in leaves], axis=2 if name == "kept_positions" else 0)
+
+    return Rollout(**{f.name: cat(f.name) for f in dataclasses.fields(Rollout)})
+
+
+def check_rows_per_call(rows_per_call: int, mesh) -> None:
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    if rows_per_call and rows_per_call % dp:
+        raise ValueError(
+            f"rollout.rows_per_call={rows_per_call} must be a multiple of mesh data x fsdp "
+            f"= {dp}: each sampler call's rows are split over those devices"
+        )
+
+
+def check_prompt_lengths(prompts, eval_examples: Sequence, max_prompt_len: int) -> None:
+    """Draw the first training batch (then rewind) and check it and the held-out prompts against
+    data.max_prompt_len, so that a long prompt stops the run before the warm start, not after."""
+    state = prompts.state_dict()
+    batches = [prompts.next_batch(), eval_examples]
+    prompts.load_state_dict(state)
+    for batch in batches:
+        if batch:
+            components.pad_prompt_batch([e.prompt_ids for e in batch], 0, max_prompt_len)
+
+
+def _next_prompts(prompts, batches: int = 1) -> list:
+    examples = [e for _ in range(batches) for e in prompts.next_batch()]
+    if not examples:
+        raise ValueError("the prompt source returned an empty batch (empty dataset?)")
+    return examples
+
+
+class BatchSource:
+    """rollout.scheduler='batch': every iteration one batch through the static sampler."""
+
+    scheduler = None  # no SortedRL scheduler, no group boundaries
+    at_group_boundary = None
+
+    def __init__(self, cfg: TrainConfig, prompts, model_cfg, sampler_cfg: SamplerConfig, mesh,
+                 pad_token_id: int):
+        self.cfg, self.prompts, self.model_cfg = cfg, prompts, model_cfg
+        self.sampler_cfg, self.mesh, self.pad_token_id = sampler_cfg, mesh, pad_token_id
+
+    def next(self, params, key, iteration: int) -> RolloutBatch:
+        cfg = self.cfg
+        examples = _next_prompts(self.prompts)
+        ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
+        tokens, lengths = components.pad_prompt_batch(ids, self.pad_token_id, cfg.data.max_prompt_len)
+        t0 = time.perf_counter()
+        out = self.generate(params, tokens, lengths, key)
+        seconds = time.perf_counter() - t0
+        extra = rollout_bubble(out.lengths, self.sampler_cfg.max_new_tokens, cfg.kv.buffer)
+        return RolloutBatch(examples, tokens, lengths, out, {
+            **rollout_metrics(out, tokens, lengths, seconds, cfg.kv, self.model_cfg,
+                              self.sampler_cfg.max_new_tokens), **extra})
+
+    def generate(self, params, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
+        """Sample every row, rollout.rows_per_call rows per generate_jit call (one compiled shape);
+        row b is request b of the iteration's key in whichever call samples it, so the rollout
+        does not depend on rollout.rows_per_call. Each chunk's outputs are fetched to the host
+        before the next call, so only one call's cache, activations and outputs are on the
+        devices at a time."""
+        B = tokens.shape[0]
+        R = self.cfg.rollout.rows_per_call or B  # 0: one call, whatever the batch holds
+        if B % R:
+            raise ValueError(
+                f"rollout.rows_per_call={R} does not divide this batch of {B} rows (the prompt "
+                "source returned fewer prompts than rollout.prompts?)"
+            )
+        n_calls = B // R
+        # QuRL: the behaviour policy is theta_old quantized afresh from full precision
+        params = quant.quantize_params(params, self.cfg.quant)
+        outs = [
+            distributed.generate_on_mesh(
+                params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
+                key, self.sampler_cfg, self.mesh, request_ids=np.arange(i * R, (i + 1) * R),
+            )
+            for i in range(n_calls)
+        ]
+        return outs[0] if n_calls == 1 else concat_rollouts(outs)
+
+    def state_dict(self) -> dict:
+        return {"data": self.prompts.state_dict()}
+
+    def load_state_dict(self, meta: dict, log: Callable = print) -> None:
+        self.prompts.load_state_dict(meta["data"])
+
+
+class SortedSource(BatchSource):
+    """rollout.scheduler='sorted': the next update batch of the SortedRL scheduler."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scheduler: SortedScheduler | None = None  # built on first use
+
+    @property
+    def at_group_boundary(self) -> bool | None:
+        return None if self.scheduler is None else self.scheduler.at_group_boundary
+
+    def _scheduler(self) -> SortedScheduler:
+        if self.scheduler is None:
+            r, s = self.cfg.rollout, self.cfg.sorted
+            # one engine for the run: every group's prompts are padded to data.max_prompt_len,
+            # so each of its programs compiles once
+            engine = SlotEngine(self.model_cfg, self.sampler_cfg, s.slots or r.rows,
+                                self.cfg.data.max_prompt_len, segment_chunks=s.segment_chunks,
+                                mesh=self.mesh)
+            self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
+        return self.scheduler
+
+    def next(self, params, key, iteration: int) -> RolloutBatch:
+        """The slot engine's next update batch (`key` unused: SortedRL's keys are per group),
+        loading a group of prompts at a group boundary."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        sched = self._scheduler()
+        if sched.at_group_boundary:
+            examples = _next_prompts(self.prompts, cfg.sorted.group_batches)
+            tokens, lengths = components.pad_prompt_batch(  # the engine's one prompt width
+                [e.prompt_ids for e in examples], self.pad_token_id, sched.engine.P, fixed=True)
+            group_key = jax.random.fold_in(
+                jax.random.fold_in(jax.random.key(cfg.train.seed), SORTED_KEY_SALT), sched.group + 1)
+            sched.load_group(examples, tokens, lengths, group_key)
+        params = quant.quantize_params(params, cfg.quant)  # QuRL: the behaviour weights
+        examples, tokens, lengths, fin, extra = sched.next_batch(params, iteration)
+        out = fin.to_rollout()
+        seconds = time.perf_counter() - t0
+        return RolloutBatch(examples, tokens, lengths, out, {
+            **rollout_metrics(out, tokens, lengths, seconds, cfg.kv, self.model_cfg,
+                              self.sampler_cfg.max_new_tokens), **extra})
+
+    def state_dict(self) -> dict:
+        meta = super().state_dict()
+        if self.scheduler is not None:
+            meta.update(sorted_group=self.scheduler.group,
+                        sorted_group_boundary=self.scheduler.at_group_boundary)
+        return meta
+
+    def load_state_dict(self, meta: dict, log: Callable = print) -> None:
+        super().load_state_dict(meta)
+        self._scheduler().group = int(meta.get("sorted_group", -1))
+        if not meta.get("sorted_group_boundary", True):
+            log("this checkpoint was saved inside a SortedRL group: its remaining "
+                "prompts are skipped (resume is exact only from group boundaries)")
+
+
+SOURCES = {"batch": BatchSource, "sorted": SortedSource}
+
+
+def make_source(cfg: TrainConfig, prompts, model_cfg, sampler_cfg: SamplerConfig, mesh,
+                pad_token_id: int) -> BatchSource:
+    """The rollout source rollout.scheduler names."""
+    return SOURCES[cfg.rollout.scheduler](cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)

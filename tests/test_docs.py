@@ -1,0 +1,136 @@
+"""README.md and docs/*.md: every relative link resolves (file, and heading for #anchors, GitHub's
+slug rules), every command names a script, module and --config file that exist, and every script
+they name is run by a test or has a committed results.md. No JAX: milliseconds."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# Scripts the docs name that neither a test nor a committed results.md runs, and why.
+NOT_RUN = {"experiments/bench_kernel.py": "needs a GPU or TPU (pending a GPU session)"}
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+SCRIPT = re.compile(r"\bpython3? +((?:experiments|tests)/[\w/.-]+\.py)")
+MODULE = re.compile(r"\bpython3? +-m +(sparserl_jax(?:\.\w+)*)")
+CONFIG = re.compile(r"--config[ =]+(\S+\.ya?ml)")
+ASSIGN = re.compile(r"^(\w+)=(\S+)\s*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code (links there are not links)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (not - or _), spaces -> -."""
+    text = re.sub(r"[*_`]{1,2}(?=\S)|(?<=\S)[*_`]{1,2}", "", heading.strip())  # emphasis markers
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading's anchor, duplicates numbered -1, -2 ... as GitHub does."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M):
+        s = slug(m.group(1))
+        out.add(s if s not in seen else f"{s}-{seen[s]}")
+        seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def broken_links(doc: Path, text: str | None = None) -> list[str]:
+    """The relative links of `doc` (or of `text` read as if it were at `doc`) that do not resolve."""
+    text = doc.read_text() if text is None else text
+    bad = []
+    for target in LINK.findall(_prose(text)):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists():
+            bad.append(f"{target}: no file {dest}")
+        elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest.read_text())):
+            bad.append(f"{target}: no heading #{anchor} in {dest.name}")
+    return bad
+
+
+def missing_commands(text: str) -> list[str]:
+    """Scripts, `python -m` modules and --config files named in `text` that do not exist
+    (shell variables set in the text, like M=experiments/configs/real, are expanded)."""
+    for name, value in ASSIGN.findall(text):
+        text = text.replace(f"${name}", value)
+    bad = [s for s in SCRIPT.findall(text) if not (REPO / s).is_file()]
+    for mod in MODULE.findall(text):
+        path = REPO / mod.replace(".", "/")
+        if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+            bad.append(f"python -m {mod}")
+    bad += [c for c in CONFIG.findall(text) if not (REPO / c).is_file()]
+    return bad
+
+
+def unexercised(text: str) -> list[str]:
+    """Scripts named in `text` that no test runs and no committed result (experiments/results/**.md)
+    records, and `python -m` modules no test runs or imports."""
+    tests = "\n".join(p.read_text() for p in (REPO / "tests").glob("*.py") if p.name != "test_docs.py")
+    results = "\n".join(p.read_text() for p in (REPO / "experiments/results").rglob("*.md"))
+
+    def tested(script: str) -> bool:  # imported by a test, or its file named there
+        stem = re.escape(Path(script).stem)
+        pattern = rf"^\s*(import|from) {stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']"
+        return re.search(pattern, tests, re.M) is not None
+
+    def module_tested(mod: str) -> bool:  # `python -m` or an import of it in a test
+        parent, _, name = mod.rpartition(".")
+        pattern = rf"\b{re.escape(mod)}\b|from {re.escape(parent)} import [\w, ]*\b{name}\b"
+        return re.search(pattern, tests) is not None
+
+    return [s for s in sorted(set(SCRIPT.findall(text)))
+            if s not in NOT_RUN and not tested(s) and s not in results] + [
+        f"python -m {m}" for m in sorted(set(MODULE.findall(text))) if not module_tested(m)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_resolve(doc):
+    assert broken_links(doc) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_commands_name_existing_files(doc):
+    assert missing_commands(doc.read_text()) == []
+
+
+def test_every_script_named_is_run_by_a_test_or_a_committed_result():
+    assert unexercised("\n".join(d.read_text() for d in DOCS)) == []
+
+
+def test_the_checkers_find_what_is_broken():
+    readme = REPO / "README.md"
+    assert slug("The paper's regime: long responses") == "the-papers-regime-long-responses"
+    assert slug("RL on SmolLM2-135M") == "rl-on-smollm2-135m"
+    assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
+    assert broken_links(readme, "[x](docs/nowhere.md) [y](docs/reproducing.md#no-such-heading) "
+                                "[z](https://example.com) `[w](not/a/link.md)` [v](#two-commands)") == [
+        f"docs/nowhere.md: no file {REPO / 'docs/nowhere.md'}",
+        "docs/reproducing.md#no-such-heading: no heading #no-such-heading in reproducing.md",
+    ]
+    assert broken_links(readme, "[ok](docs/reproducing.md#reproducibility)") == []
+    assert missing_commands("python experiments/no_such.py --config experiments/configs/none.yaml\n"
+                            "python -m sparserl_jax.nope\nM=experiments/configs/real\n"
+                            "python -m sparserl_jax.fetch --config $M/qwen2.5-1.5b.yaml") == [
+        "experiments/no_such.py", "python -m sparserl_jax.nope", "experiments/configs/none.yaml"]
+    assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
+                       "python -m sparserl_jax.train python -m sparserl_jax.untested") == [
+        "experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]
+
+
+def test_readme_is_a_landing_page():
+    """The README stays short (the rest lives in docs/) and keeps CI's test command."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) < 150
+    ci = (REPO / ".ci/run").read_text().strip().splitlines()[-1]
+    assert ci in text and ci.startswith("python -m pytest")
+    assert "## RL on SmolLM2-135M" in (REPO / "docs/real-model.md").read_text()
