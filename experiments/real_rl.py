@@ -148,12 +148,19 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
                                 "train_wall_s": wall, "cores": len(cores)}
 
 
+def eval_se(meta: dict) -> float:
+    """One evaluation's binomial standard error at the untrained accuracy (p(1-p)/n)^0.5."""
+    p = meta["untrained_dense_acc"]
+    return float(np.sqrt(max(p * (1 - p), 1e-12) / meta["eval_prompts"]))
+
+
 def tables(results: dict, meta: dict) -> str:
     col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
     lines = [
         f"Untrained model: {meta['untrained_dense_acc']:.3f} accuracy (avg@1 sampled at the rollout "
         "temperature, seed train.seed + 1; dense, full precision) "
-        f"on {meta['eval_prompts']} held-out prompts. Every row: mean ± sample std over its seeds; "
+        f"on {meta['eval_prompts']} held-out prompts, binomial standard error {eval_se(meta):.3f}: accuracy "
+        f"differences under 2 SE ({2 * eval_se(meta):.3f}) are ties. Every row: mean ± sample std over its seeds; "
         "`dense acc` is the final weights' accuracy on the same prompts and samples' seed (dense "
         "full-precision inference); SARS rejects only under rl.mode sparse_rl; `reward` the training "
         "reward (sampled accuracy on prompts never seen before) "
@@ -183,14 +190,18 @@ def tables(results: dict, meta: dict) -> str:
 
 
 def figure(histories: dict):
-    fig, axes = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.0))
+    fig, axes = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.4), layout="constrained")
     for ax, (key, title) in zip(axes.flat, CURVES):
         for name, hs in histories.items():
             x, m, s = figlib.curve(hs, key)
+            if np.isnan(m).all():  # the arm does not log it (e.g. ACR outside QuRL): no line, same color
+                ax.plot([], [], label=ARMS[name].label, lw=1.2)
+                continue
             ax.plot(x, m, label=ARMS[name].label, lw=1.2)
             ax.fill_between(x, m - s, m + s, alpha=0.15)
         ax.set_title(title)
         ax.set_xlabel("iteration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
     figlib.band_legend_below(fig, axes.flat[-1], ncol=3)
     return fig
 
