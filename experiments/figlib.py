@@ -275,7 +275,7 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
 def fmt(values: Sequence[float], spec: str = ".3f") -> str:
     """'m' for one seed, 'm ± s' for several."""
     m, s = mean_std(values)
-    return f"{m:{spec}}" if len(values) == 1 else f"{m:{spec}} ± {s:{spec}}"
+    return f"{m:{spec}}" if len(values) == 1 else f"{m:{spec}} ± {s:{spec.lstrip('+')}}"
 
 
 def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,8 @@ smollm2_chat_arithmetic.yaml) with the arm's rl.mode, KV policy, quantization an
 runs go to parallel single-core processes (experiments/workers.py) into runs/real_rl/<config
 hash>/, so a killed command resumes every unfinished run from its last checkpoint when re-run (the
 trainer's exact resume; finished runs are reused). Then the final weights of every run, and the
-untrained model once, are evaluated (avg@1, sampled at the rollout temperature with a fixed seed)
+untrained model at every seed, are evaluated (avg@1, sampled at the rollout temperature with the
+seed train.seed + 1, so a run and the untrained model of its seed see the same prompts and draws)
 with dense full-precision inference on
 --eval-prompts held-out prompts (cached per run), and results.md / results.json / real_rl.png
 are written: accuracy before and after, training reward per iteration (sampled on prompts never
@@ -129,23 +130,46 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
     overrides = base_overrides(args)
     study = figlib.Study(args.config, overrides, args.runs_dir)
     n_eval = args.eval_prompts or study.base.train.eval_prompts
-    untrained = ("untrained", ARMS["dense"].overrides(0) + ["train.iterations=0"])
+    untrained = {s: (f"untrained/seed{s}", ARMS["dense"].overrides(s) + ["train.iterations=0"])
+                 for s in args.seeds}
     # the two-seed comparisons first, seed-major; then the one-seed arms (sorted, stacked)
     runs = sorted([(-ARMS[n].seeds, i, n, s) for n in args.arms
                    for i, s in enumerate(seeds_of(n, args.seeds))])
-    jobs = [untrained] + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
+    jobs = list(untrained.values()) + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
     t0 = time.perf_counter()
     workers.parallel_map(_train_job, [(args.config, overrides, args.runs_dir, name, o, n_eval)
                                       for name, o in jobs], cores)
     wall = time.perf_counter() - t0
-    untrained = study.train(*untrained).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
+    before = {s: study.train(*job).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
+              for s, job in untrained.items()}
     results, histories = {}, {}
     for name in args.arms:
         runs = [study.train(f"{name}/seed{s}", ARMS[name].overrides(s)) for s in seeds_of(name, args.seeds)]
-        results[name] = [row(r, n_eval) for r in runs]
+        results[name] = [{**row(r, n_eval), "seed": s, "untrained_acc": before[s]}
+                         for s, r in zip(seeds_of(name, args.seeds), runs)]
         histories[name] = [r.history for r in runs]
-    return results, histories, {"untrained_dense_acc": untrained, "eval_prompts": n_eval,
+    return results, histories, {"untrained_dense_acc": float(np.mean(list(before.values()))),
+                                "untrained_by_seed": before, "eval_prompts": n_eval,
                                 "train_wall_s": wall, "cores": len(cores)}
+
+
+def iteration_seconds(histories: dict) -> float:
+    """Every logged iteration's time/* seconds, summed over all runs (core-seconds: one core each)."""
+    return sum(v for hs in histories.values() for h in hs for x in h
+               for k, v in x.items() if k.startswith("time/"))
+
+
+def untrained_of(row: dict, meta: dict) -> float:
+    """The untrained model's accuracy under a run's evaluation seed (results.json before per-seed
+    baselines: the one seed-0 number)."""
+    return row.get("untrained_acc", meta["untrained_dense_acc"])
+
+
+def untrained_text(meta: dict) -> str:
+    by_seed = meta.get("untrained_by_seed")
+    if not by_seed:
+        return f"{meta['untrained_dense_acc']:.3f}"
+    return ", ".join(f"{float(a):.3f} (seed {s})" for s, a in by_seed.items())
 
 
 def eval_se(meta: dict) -> float:
@@ -157,7 +181,7 @@ def eval_se(meta: dict) -> float:
 def tables(results: dict, meta: dict) -> str:
     col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
     lines = [
-        f"Untrained model: {meta['untrained_dense_acc']:.3f} accuracy (avg@1 sampled at the rollout "
+        f"Untrained model: {untrained_text(meta)} accuracy (avg@1 sampled at the rollout "
         "temperature, seed train.seed + 1; dense, full precision) "
         f"on {meta['eval_prompts']} held-out prompts, binomial standard error {eval_se(meta):.3f}: accuracy "
         f"differences under 2 SE ({2 * eval_se(meta):.3f}) are ties. Every row: mean ± sample std over its seeds; "
@@ -178,14 +202,21 @@ def tables(results: dict, meta: dict) -> str:
             f"{col(name, 'token_reject_rate', '.1%')} | {col(name, 'acr_active', '.1%')} | "
             f"{col(name, 'rollout_tokens_per_s', '.1f')} | {col(name, 'bubble', '.1%')} | "
             f"{col(name, 'seconds_per_iteration', '.0f')} |")
-    lines += ["", "Comparisons (dense accuracy change from the untrained model, mean ± std over seeds):", ""]
+    lines += ["", "Comparisons: dense accuracy change from the untrained model evaluated with the same "
+              "seed (mean ± std over seeds); then each arm minus the first arm of the comparison, "
+              "paired by seed (every seed's difference):", ""]
     for title, (names, paper) in COMPARISONS.items():
         have = [n for n in names if n in results]
         if len(have) < 2:
             continue
-        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - meta['untrained_dense_acc'] for r in results[n]], '+.3f')}"
+        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - untrained_of(r, meta) for r in results[n]], '+.3f')}"
                            for n in have)
-        lines.append(f"- **{title}** (beside {paper}): {deltas}")
+        base = {r.get("seed"): r["dense_acc"] for r in results[have[0]]}
+        paired = "; ".join(
+            f"{n} - {have[0]}: " + ", ".join(f"{r['dense_acc'] - base[r.get('seed')]:+.3f}"
+                                             for r in results[n] if r.get("seed") in base)
+            for n in have[1:])
+        lines.append(f"- **{title}** (beside {paper}): {deltas}; paired: {paired}")
     return "\n".join(lines)
 
 
@@ -229,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f"{b.rollout.temperature}, up to {b.rollout.max_new_tokens} new tokens, lr {b.rl.optim.lr}; R-KV "
         f"budget {b.kv.budget} + buffer {b.kv.buffer}; seconds per iteration: median over the iterations "
         f"after the first, on one core of this machine, {meta['cores']} runs in parallel "
-        f"(training wall time {meta['train_wall_s'] / 60:.0f} min)."
+        f"(the runs' iterations: {iteration_seconds(histories) / 3600:.1f} core-hours in all; this "
+        f"command's wall time {meta['train_wall_s'] / 60:.0f} min, finished runs reused)."
     )
     figlib.write_outputs(out, title, tables(results, meta), data, figure(histories), "real_rl", study,
                          caption=caption, replot=bool(args.replot))
