@@ -214,8 +214,8 @@ def write_outputs(results: dict, histories: dict, base, out_dir: str) -> None:
     for ax, key in zip(axes, CURVES):
         for arm, hists in histories.items():
             x, m, sd = curve(hists, key)
-            ax.plot(x, m, label=arm)
-            ax.fill_between(x, m - sd, m + sd, alpha=0.2)
+            (line,) = ax.plot(x, m, label=arm)
+            ax.fill_between(x, m - sd, m + sd, alpha=0.2, color=line.get_color())  # the line's colour
         ax.set_title(key)
         ax.set_xlabel("iteration")
     axes[0].legend()

@@ -228,8 +228,8 @@ def figure(histories: dict):
             if np.isnan(m).all():  # the arm does not log it (e.g. ACR outside QuRL): no line, same color
                 ax.plot([], [], label=ARMS[name].label, lw=1.2)
                 continue
-            ax.plot(x, m, label=ARMS[name].label, lw=1.2)
-            ax.fill_between(x, m - s, m + s, alpha=0.15)
+            (line,) = ax.plot(x, m, label=ARMS[name].label, lw=1.2)
+            ax.fill_between(x, m - s, m + s, alpha=0.15, color=line.get_color())
         ax.set_title(title)
         ax.set_xlabel("iteration")
         ax.xaxis.get_major_locator().set_params(integer=True)
