@@ -111,7 +111,7 @@ def row(run: figlib.Run, n_eval: int) -> dict:
     """One run's numbers: dense full-precision accuracy of the final weights and its training-time
     statistics (iteration means unless named last25)."""
     h = run.history
-    seconds = [sum(v for k, v in x.items() if k.startswith("time/")) for x in h]
+    seconds = [iteration_time(x) for x in h]
     return {
         "dense_acc": run.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
         "reward_first25": float(np.mean([x["reward/mean"] for x in h[: max(len(h) // 4, 1)]])),
@@ -153,23 +153,14 @@ def train_and_score(args) -> tuple[dict, dict, dict]:
                                 "train_wall_s": wall, "cores": len(cores)}
 
 
+def iteration_time(metrics: dict) -> float:
+    """One logged iteration's seconds: the sum of its time/* phases."""
+    return sum(v for k, v in metrics.items() if k.startswith("time/"))
+
+
 def iteration_seconds(histories: dict) -> float:
-    """Every logged iteration's time/* seconds, summed over all runs (core-seconds: one core each)."""
-    return sum(v for hs in histories.values() for h in hs for x in h
-               for k, v in x.items() if k.startswith("time/"))
-
-
-def untrained_of(row: dict, meta: dict) -> float:
-    """The untrained model's accuracy under a run's evaluation seed (results.json before per-seed
-    baselines: the one seed-0 number)."""
-    return row.get("untrained_acc", meta["untrained_dense_acc"])
-
-
-def untrained_text(meta: dict) -> str:
-    by_seed = meta.get("untrained_by_seed")
-    if not by_seed:
-        return f"{meta['untrained_dense_acc']:.3f}"
-    return ", ".join(f"{float(a):.3f} (seed {s})" for s, a in by_seed.items())
+    """Every logged iteration's seconds, summed over all runs (core-seconds: one core each)."""
+    return sum(iteration_time(x) for hs in histories.values() for h in hs for x in h)
 
 
 def eval_se(meta: dict) -> float:
@@ -181,7 +172,8 @@ def eval_se(meta: dict) -> float:
 def tables(results: dict, meta: dict) -> str:
     col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
     lines = [
-        f"Untrained model: {untrained_text(meta)} accuracy (avg@1 sampled at the rollout "
+        "Untrained model: " + ", ".join(f"{a:.3f} (seed {s})" for s, a in meta["untrained_by_seed"].items())
+        + " accuracy (avg@1 sampled at the rollout "
         "temperature, seed train.seed + 1; dense, full precision) "
         f"on {meta['eval_prompts']} held-out prompts, binomial standard error {eval_se(meta):.3f}: accuracy "
         f"differences under 2 SE ({2 * eval_se(meta):.3f}) are ties. Every row: mean ± sample std over its seeds; "
@@ -209,12 +201,12 @@ def tables(results: dict, meta: dict) -> str:
         have = [n for n in names if n in results]
         if len(have) < 2:
             continue
-        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - untrained_of(r, meta) for r in results[n]], '+.3f')}"
+        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - r['untrained_acc'] for r in results[n]], '+.3f')}"
                            for n in have)
-        base = {r.get("seed"): r["dense_acc"] for r in results[have[0]]}
+        base = {r["seed"]: r["dense_acc"] for r in results[have[0]]}
         paired = "; ".join(
-            f"{n} - {have[0]}: " + ", ".join(f"{r['dense_acc'] - base[r.get('seed')]:+.3f}"
-                                             for r in results[n] if r.get("seed") in base)
+            f"{n} - {have[0]}: " + ", ".join(f"{r['dense_acc'] - base[r['seed']]:+.3f}"
+                                             for r in results[n] if r["seed"] in base)
             for n in have[1:])
         lines.append(f"- **{title}** (beside {paper}): {deltas}; paired: {paired}")
     return "\n".join(lines)

@@ -118,10 +118,6 @@ class Trainer:
         batch, metrics, texts = self.learner.batch(rollout)
         return batch, {**metrics, **rollout.metrics}, texts
 
-    def _generate(self, tokens, lengths, key):
-        """The static sampler over every row, rollout.rows_per_call rows per call."""
-        return self.source.generate(self.params, tokens, lengths, key)
-
     def step(self) -> dict:
         if not self.started:  # start() gives pi_ref its own buffers before the first donation
             self.start()

@@ -54,8 +54,11 @@ def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
     assert all("acr/active_frac" in h for h in hist["qurl"][0])
     assert all(h["rollout/bubble_wall"] >= 0 for h in hist["stacked"][0])
     assert 0.0 <= data["meta"]["untrained_dense_acc"] <= 1.0
+    # every run is compared with the untrained model evaluated under its own seed's draws
+    assert all(r["seed"] == 0 and r["untrained_acc"] == data["meta"]["untrained_by_seed"][0]
+               for rows in res.values() for r in rows)
     md = (out / "results.md").read_text()
-    assert "Command: `python" in md and "| stacked (" in md and "**Sparse-RL**" in md
+    assert "Command: `python" in md and "| stacked (" in md and "**Sparse-RL**" in md and "paired: sparse_rl_rkv - dense:" in md
     assert (out / "real_rl.png").stat().st_size > 0
     before = json.loads((out / "results.json").read_text())
     (out / "real_rl.png").unlink()

@@ -62,7 +62,7 @@ def test_chunked_rollout_batch_shapes_and_keys(tmp_path):
     assert texts_c == texts_w
     tokens = np.arange(16 * 6, dtype=np.int32).reshape(16, 6) % 50 + 3
     lengths = np.array([6, 5, 4, 3] * 4, np.int32)
-    out = chunked._generate(tokens, lengths, key)
+    out = chunked.source.generate(chunked.params, tokens, lengths, key)
     assert out.tokens.shape == (16, chunked.sampler_cfg.max_new_tokens)
     assert out.lengths.shape == out.n_compressions.shape == out.evicted_fraction.shape == (16,)
     for i in range(4):
