@@ -45,6 +45,7 @@ from jaxtyping import Array, Int
 
 from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
+from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
@@ -54,7 +55,7 @@ QUANT = {  # --quant label -> (quant.format, quant.mode)
     "none": ("none", "w8a8"), "w8a16": ("int8", "w8a16"), "int8": ("int8", "w8a8"),
     "fp8": ("fp8", "w8a8"),
 }
-SPARSE_POLICIES = ("streaming", "h2o", "snapkv", "rkv", "random")
+SPARSE_POLICIES = tuple(p for p in POLICIES if p != DENSE)  # the registry's eviction policies
 
 
 @dataclasses.dataclass(frozen=True)

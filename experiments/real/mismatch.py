@@ -25,10 +25,12 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 import workers  # noqa: E402  (imports no JAX)
 
 import report  # noqa: E402
+from sparserl_jax.kvcache.policies import POLICIES as REGISTRY  # noqa: E402  (starts no backend)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CHECKPOINT = os.path.join(REPO, "checkpoints", "smollm2-135m")
-POLICIES = ("streaming", "h2o", "snapkv", "rkv")
+# the registry's eviction policies but random (a control, not a policy the papers measure)
+POLICIES = tuple(p for p in REGISTRY if p not in ("none", "random"))
 QUANT_ARMS = tuple((fmt, mode, s) for s in (0.0, 1.5) for fmt in ("int8", "fp8")
                    for mode in ("w8a8", "w8a16"))
 
