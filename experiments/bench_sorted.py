@@ -41,7 +41,7 @@ from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.engine import SlotEngine
-from sparserl_jax.train import rollout_bubble
+from sparserl_jax.rollout.stats import rollout_bubble
 
 
 def workload(n: int, max_new: int, short: tuple[int, int], long_frac: float, seed: int = 0):

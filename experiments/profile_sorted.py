@@ -116,7 +116,7 @@ class Recorder:
         Trainer.rollout_batch = rollout_batch
 
     def _queue_empty(self) -> bool:
-        s = self.trainer.sorted if self.trainer is not None else None
+        s = self.trainer.source.scheduler if self.trainer is not None else None
         return s is not None and not s.queue
 
 

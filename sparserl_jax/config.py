@@ -1,27 +1,36 @@
-"""Every setting of a run as frozen dataclasses, loaded from YAML files plus `key=value` overrides.
+"""The schema of a run: every setting as frozen dataclasses (TrainConfig and its sections), and
+load_config / dump_config between it and YAML files plus `key=value` overrides.
 
   python -m sparserl_jax.train --config experiments/configs/tiny.yaml rl.mode=naive_sparse kv.budget=64
 
 Configs are data: YAML is parsed with yaml.safe_load and mapped field by field onto the
-dataclasses; an unknown key is an error that names it and lists the accepted ones.
+dataclasses by sparserl_jax.config_io; an unknown key is an error that names it and lists the
+accepted ones, and each section checks its ranges when built (sparserl_jax.validate).
 """
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
-import types
-import typing
 from typing import Any, Mapping, Sequence
 
 import yaml
 
+from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import ModelConfig, RopeScaling
+from sparserl_jax.model.config import DTYPES, ModelConfig
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
 from sparserl_jax.rollout.scheduler import SortedConfig
+from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
+from sparserl_jax.validate import (
+    check_at_least,
+    check_between,
+    check_bool,
+    check_in,
+    check_number,
+    check_positive,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +43,9 @@ class ModelSource:
     dtype: str = "float32"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
+
+    def __post_init__(self):
+        check_in("model.dtype", self.dtype, DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +68,10 @@ class DataConfig:
     def __post_init__(self):
         if (self.task is None) == (self.dataset is None):
             raise ValueError("data: set exactly one of data.task and data.dataset")
+        check_at_least("data.max_prompt_len", self.max_prompt_len, 1)
 
 
-SCHEDULERS = ("batch", "sorted")
+SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +99,14 @@ class RolloutConfig:
     scheduler: str = "batch"
 
     def __post_init__(self):
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"rollout.scheduler={self.scheduler!r}: expected one of {SCHEDULERS}")
+        check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
+        check_in("rollout.attn_impl", self.attn_impl, ATTN_IMPLS)
         for name in ("prompts", "samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"rollout.{name}={getattr(self, name)} must be >= 1")
+            check_at_least(f"rollout.{name}", getattr(self, name), 1)
+        check_at_least("rollout.temperature", self.temperature, 0, integer=False)  # 0: greedy
+        check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
+        check_at_least("rollout.top_k", self.top_k, 0)
+        check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
         rows = self.prompts * self.samples
         if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):
             raise ValueError(
@@ -127,8 +143,7 @@ class SFTCurriculumConfig:
 
     def __post_init__(self):
         for name in ("steps", "max_new_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"sft.curriculum.{name}={getattr(self, name)} must be >= 0")
+            check_at_least(f"sft.curriculum.{name}", getattr(self, name), 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +155,12 @@ class SFTConfig:
     lr: float = 3e-3
     warmup_steps: int = 20
     curriculum: SFTCurriculumConfig = SFTCurriculumConfig()
+
+    def __post_init__(self):
+        check_at_least("sft.steps", self.steps, 0)
+        check_at_least("sft.batch_size", self.batch_size, 1)
+        check_positive("sft.lr", self.lr)
+        check_at_least("sft.warmup_steps", self.warmup_steps, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,8 +180,9 @@ class RunConfig:
     def __post_init__(self):
         for name, low in (("iterations", 0), ("save_every", 1), ("keep_checkpoints", 1),
                           ("eval_every", 0), ("eval_prompts", 1), ("max_skipped_iterations", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"train.{name}={getattr(self, name)} must be >= {low}")
+            check_at_least(f"train.{name}", getattr(self, name), low)
+        check_number("train.seed", self.seed, integer=True)
+        check_bool("train.progress", self.progress)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,195 +206,16 @@ class TrainConfig:
                              "scheduler's memory is set by sorted.slots")
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-def _unwrap_optional(tp):
-    """X | None -> (X, True); any other type -> (tp, False)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return tp, False
-
-
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-
-
-class Raw(str):
-    """A `key=value` override's value as typed: coerced from its text by the field's type (so a
-    string field keeps `1e-6` or `007` verbatim and a number field reads `1e-6` as a float)."""
-
-
-def coerce(value: Any, tp: Any, name: str) -> Any:
-    """`value` (a YAML value, or a Raw override string) as field type `tp`: int, float, bool, str,
-    Literal, tuple[X, ...], X | None, a mapping or a nested dataclass. A value that does not fit
-    raises ValueError naming the setting `name`, its value and the expected type."""
-    tp, optional = _unwrap_optional(tp)
-    if isinstance(value, Raw):
-        if tp is Any:
-            return yaml.safe_load(value)
-        if optional and value.strip() in ("null", "None", "~", ""):
-            return None
-        if tp is str:
-            return str(value)
-        if typing.get_origin(tp) is typing.Literal:
-            value = str(value)
-        elif typing.get_origin(tp) is tuple:  # YAML's [1, 2], else "1,2", "7" or "" as typed
-            loaded = yaml.safe_load(value)
-            value = loaded if isinstance(loaded, list) else str(value)
-        else:
-            value = yaml.safe_load(value)
-    if value is None:
-        if optional or tp is Any:
-            return None
-        raise ValueError(f"{name}: null is not accepted (expected {_type_name(tp)})")
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, name)
-    origin = typing.get_origin(tp)
-
-    def bad():
-        return ValueError(f"{name}={value!r}: expected {_type_name(tp)}")
-
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-            return value.strip().lower() in _TRUE
-        raise bad()
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad()
-        if isinstance(value, int):
-            return value
-        try:
-            f = float(value) if isinstance(value, (str, float)) else None
-        except ValueError:
-            raise bad() from None
-        if f is None or not f.is_integer():
-            raise bad()
-        return int(f)
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad()
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise bad() from None
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad()
-    if origin is typing.Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise ValueError(f"{name}={value!r}: expected one of {typing.get_args(tp)}")
-    if origin is tuple:
-        if isinstance(value, str):  # "1,2,3" as well as YAML's [1, 2, 3]
-            value = [v.strip() for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise bad()
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise bad()
-        return tuple(coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if origin in (Mapping, dict, collections.abc.Mapping):
-        if isinstance(value, Mapping):
-            return {k: coerce(v, Any, f"{name}.{k}") for k, v in value.items()}
-        raise bad()
-    return value
-
-
-def _type_name(tp) -> str:
-    if typing.get_origin(tp) is tuple:
-        return "a list of " + _type_name(typing.get_args(tp)[0]) + " values"
-    if typing.get_origin(tp) in (Mapping, dict, collections.abc.Mapping):
-        return "a mapping"
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def from_dict(cls, d: Mapping[str, Any], prefix: str):
-    """Build dataclass `cls` from a nested mapping, every value coerced to its field's type;
-    unknown keys and values of the wrong type raise naming the setting."""
-    if not isinstance(d, Mapping):
-        raise ValueError(f"{prefix}: expected a mapping of settings, got {d!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in d.items():
-        name = f"{prefix}.{key}" if prefix else key
-        if key not in fields:
-            raise ValueError(f"{name}: unknown setting; accepted: {sorted(fields)}")
-        kwargs[key] = coerce(value, hints[key], name)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ValueError(f"{prefix or 'config'}: {e}") from None
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {dotted}: {k} is not a section")
-    node[keys[-1]] = value
+# ----------------------------------------------------------------------------- files
 
 
 def load_config(paths: Sequence[str] = (), overrides: Sequence[str] = ()) -> TrainConfig:
-    """Merge YAML files in order, then `key=value` overrides; every value is coerced to its
-    field's type (`coerce`), so `rl.optim.lr=1e-6` is the float 1e-6."""
-    tree: dict = {}
-    for path in paths:
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise FileNotFoundError(f"--config {path}: no such file") from None
-        _deep_merge(tree, loaded, path)
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r}: expected key=value, e.g. kv.budget=256")
-        key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), Raw(raw))
-    return from_dict(TrainConfig, tree, "")
-
-
-def _deep_merge(into: dict, new: Mapping, where: str) -> None:
-    if not isinstance(new, Mapping):
-        raise ValueError(f"{where}: the top level must be a mapping of sections")
-    for k, v in new.items():
-        if isinstance(v, Mapping) and isinstance(into.get(k), dict):
-            _deep_merge(into[k], v, where)
-        else:
-            into[k] = dict(v) if isinstance(v, Mapping) else v
+    """YAML files merged in order, then `key=value` overrides (config_io.read_tree); every value is
+    coerced to its field's type, so `rl.optim.lr=1e-6` is the float 1e-6."""
+    return from_dict(TrainConfig, read_tree(paths, overrides), "")
 
 
 def dump_config(cfg: TrainConfig, path: str) -> None:
+    """The config as YAML that load_config reads back to an equal TrainConfig."""
     with open(path, "w") as f:
         yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-
-
-__all__ = [
-    "DataConfig",
-    "ModelSource",
-    "QuantConfig",
-    "RolloutConfig",
-    "RopeScaling",
-    "RunConfig",
-    "SFTConfig",
-    "SortedConfig",
-    "TrainConfig",
-    "dump_config",
-    "from_dict",
-    "load_config",
-]

@@ -162,7 +162,7 @@ def add_quant_args(p: argparse.ArgumentParser) -> None:
     """Sample with a quantized copy of the weights (QuRL's behaviour policy), shared with the evaluator."""
     g = p.add_argument_group("quantized sampling (methods.md 2)")
     g.add_argument("--quant", choices=quant.FORMATS, default="none")
-    g.add_argument("--quant-mode", choices=quant.MODES, default="w8a8")
+    g.add_argument("--quant-mode", choices=quant.QUANT_MODES, default="w8a8")
 
 
 def quantized(params, args: argparse.Namespace):

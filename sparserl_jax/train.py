@@ -28,9 +28,7 @@ from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
 from sparserl_jax.rollout import source as sources
-from sparserl_jax.rollout.source import concat_rollouts  # noqa: F401  (re-exported)
-from sparserl_jax.rollout.stats import kv_statistics, rollout_bubble  # noqa: F401  (re-exported)
-from sparserl_jax.run_state import RunState, TrainingDiverged  # noqa: F401  (re-exported)
+from sparserl_jax.run_state import RunState
 from sparserl_jax.sft import run_warm_start
 
 
@@ -68,19 +66,6 @@ class Trainer:
         self.iteration = 0
         self.started = False
         self.state = RunState(cfg, coordinator=self.coordinator, log=self.log)
-
-    @property
-    def sorted(self):
-        """The SortedRL scheduler (rollout.scheduler='sorted', once built), else None."""
-        return self.source.scheduler
-
-    @property
-    def ckpt(self):
-        return self.state.ckpt
-
-    @property
-    def logger(self):
-        return self.state.logger
 
     # ------------------------------------------------------------------ state
 

@@ -20,7 +20,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.engine import SlotEngine, bubble_ratio
 from sparserl_jax.rollout.scheduler import SortedConfig, SortedScheduler
-from sparserl_jax.train import rollout_bubble
+from sparserl_jax.rollout.stats import rollout_bubble
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, n_layers=1)  # one layer: half the compile time
 PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparserl_jax import cli, evaluate, generate, train
-from sparserl_jax.config import Raw, TrainConfig, coerce, dump_config, load_config
+from sparserl_jax.config import TrainConfig, dump_config, load_config
+from sparserl_jax.config_io import Raw, coerce
+from sparserl_jax.run_state import TrainingDiverged
 from sparserl_jax.tokenizer import CharTokenizer
 
 TESTS = Path(__file__).parent
@@ -139,10 +141,10 @@ def test_training_stops_after_too_many_skipped_iterations(tmp_path, monkeypatch)
     bad = {**good, "update/loss": math.nan, "update/skipped": 2.0}
     script = iter([good, good, bad, bad, bad, good])
     monkeypatch.setattr(trainer, "step", lambda: next(script))
-    with pytest.raises(train.TrainingDiverged, match="max_skipped_iterations=3") as e:
+    with pytest.raises(TrainingDiverged, match="max_skipped_iterations=3") as e:
         trainer.run()
     assert "the last one kept is 2" in str(e.value)
-    assert trainer.ckpt.all_steps() == [1, 2]
+    assert trainer.state.ckpt.all_steps() == [1, 2]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -156,7 +158,7 @@ def run_dir(tmp_path_factory):
     trainer = train.Trainer(cfg, log=lambda *a, **k: None)
     dump_config(cfg, str(d / "config.yaml"))
     trainer.save()
-    trainer.ckpt.close()
+    trainer.state.ckpt.close()
     return d
 
 

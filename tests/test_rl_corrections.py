@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sparserl_jax.config_io import from_dict
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import corrections
 from sparserl_jax.rl import loss as loss_lib
@@ -350,14 +351,14 @@ def test_config_validation_names_the_setting():
     for factory, kwargs, pattern in BAD_SETTINGS:
         with pytest.raises(ValueError, match=pattern):
             factory(**kwargs)
-    cfg = C.RLConfig.from_dict(
-        {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}
+    cfg = from_dict(
+        C.RLConfig, {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}, "rl"
     )
     assert cfg.acr.c == 3.0 and cfg.loss.aggregation == "token_mean" and cfg.sars == C.SarsConfig()
     assert cfg.spec == C.ModeSpec(tis=True, acr=True)
     assert C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).spec.acr
     with pytest.raises(ValueError, match=r"rl\.sars\.lo: unknown setting"):
-        C.RLConfig.from_dict({"sars": {"lo": 0.1}})
+        from_dict(C.RLConfig, {"sars": {"lo": 0.1}}, "rl")
 
 
 def test_training_sampling_must_match_the_scorer():

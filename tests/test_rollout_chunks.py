@@ -10,7 +10,8 @@ from sparserl_jax import distributed
 from sparserl_jax.config import load_config
 from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.rollout.sampler import Rollout, generate_jit
-from sparserl_jax.train import Trainer, concat_rollouts
+from sparserl_jax.rollout.source import concat_rollouts
+from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 TIMING = ("time/", "throughput/")

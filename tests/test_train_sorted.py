@@ -29,7 +29,7 @@ def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     run.run()
     # one engine for the run (prompts padded to data.max_prompt_len): one segment program, one
     # harvest copy, and at most the insert buckets Q / 8 .. Q (fresh prompts only)
-    eng = run.sorted.engine
+    eng = run.source.scheduler.engine
     assert eng.P == run.cfg.data.max_prompt_len
     assert eng._segment._cache_size() == 1 and eng._harvest._cache_size() == 1
     assert eng._insert._cache_size() <= 4

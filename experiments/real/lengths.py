@@ -21,7 +21,7 @@ import numpy as np
 
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import generate_jit
-from sparserl_jax.train import rollout_bubble
+from sparserl_jax.rollout.stats import rollout_bubble
 
 import measure
 

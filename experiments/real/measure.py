@@ -29,7 +29,8 @@ from sparserl_jax.rl.update import make_score_fn
 from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.tokenizer import HFTokenizer
-from sparserl_jax.train import concat_rollouts, kv_statistics
+from sparserl_jax.rollout.source import concat_rollouts
+from sparserl_jax.rollout.stats import kv_statistics
 
 import prompts as prompt_list
 

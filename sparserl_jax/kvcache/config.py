@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in
+
 SELECTIONS: tuple[str, ...] = ("per_head", "shared")
 TRIGGERS: tuple[str, ...] = ("interval", "newline")
 GQA_REDUCTIONS: tuple[str, ...] = ("max_logits", "max_probs")
@@ -68,13 +70,15 @@ class KVConfig:
         from sparserl_jax.kvcache.policies import POLICIES  # the registry imports this module
 
         # YAML gives lists; keep the config hashable.
-        object.__setattr__(self, "newline_token_ids", tuple(int(t) for t in self.newline_token_ids))
-        if self.policy not in POLICIES:
-            raise ValueError(f"kv.policy={self.policy!r}: expected one of {tuple(POLICIES)}")
+        try:
+            ids = tuple(int(t) for t in self.newline_token_ids)
+        except (TypeError, ValueError):
+            raise ValueError(f"kv.newline_token_ids={self.newline_token_ids!r} must be a list of "
+                             "token ids") from None
+        object.__setattr__(self, "newline_token_ids", ids)
+        check_in("kv.policy", self.policy, POLICIES)
         for name in ("budget", "buffer", "window", "pool_kernel"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"kv.{name}={value!r} must be a positive integer")
+            check_at_least(f"kv.{name}", getattr(self, name), 1)
         if self.window >= self.budget:
             raise ValueError(
                 f"kv.window={self.window} must be smaller than kv.budget={self.budget} "
@@ -82,33 +86,21 @@ class KVConfig:
             )
         if self.pool_kernel % 2 == 0:
             raise ValueError(f"kv.pool_kernel={self.pool_kernel} must be odd (same padding)")
-        if not 0.0 <= self.rkv_lambda <= 1.0:
-            raise ValueError(f"kv.rkv_lambda={self.rkv_lambda} must be in [0, 1]")
-        if not -1.0 <= self.redundancy_threshold <= 1.0:
-            raise ValueError(
-                f"kv.redundancy_threshold={self.redundancy_threshold} must be a cosine in [-1, 1]"
-            )
-        if not isinstance(self.n_sinks, int) or self.n_sinks < 0:
-            raise ValueError(f"kv.n_sinks={self.n_sinks!r} must be a non-negative integer")
+        check_between("kv.rkv_lambda", self.rkv_lambda, 0, 1)
+        check_between("kv.redundancy_threshold", self.redundancy_threshold, -1, 1)  # a cosine
+        check_at_least("kv.n_sinks", self.n_sinks, 0)
         if self.policy == "streaming" and self.n_sinks + self.window > self.budget:
             raise ValueError(
                 f"kv.n_sinks={self.n_sinks} + kv.window={self.window} must not exceed "
                 f"kv.budget={self.budget}"
             )
-        if self.selection not in SELECTIONS:
-            raise ValueError(f"kv.selection={self.selection!r}: expected one of {SELECTIONS}")
-        if self.gqa_reduce not in GQA_REDUCTIONS:
-            raise ValueError(f"kv.gqa_reduce={self.gqa_reduce!r}: expected one of {GQA_REDUCTIONS}")
-        if self.rkv_redundancy not in RKV_REDUNDANCIES:
-            raise ValueError(
-                f"kv.rkv_redundancy={self.rkv_redundancy!r}: expected one of {RKV_REDUNDANCIES}"
-            )
-        if self.trigger not in TRIGGERS:
-            raise ValueError(f"kv.trigger={self.trigger!r}: expected one of {TRIGGERS}")
+        check_in("kv.selection", self.selection, SELECTIONS)
+        check_in("kv.gqa_reduce", self.gqa_reduce, GQA_REDUCTIONS)
+        check_in("kv.rkv_redundancy", self.rkv_redundancy, RKV_REDUNDANCIES)
+        check_in("kv.trigger", self.trigger, TRIGGERS)
         if self.trigger == "newline" and not self.newline_token_ids:
             raise ValueError("kv.trigger='newline' needs kv.newline_token_ids (a non-empty list)")
-        if not isinstance(self.compress_prompt, bool):
-            raise ValueError(f"kv.compress_prompt={self.compress_prompt!r} must be true or false")
+        check_bool("kv.compress_prompt", self.compress_prompt)
 
     @property
     def is_dense(self) -> bool:

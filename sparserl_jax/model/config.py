@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from sparserl_jax.validate import check_at_least, check_bool, check_in, check_multiple, check_positive
+
 Family = Literal["qwen2", "llama", "qwen3"]
 FAMILIES: tuple[str, ...] = ("qwen2", "llama", "qwen3")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # parameters and activations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +26,12 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            check_positive(f"model.rope_scaling.{name}", getattr(self, name))
+        check_at_least("model.rope_scaling.original_max_position_embeddings",
+                       self.original_max_position_embeddings, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +59,17 @@ class ModelConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"model.family={self.family!r}: supported families are {FAMILIES}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}"
-            )
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+        check_in("model.family", self.family, FAMILIES)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                     "d_ff", "max_seq_len"):
+            check_at_least(f"model.{name}", getattr(self, name), 1)
+        check_multiple("model.n_heads", self.n_heads, "model.n_kv_heads", self.n_kv_heads)
+        check_at_least("model.pad_token_id", self.pad_token_id, 0)
+        check_positive("model.rope_theta", self.rope_theta)
+        check_positive("model.norm_eps", self.norm_eps)
+        check_in("model.dtype", self.dtype, DTYPES)
+        for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
+            check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")
 

@@ -17,11 +17,11 @@ fp8 clipping, the rescaled dot, the sharded tree swap) whose sharding and errors
 serves as the independent oracle in tests/test_quant.py.
 """
 
-from sparserl_jax.quant.config import FORMATS, IMPLS, MODES, QuantConfig
+from sparserl_jax.quant.config import FORMATS, IMPLS, QUANT_MODES, QuantConfig
 from sparserl_jax.quant.core import QWeight, dot, merge_leading_axes, quantize
 from sparserl_jax.quant.params import abstract_quantized, invariant_scale, quantize_params, quantized_bytes
 
 __all__ = [
-    "FORMATS", "IMPLS", "MODES", "QWeight", "QuantConfig", "abstract_quantized", "dot",
+    "FORMATS", "IMPLS", "QUANT_MODES", "QWeight", "QuantConfig", "abstract_quantized", "dot",
     "invariant_scale", "quantize", "quantize_params", "quantized_bytes",
 ]

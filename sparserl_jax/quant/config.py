@@ -7,9 +7,11 @@ import dataclasses
 
 import jax.numpy as jnp
 
-FORMATS = ("none", "int8", "fp8")
-MODES = ("w8a8", "w8a16")
-IMPLS = ("native", "fake")
+from sparserl_jax.validate import check_bool, check_in, check_positive
+
+FORMATS = ("none", "int8", "fp8")  # quant.format
+QUANT_MODES = ("w8a8", "w8a16")  # quant.mode: which operands are 8-bit (weights, activations)
+IMPLS = ("native", "fake")  # quant.impl
 # Kernels quantize_params can swap (their trailing axes are the output channels: q/k/v [D, N|K, H]
 # keep 2, o [N, H, D] and the MLP and head kernels keep 1), and the full-precision leaves it knows.
 PROJECTIONS = {"q": 2, "k": 2, "v": 2, "o": 1, "gate": 1, "up": 1, "down": 1}
@@ -45,9 +47,11 @@ class QuantConfig:
     invariant_s: float = 1.5
 
     def __post_init__(self):
-        for name, accepted in (("format", FORMATS), ("mode", MODES), ("impl", IMPLS)):
-            if getattr(self, name) not in accepted:
-                raise ValueError(f"quant.{name}={getattr(self, name)!r}: accepted values are {accepted}")
+        check_in("quant.format", self.format, FORMATS)
+        check_in("quant.mode", self.mode, QUANT_MODES)
+        check_in("quant.impl", self.impl, IMPLS)
+        if isinstance(self.skip, str):
+            raise ValueError(f"quant.skip={self.skip!r} must be a list of weight names; accepted: {SKIPPABLE}")
         object.__setattr__(self, "skip", tuple(self.skip))
         unknown = [s for s in self.skip if s not in SKIPPABLE]
         if unknown:
@@ -55,8 +59,8 @@ class QuantConfig:
         if "embed" not in self.skip:
             raise ValueError("quant.skip must contain 'embed': the embedding is a gather, not a "
                              "matmul, and stays in full precision")
-        if not self.invariant_s > 0:
-            raise ValueError(f"quant.invariant_s={self.invariant_s} must be > 0")
+        check_bool("quant.invariant_scaling", self.invariant_scaling)
+        check_positive("quant.invariant_s", self.invariant_s)
         if self.format == "fp8":
             fp8_dtype()
 

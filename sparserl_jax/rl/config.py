@@ -19,7 +19,15 @@ A `mode` picks which corrections apply, from the MODES registry:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+
+from sparserl_jax.validate import (
+    check_at_least,
+    check_between,
+    check_bool,
+    check_in,
+    check_number,
+    check_positive,
+)
 
 LEVELS = ("token", "sequence", "geometric")
 IBR_MODES = ("truncate", "clip", "mask")
@@ -55,16 +63,6 @@ MODES: dict[str, ModeSpec] = {
 }
 
 
-def _check_in(name: str, value, accepted) -> None:
-    if value not in accepted:
-        raise ValueError(f"{name}={value!r}: accepted values are {tuple(accepted)}")
-
-
-def _check_positive(name: str, value, *, strict: bool = True) -> None:
-    if not (value > 0 if strict else value >= 0):
-        raise ValueError(f"{name}={value!r} must be {'> 0' if strict else '>= 0'}")
-
-
 @dataclasses.dataclass(frozen=True)
 class SarsConfig:
     """Sparsity-Aware Rejection Sampling on xi = pi_old / pi_sparse (methods.md 1.2).
@@ -82,14 +80,17 @@ class SarsConfig:
     veto_level: str = "token"
 
     def __post_init__(self):
-        _check_in("sars.token_level", self.token_level, LEVELS)
-        _check_in("sars.veto_level", self.veto_level, LEVELS)
-        _check_positive("sars.token_lo", self.token_lo, strict=False)
+        check_bool("sars.token_rule", self.token_rule)
+        check_bool("sars.veto", self.veto)
+        check_in("sars.token_level", self.token_level, LEVELS)
+        check_in("sars.veto_level", self.veto_level, LEVELS)
+        check_at_least("sars.token_lo", self.token_lo, 0, integer=False)
+        check_number("sars.token_hi", self.token_hi)
         if not self.token_hi > self.token_lo:
             raise ValueError(
                 f"sars.token_hi={self.token_hi} must be > sars.token_lo={self.token_lo}"
             )
-        _check_positive("sars.veto_threshold", self.veto_threshold)
+        check_positive("sars.veto_threshold", self.veto_threshold)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,13 +122,13 @@ class IbrConfig:
     mask_rejects: bool = True
 
     def __post_init__(self):
-        _check_in("ibr.mode", self.mode, IBR_MODES)
-        _check_in("ibr.normalisation", self.normalisation, IBR_NORMALISATIONS)
-        _check_in("ibr.normalise_over", self.normalise_over, IBR_NORMALISE_OVER)
-        if not isinstance(self.mask_rejects, bool):
-            raise ValueError(f"ibr.mask_rejects={self.mask_rejects!r} must be true or false")
-        _check_positive("ibr.cap", self.cap)
-        _check_positive("ibr.lo", self.lo, strict=False)
+        check_in("ibr.mode", self.mode, IBR_MODES)
+        check_in("ibr.normalisation", self.normalisation, IBR_NORMALISATIONS)
+        check_in("ibr.normalise_over", self.normalise_over, IBR_NORMALISE_OVER)
+        check_bool("ibr.mask_rejects", self.mask_rejects)
+        check_positive("ibr.cap", self.cap)
+        check_at_least("ibr.lo", self.lo, 0, integer=False)
+        check_number("ibr.hi", self.hi)
         if not self.hi > self.lo:
             raise ValueError(f"ibr.hi={self.hi} must be > ibr.lo={self.lo}")
 
@@ -139,7 +140,7 @@ class TisConfig:
     cap: float = 2.0
 
     def __post_init__(self):
-        _check_positive("tis.cap", self.cap)
+        check_positive("tis.cap", self.cap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +152,8 @@ class AcrConfig:
     c: float = 2.0
 
     def __post_init__(self):
-        _check_positive("acr.c", self.c)
+        check_bool("acr.enabled", self.enabled)
+        check_positive("acr.c", self.c)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,12 +177,12 @@ class LossConfig:
     aggregation: str = "seq_mean"
 
     def __post_init__(self):
-        _check_in("loss.aggregation", self.aggregation, AGGREGATIONS)
-        if not 0 <= self.eps_low < 1:
-            raise ValueError(f"loss.eps_low={self.eps_low} must be in [0, 1)")
-        _check_positive("loss.eps_high", self.eps_high, strict=False)
-        _check_positive("loss.beta", self.beta, strict=False)
-        _check_positive("loss.kl_clamp", self.kl_clamp)
+        check_in("loss.aggregation", self.aggregation, AGGREGATIONS)
+        check_between("loss.eps_low", self.eps_low, 0, 1, hi_open=True)
+        check_at_least("loss.eps_high", self.eps_high, 0, integer=False)
+        check_at_least("loss.beta", self.beta, 0, integer=False)
+        check_number("loss.entropy_coef", self.entropy_coef)
+        check_positive("loss.kl_clamp", self.kl_clamp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,11 +203,15 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
 
     def __post_init__(self):
-        _check_in("optim.schedule", self.schedule, SCHEDULES)
-        _check_positive("optim.lr", self.lr)
-        _check_positive("optim.weight_decay", self.weight_decay, strict=False)
-        _check_positive("optim.grad_clip", self.grad_clip)
-        _check_positive("optim.warmup_steps", self.warmup_steps, strict=False)
+        check_in("optim.schedule", self.schedule, SCHEDULES)
+        check_positive("optim.lr", self.lr)
+        check_at_least("optim.weight_decay", self.weight_decay, 0, integer=False)
+        check_positive("optim.grad_clip", self.grad_clip)
+        for name in ("b1", "b2"):  # AdamW's moment decays
+            check_between(f"optim.{name}", getattr(self, name), 0, 1, hi_open=True)
+        check_positive("optim.eps", self.eps)
+        check_at_least("optim.warmup_steps", self.warmup_steps, 0)
+        check_at_least("optim.total_steps", self.total_steps, 0)
         if self.schedule == "warmup" and self.warmup_steps < 1:
             raise ValueError("optim.warmup_steps must be >= 1 with optim.schedule='warmup'")
         if self.schedule == "cosine" and self.total_steps <= self.warmup_steps:
@@ -213,8 +219,7 @@ class OptimConfig:
                 f"optim.total_steps={self.total_steps} must be > optim.warmup_steps="
                 f"{self.warmup_steps} with optim.schedule='cosine'"
             )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        check_between("optim.min_lr_ratio", self.min_lr_ratio, 0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +250,7 @@ class UpdateConfig:
                 f"update.minibatch_size={self.minibatch_size} must be a multiple of "
                 f"update.micro_batch_size={self.micro_batch_size}"
             )
-        _check_positive("update.temperature", self.temperature)
+        check_positive("update.temperature", self.temperature)
 
 
 def check_training_sampling(
@@ -300,29 +305,12 @@ class RLConfig:
     update: UpdateConfig = UpdateConfig()
 
     def __post_init__(self):
-        _check_in("rl.mode", self.mode, MODES)
-        _check_in("rl.ratio_against", self.ratio_against, RATIO_AGAINST)
-        _check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
+        check_in("rl.mode", self.mode, MODES)
+        check_in("rl.ratio_against", self.ratio_against, RATIO_AGAINST)
+        check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
 
     @property
     def spec(self) -> ModeSpec:
         """The corrections in force: the mode's row of MODES, plus ACR when acr.enabled."""
         s = MODES[self.mode]
         return dataclasses.replace(s, acr=s.acr or self.acr.enabled)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RLConfig":
-        """Build from a nested mapping (e.g. parsed YAML); unknown keys raise."""
-        return _from_dict(cls, d, "rl")
-
-
-def _from_dict(cls, d: Mapping[str, Any], prefix: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for k, v in d.items():
-        if k not in fields:
-            raise ValueError(f"{prefix}.{k}: unknown setting; accepted: {tuple(fields)}")
-        default = fields[k].default
-        sub = type(default) if dataclasses.is_dataclass(default) else None
-        kwargs[k] = _from_dict(sub, v, f"{prefix}.{k}") if sub and isinstance(v, Mapping) else v
-    return cls(**kwargs)

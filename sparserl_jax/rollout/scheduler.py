@@ -37,7 +37,7 @@ import numpy as np
 
 from sparserl_jax.rollout.engine import Finished, SlotEngine
 
-MODES = ("on_policy", "partial")
+SORTED_MODES = ("on_policy", "partial")  # sorted.mode
 RESUMES = ("cache", "prefill")
 
 
@@ -62,8 +62,8 @@ class SortedConfig:
     resume: str = "cache"
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"sorted.mode={self.mode!r}: expected one of {MODES}")
+        if self.mode not in SORTED_MODES:
+            raise ValueError(f"sorted.mode={self.mode!r}: expected one of {SORTED_MODES}")
         if self.resume not in RESUMES:
             raise ValueError(f"sorted.resume={self.resume!r}: expected one of {RESUMES}")
         if self.slots < 0:

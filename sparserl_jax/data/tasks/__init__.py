@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from sparserl_jax.config_io import coerce
 from sparserl_jax.data.tasks.arithmetic import ArithmeticTask
 from sparserl_jax.data.tasks.base import BoxedAnswerTask, Task
 from sparserl_jax.data.tasks.chat_arithmetic import ChatArithmeticTask
@@ -30,8 +31,6 @@ def get_task(name: str, **options) -> Task:
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise ValueError(f"task {name!r} has no option(s) {unknown}; accepted: {fields}")
-    from sparserl_jax.config import coerce  # config's loader builds tasks through here
-
     hints = typing.get_type_hints(cls)
     return cls(**{k: coerce(v, hints[k], f"data.task_options.{k}") for k, v in options.items()})
 
