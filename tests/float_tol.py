@@ -10,9 +10,38 @@ most u relative. Each test's comment names n and A; tolerances that are exact by
 (the same compiled program on the same inputs, a copy, an integer count) say so instead.
 """
 
+import numpy as np
+
 EPS32 = 2.0**-23  # float32 machine epsilon, 1.19e-7; 2u
 
 
 def sum_tol(n: int, magnitude: float) -> float:
     """Two float32 summation orders of n terms whose |terms| add up to `magnitude`."""
     return n * EPS32 * magnitude
+
+
+def forward_terms(cfg, keys: int) -> int:
+    """Terms summed along the path from the embeddings to one logit of the transformer `cfg`
+    attending over `keys` positions: per layer the q, k and v projections (D each), the scores
+    (H), the softmax sum and p.v (keys each), the o projection (N H), gate and up (D each) and
+    down (F); then the logit dot (D). Each adds its n EPS32 relative to the logit's magnitude."""
+    D, H, N, F = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.d_ff
+    return cfg.n_layers * (3 * D + H + 2 * keys + N * H + 2 * D + F) + D
+
+
+def logit_magnitude(params) -> float:
+    """A bound on sum_i |h_i w_iv| for every logit z_v = h . w_v: ||h|| ||w_v|| (Cauchy-Schwarz)
+    with h the RMS-normed final hidden state (||h|| <= sqrt(D) max |final norm weight|)."""
+    head = np.asarray(params["lm_head"] if "lm_head" in params else np.asarray(params["embed"]).T,
+                      np.float64)
+    gain = np.abs(np.asarray(params["final_norm"], np.float64)).max()
+    return float(np.sqrt(head.shape[0]) * gain * np.linalg.norm(head, axis=0).max())
+
+
+def logprob_tol(cfg, params, keys: int) -> float:
+    """How far one token's log-prob log p = z_o - logsumexp(z) may move between two float32
+    programs of the same model (worst case): twice the logits' error (forward_terms at the
+    logit_magnitude), plus the order of the V-term sum of exps (A = sum p = 1 after the max
+    shift, relative to lse)."""
+    return 2 * sum_tol(forward_terms(cfg, keys), logit_magnitude(params)) + sum_tol(
+        cfg.vocab_size, 1.0)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tol import EPS32, sum_tol
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache import cache as kvc
@@ -257,6 +258,18 @@ def ours(inp, cfg):
     return value, grad, corr.weight, corr.accept, kl
 
 
+def value_tol(inp, args) -> float:
+    """Float noise of our float32 loss against the float64 transcription: a mean over B responses
+    of means over <= T token terms, each mean moving by n EPS32 times its terms' magnitude in
+    another summation order (float_tol.sum_tol), (B + T) EPS32 max |l_t| in all, with |l_t| <=
+    w |r A| + entropy_coef entropy + kl_coef |kl| (w <= 1.5 / its mean, which is >= 0.5)."""
+    behaviour = inp["sampler"] if args["use_rollout_logprobs"] else inp["old"]
+    r = np.exp(np.clip(inp["learner"] - behaviour, -20, 20))
+    mag = (3.0 * np.maximum(r, 1.28) * np.abs(inp["adv"])[:, None] + 0.01 * inp["entropy"]
+           + args["kl_loss_coef"] * 10.0)
+    return sum_tol(B + T, mag[inp["mask"]].max())
+
+
 @functools.lru_cache(maxsize=None)
 def _ours_all(seed: int):
     cfgs = tuple(c for _, c, _ in PAIRS)
@@ -272,7 +285,9 @@ def test_loss_gradient_weights_masks_and_kl_equal_the_authors_code(seed):
     mask = inp["mask"]
     for (name, cfg, args), (value, grad, weight, accept, kl) in zip(PAIRS, outs):
         want, w_ref, m_ref = reference(inp, args)
-        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(value, want, atol=value_tol(inp, args), err_msg=name)
+        # per token (no sums in d loss / d log pi): a few float32 roundings, against central
+        # differences of the float64 loss with h = 1e-6 (their error ~ 1e-16 / h = 1e-10)
         np.testing.assert_allclose(grad, reference_grad(inp, args), rtol=1e-4, atol=1e-5,
                                    err_msg=name)
         m_pad = np.zeros((B, T))
@@ -281,9 +296,12 @@ def test_loss_gradient_weights_masks_and_kl_equal_the_authors_code(seed):
         w_pad = np.ones((B, T)) if w_ref is None else np.zeros((B, T))
         if w_ref is not None:
             w_pad[mask] = np.concatenate(w_ref)
-        # our weights are the authors' on the tokens that enter the loss
-        np.testing.assert_allclose(weight[accept], w_pad[accept], rtol=1e-5, err_msg=name)
+        # our weights are the authors' on the tokens that enter the loss: xi / (a mean over
+        # <= B T = 112 tokens), 112 EPS32 = 1.3e-5 relative in another summation order
+        np.testing.assert_allclose(weight[accept], w_pad[accept], rtol=sum_tol(B * T, 1.0),
+                                   err_msg=name)
         q = inp["ref"] - inp["learner"]
+        # per token e^q - q - 1 (|q| <= 20 clamped, k3 <= 10): a few roundings of values <= 20
         np.testing.assert_allclose(kl[mask], ppo_compute_approx_kl_low_var(
             inp["learner"], inp["ref"])[mask], rtol=1e-5, atol=1e-5, err_msg=name)
     # the inputs exercise what differs from a paraphrase: vetoes, rejections, both KL clamps
@@ -298,6 +316,7 @@ def test_grpo_advantages_equal_the_authors_code():
     rewards = rng.integers(0, 2, 24).astype(np.float32)
     rewards[8:16] = 1.0  # a group with one reward: A = 0
     got = np.asarray(jax.jit(adv_lib.grpo_advantages, static_argnums=1)(jnp.asarray(rewards), 8))
+    # an 8-term mean and std of 0/1 rewards, one division: a few roundings of |A| <= 2.5
     np.testing.assert_allclose(got, rollout_post_process_rewards(rewards, 8), rtol=1e-5, atol=1e-6)
 
 
@@ -409,15 +428,28 @@ def to_cache(k, q) -> kvc.KVCache:
     )
 
 
-def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: str) -> bool:
-    """got is a top-n_keep set of the candidates under the reference score (ties aside);
-    returns whether the boundary was tie-free (then the sets must be equal)."""
+def score_tol(k, q) -> float:
+    """Float noise of a float32 SnapKV / R-KV score against the float64 transcription: attention
+    probabilities (<= 1) of logits q.k / sqrt(H), H-term dots of magnitude <= L (sum_tol(H, L),
+    twice in a probability), normalised over <= KC keys (a KC-term sum), then averaged and
+    pooled; R-KV adds a softmax (another KC-term sum) of means over <= KC cosines (H-term dots
+    of unit vectors). About 3e-5 here, where the scores range over ~0.1."""
+    k_per_query = np.repeat(np.abs(k), KN // KK, axis=2)
+    L = np.einsum("lbnwh,lbnch->lbnwc", np.abs(q), k_per_query).max() / math.sqrt(KH)
+    return 2 * sum_tol(KH, L) + 3 * sum_tol(KC, 1.0) + sum_tol(KH, 1.0)
+
+
+def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: str,
+                   tol: float) -> bool:
+    """got is a top-n_keep set of the candidates under the reference score (ties within the
+    float noise `tol` of both scores aside); returns whether the boundary was tie-free (then
+    the sets must be equal)."""
     cand = set(range(len(score)))
     got_c = got & cand
     assert len(got_c) == n_keep, what
-    assert min(score[list(got_c)]) >= max(score[list(cand - got_c)]) - 1e-6, what
+    assert min(score[list(got_c)]) >= max(score[list(cand - got_c)]) - 2 * tol, what
     order = np.sort(score)[::-1]
-    tie_free = order[n_keep - 1] - order[n_keep] > 1e-6
+    tie_free = order[n_keep - 1] - order[n_keep] > 2 * tol
     if tie_free:
         assert got == want, what
     return tie_free
@@ -442,9 +474,12 @@ def _compressed(seed: int):
     return k, q, jax.tree.map(np.asarray, kept), jax.tree.map(np.asarray, scores)
 
 
-@pytest.mark.parametrize("seed", (3, 4))
+# seeds whose R-KV top-set boundaries are all clear of the float noise (gap > 2 score_tol, a
+# property of the inputs: the gaps come from the float64 transcription), so the sets must equal
+@pytest.mark.parametrize("seed", (3, 6))
 def test_snapkv_rkv_scores_and_kept_sets_equal_the_originals(seed):
     k, q, kept, scores = _compressed(seed)
+    tol = score_tol(k, q)
     tie_free = {"snapkv": 0, "rkv": 0}
     n_keep = BUDGET - WINDOW
     for method in ("snapkv", "rkv"):
@@ -455,18 +490,19 @@ def test_snapkv_rkv_scores_and_kept_sets_equal_the_originals(seed):
                                          q[layer, b:b + 1], WINDOW)
                 finals.append(final)
                 np.testing.assert_allclose(scores[method][layer][b, :, :fill - WINDOW], final[0],
-                                           rtol=1e-5, atol=1e-6, err_msg=f"{method} scores")
+                                           atol=tol, err_msg=f"{method} scores")
                 want = kept_per_head(final, fill, BUDGET, WINDOW)
                 for h in range(KK):
                     got = set(kept[(method, "per_head")][layer][b, h].tolist()) - {-1}
                     tie_free[method] += assert_top_set(
-                        got, want[h], final[0, h], n_keep, f"{method} per head l{layer} b{b} h{h}")
+                        got, want[h], final[0, h], n_keep, f"{method} per head l{layer} b{b} h{h}",
+                        tol)
             # the fork: layer 0's scores summed over heads decide for every layer and head
             want = kept_shared(finals[0], fill, BUDGET, WINDOW)
             for layer, h in np.ndindex(KL, KK):
                 got = set(kept[(method, "shared")][layer][b, h].tolist()) - {-1}
                 tie_free[method] += assert_top_set(got, want, finals[0][0].sum(0), n_keep,
-                                                   f"{method} shared l{layer} b{b} h{h}")
+                                                   f"{method} shared l{layer} b{b} h{h}", KK * tol)
     # SnapKV's max-pool spreads a value over its neighbours, so its boundary is usually tied
     # (the scores above still match); R-KV's redundancy term breaks the ties: equal sets
     assert tie_free["rkv"] == 2 * (KL * KK + KL * KK)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tol import logprob_tol
 
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import transformer as tf
@@ -74,7 +75,9 @@ def test_jit_and_eager_agree():
     tokens = jax.random.randint(jax.random.key(8), (2, 8), 0, cfg.vocab_size)
     eager = tf.token_logprobs(params, cfg, tokens)[0]
     jitted = jax.jit(lambda p, t: tf.token_logprobs(p, cfg, t)[0])(params, tokens)
-    np.testing.assert_allclose(eager, jitted, atol=1e-6)
+    # two programs (op by op, fused) of one model: float noise (float_tol.logprob_tol, 4.8e-4;
+    # measured <= 4.8e-7); a jit-only difference in the model moves log-probs by ~0.1
+    np.testing.assert_allclose(eager, jitted, atol=logprob_tol(cfg, params, keys=8))
 
 
 def test_causal_gradients():
