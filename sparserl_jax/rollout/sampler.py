@@ -35,9 +35,13 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import kvcache as kv
+from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampling import SamplingConfig, sample
+from sparserl_jax.validate import check_at_least, check_bool, check_in
+
+PLATFORMS = ("cpu", "gpu", "tpu")  # sampler.attn_platform: what the attention kernel is built for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +61,21 @@ class SamplerConfig:
     record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampler.max_new_tokens={self.max_new_tokens} must be >= 1")
+        check_at_least("sampler.max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.sampling, SamplingConfig):
+            raise ValueError(f"sampler.sampling={self.sampling!r}: expected a SamplingConfig")
+        if not isinstance(self.kv, kv.KVConfig):
+            raise ValueError(f"sampler.kv={self.kv!r}: expected a KVConfig")
+        try:  # a tuple keeps the config hashable (a static argument of the jitted sampler)
+            eos = tuple(int(t) for t in self.eos_token_ids)
+        except (TypeError, ValueError):
+            raise ValueError(f"sampler.eos_token_ids={self.eos_token_ids!r} must be a list of "
+                             "token ids") from None
+        object.__setattr__(self, "eos_token_ids", eos)
+        check_at_least("sampler.pad_token_id", self.pad_token_id, 0)
+        check_in("sampler.attn_impl", self.attn_impl, ATTN_IMPLS)
+        check_in("sampler.attn_platform", self.attn_platform, (None, *PLATFORMS))
+        check_bool("sampler.record_kept", self.record_kept)
         if self.record_kept and self.kv.trigger != "interval":
             raise ValueError("sampler.record_kept needs kv.trigger='interval'")
 
@@ -187,6 +204,20 @@ def _ids(ids: tuple[int, ...]):
     return jnp.asarray(ids or (-1,), jnp.int32)
 
 
+def check_batch(prompts, prompt_lengths, request_ids=None, max_lengths=None) -> None:
+    """The sampler's batch by shape and dtype (values are traced under jit): [B, P] integer
+    prompts with P >= 1, and [B] integer prompt lengths, request ids and length limits."""
+    if jnp.ndim(prompts) != 2 or not jnp.issubdtype(jnp.result_type(prompts), jnp.integer) or not prompts.shape[1]:
+        raise ValueError(f"prompts: expected [B, P] token ids (integers, P >= 1), got shape "
+                         f"{jnp.shape(prompts)} of {jnp.result_type(prompts)}")
+    B = prompts.shape[0]
+    for name, x in (("prompt_lengths", prompt_lengths), ("request_ids", request_ids),
+                    ("max_lengths", max_lengths)):
+        if x is not None and (jnp.shape(x) != (B,) or not jnp.issubdtype(jnp.result_type(x), jnp.integer)):
+            raise ValueError(f"{name}: expected [B] = [{B}] integers (one per prompt row), got shape "
+                             f"{jnp.shape(x)} of {jnp.result_type(x)}")
+
+
 def generate(
     params: transformer.Params,
     model_cfg: ModelConfig,
@@ -201,6 +232,7 @@ def generate(
     request_ids[b] (default: b) for its random keys, and stops after max_lengths[b] tokens when
     given (forced lengths, for benchmarks). Jit with static configs:
     `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
+    check_batch(prompts, prompt_lengths, request_ids, max_lengths)
     B, P = prompts.shape
     M = cfg.max_new_tokens
     kv_cfg = cfg.kv

@@ -6,7 +6,7 @@ quantized afresh when quant.format is set) and returns a RolloutBatch on the hos
 state_dict() (data position, and SortedRL's group) goes into every checkpoint's metadata.
   BatchSource   the static sampler: rollout.prompts x rollout.samples rows per iteration, sampled
                 rollout.rows_per_call rows per call (chunk i draws request ids i*R .. (i+1)*R).
-  SortedSource  SortedRL: the SortedScheduler over one SlotEngine (built on first use), loading a
+  SortedSource  SortedRL: the SortedScheduler over one SlotEngine, loading a
                 group of sorted.group_batches x rollout.prompts prompts at each group boundary.
 """
 
@@ -18,13 +18,17 @@ from typing import Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from sparserl_jax import components, distributed, quant
 from sparserl_jax.config import TrainConfig
+from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
+from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.rollout.stats import rollout_bubble, rollout_metrics
+from sparserl_jax.validate import check_at_least
 
 SORTED_KEY_SALT = 0x5011ED  # SortedRL's group keys: fold_in(fold_in(key(seed), salt), group + 1)
 
@@ -53,6 +57,7 @@ def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
 
 
 def check_rows_per_call(rows_per_call: int, mesh) -> None:
+    """rollout.rows_per_call splits evenly over the mesh's data x fsdp devices."""
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if rows_per_call and rows_per_call % dp:
         raise ValueError(
@@ -79,14 +84,54 @@ def _next_prompts(prompts, batches: int = 1) -> list:
     return examples
 
 
+def _check_cfg(cfg) -> None:
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(f"cfg: expected a TrainConfig (sparserl_jax.config), got {type(cfg).__name__}")
+
+
+def check_source_args(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id) -> None:
+    """A source's arguments, checked when it is built (not at its first batch): each wrong one
+    raises a one-line ValueError naming it. The sampler config must sample what the run's
+    settings say (the rollout metrics and the learner read cfg.kv and cfg.rollout)."""
+    _check_cfg(cfg)
+    missing = [m for m in ("next_batch", "state_dict", "load_state_dict") if not callable(getattr(prompts, m, None))]
+    if missing:
+        raise ValueError(f"prompts: a {type(prompts).__name__} has no {', '.join(missing)}; expected a "
+                         "prompt source (components.prompt_source)")
+    if not isinstance(model_cfg, ModelConfig):
+        raise ValueError(f"model_cfg: expected a ModelConfig, got {type(model_cfg).__name__}")
+    if not isinstance(sampler_cfg, SamplerConfig):
+        raise ValueError(f"sampler_cfg: expected a SamplerConfig, got {type(sampler_cfg).__name__}")
+    r = cfg.rollout
+    if sampler_cfg.kv != cfg.kv:
+        raise ValueError(f"sampler_cfg.kv={sampler_cfg.kv} differs from kv={cfg.kv}: the rollouts "
+                         "would be sampled with another cache than the run's (components.sampler_config)")
+    if sampler_cfg.max_new_tokens != r.max_new_tokens:
+        raise ValueError(f"sampler_cfg.max_new_tokens={sampler_cfg.max_new_tokens} differs from "
+                         f"rollout.max_new_tokens={r.max_new_tokens}")
+    sampling = SamplingConfig(r.temperature, r.top_p, r.top_k)
+    if sampler_cfg.sampling != sampling:
+        raise ValueError(f"sampler_cfg.sampling={sampler_cfg.sampling} differs from rollout's {sampling}: "
+                         "the learner scores at rollout.temperature")
+    if not isinstance(mesh, Mesh) or not {"data", "fsdp"} <= set(mesh.axis_names):
+        raise ValueError(f"mesh: expected a jax Mesh with axes 'data' and 'fsdp' (model.sharding.make_mesh), "
+                         f"got {getattr(mesh, 'axis_names', type(mesh).__name__)}")
+    check_rows_per_call(r.rows_per_call, mesh)
+    check_at_least("pad_token_id", pad_token_id, 0)
+    if pad_token_id >= model_cfg.vocab_size:
+        raise ValueError(f"pad_token_id={pad_token_id} is not a token of the model "
+                         f"(model.vocab_size={model_cfg.vocab_size})")
+
+
 class BatchSource:
     """rollout.scheduler='batch': every iteration one batch through the static sampler."""
 
     scheduler = None  # no SortedRL scheduler, no group boundaries
     at_group_boundary = None
 
-    def __init__(self, cfg: TrainConfig, prompts, model_cfg, sampler_cfg: SamplerConfig, mesh,
-                 pad_token_id: int):
+    def __init__(self, cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig,
+                 mesh: Mesh, pad_token_id: int):
+        check_source_args(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
         self.cfg, self.prompts, self.model_cfg = cfg, prompts, model_cfg
         self.sampler_cfg, self.mesh, self.pad_token_id = sampler_cfg, mesh, pad_token_id
 
@@ -138,31 +183,27 @@ class BatchSource:
 class SortedSource(BatchSource):
     """rollout.scheduler='sorted': the next update batch of the SortedRL scheduler."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.scheduler: SortedScheduler | None = None  # built on first use
+    def __init__(self, cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig,
+                 mesh: Mesh, pad_token_id: int):
+        super().__init__(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
+        r, s = cfg.rollout, cfg.sorted
+        # Built here, so that the engine's and the scheduler's argument checks run now (building
+        # them allocates and compiles nothing). One engine for the run: every group's prompts
+        # are padded to data.max_prompt_len, so each of its programs compiles once.
+        engine = SlotEngine(model_cfg, sampler_cfg, s.slots or r.rows, cfg.data.max_prompt_len,
+                            segment_chunks=s.segment_chunks, mesh=mesh)
+        self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
 
     @property
-    def at_group_boundary(self) -> bool | None:
-        return None if self.scheduler is None else self.scheduler.at_group_boundary
-
-    def _scheduler(self) -> SortedScheduler:
-        if self.scheduler is None:
-            r, s = self.cfg.rollout, self.cfg.sorted
-            # one engine for the run: every group's prompts are padded to data.max_prompt_len,
-            # so each of its programs compiles once
-            engine = SlotEngine(self.model_cfg, self.sampler_cfg, s.slots or r.rows,
-                                self.cfg.data.max_prompt_len, segment_chunks=s.segment_chunks,
-                                mesh=self.mesh)
-            self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
-        return self.scheduler
+    def at_group_boundary(self) -> bool:
+        return self.scheduler.at_group_boundary
 
     def next(self, params, key, iteration: int) -> RolloutBatch:
         """The slot engine's next update batch (`key` unused: SortedRL's keys are per group),
         loading a group of prompts at a group boundary."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        sched = self._scheduler()
+        sched = self.scheduler
         if sched.at_group_boundary:
             examples = _next_prompts(self.prompts, cfg.sorted.group_batches)
             tokens, lengths = components.pad_prompt_batch(  # the engine's one prompt width
@@ -180,14 +221,13 @@ class SortedSource(BatchSource):
 
     def state_dict(self) -> dict:
         meta = super().state_dict()
-        if self.scheduler is not None:
-            meta.update(sorted_group=self.scheduler.group,
-                        sorted_group_boundary=self.scheduler.at_group_boundary)
+        meta.update(sorted_group=self.scheduler.group,
+                    sorted_group_boundary=self.scheduler.at_group_boundary)
         return meta
 
     def load_state_dict(self, meta: dict, log: Callable = print) -> None:
         super().load_state_dict(meta)
-        self._scheduler().group = int(meta.get("sorted_group", -1))
+        self.scheduler.group = int(meta.get("sorted_group", -1))
         if not meta.get("sorted_group_boundary", True):
             log("this checkpoint was saved inside a SortedRL group: its remaining "
                 "prompts are skipped (resume is exact only from group boundaries)")
@@ -199,4 +239,5 @@ SOURCES = {"batch": BatchSource, "sorted": SortedSource}
 def make_source(cfg: TrainConfig, prompts, model_cfg, sampler_cfg: SamplerConfig, mesh,
                 pad_token_id: int) -> BatchSource:
     """The rollout source rollout.scheduler names."""
+    _check_cfg(cfg)
     return SOURCES[cfg.rollout.scheduler](cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
