@@ -51,7 +51,8 @@ class Trainer:
         self.mesh = sharding.make_mesh(cfg.mesh)
         sources.check_rows_per_call(r.rows_per_call, self.mesh)
         self.learner = Learner(cfg.rl, r.samples, self.model_cfg, self.mesh, self.tokenizer,
-                               parts.reward, log=self.log)
+                               parts.reward, max_len=cfg.data.max_prompt_len + r.max_new_tokens,
+                               log=self.log)
         self.params = self.learner.place(parts.params)
         parts.params = None  # self.params may be the same buffers, which the update donates
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored

@@ -229,7 +229,22 @@ class UpdateConfig:
     recomputes log-probs at the sampler's `temperature`. `score_batch_size` rows per chunk when
     scoring pi_old / pi_ref. `donate`: the trainer donates params and optimizer state to the
     update step, so the new ones reuse their buffers instead of coexisting with them (one copy of
-    the weights and AdamW state less at the update's peak; python -m sparserl_jax.dryrun)."""
+    the weights and AdamW state less at the update's peak; python -m sparserl_jax.dryrun).
+
+    The cost of scoring and of the update follows the real tokens (rl/buckets.py):
+    `length_bucket`: each micro-batch (and scoring chunk) is as wide as its longest row (prompt +
+      response) rounded up to a multiple of this many positions, capped at the rollout width
+      data.max_prompt_len + rollout.max_new_tokens (a few compiled widths, all compiled before the
+      first update); 0 pads every row to the full width.
+    `group_by_length`: a minibatch's rows are sorted by length before they are cut into
+      micro-batches (and all rows before scoring chunks), so short rows share narrow micro-batches.
+      Kept off automatically where the micro-batch composition is part of the math (IBR
+      normalised per micro-batch while pi_old comes from the update's own forward).
+    `reuse_old_forward`: with one minibatch and one epoch, pi_old is the learner's first forward
+      (theta_old = theta before the only optimizer step), so it is taken from that forward under
+      stop_gradient instead of a separate scoring pass (not with ibr.normalisation='global', whose
+      normaliser needs every row's pi_old before the first gradient).
+    pi_ref is not computed at all when loss.beta = 0 (it enters only the KL term)."""
 
     minibatch_size: int = 256
     micro_batch_size: int = 16
@@ -239,12 +254,21 @@ class UpdateConfig:
     chunk_tokens: int = 1024
     score_batch_size: int = 16
     donate: bool = True
+    length_bucket: int = 64
+    group_by_length: bool = True
+    reuse_old_forward: bool = True
 
     def __post_init__(self):
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
                      "score_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"update.{name}={getattr(self, name)} must be >= 1")
+        if self.length_bucket < 0:
+            raise ValueError(
+                f"update.length_bucket={self.length_bucket} must be >= 0 (0: no length buckets)")
+        for name in ("group_by_length", "reuse_old_forward"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"update.{name}={getattr(self, name)!r} must be true or false")
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
                 f"update.minibatch_size={self.minibatch_size} must be a multiple of "

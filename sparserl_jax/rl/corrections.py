@@ -173,6 +173,27 @@ def ibr_normaliser(
     return _mean_weight(_normaliser_tokens(mask, accept, cfg.ibr), w)
 
 
+def row_ibr_normalisers(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> Float[Array, "B"]:
+    """Each row's IBR normaliser as the update applies it: the rollout batch's ("global"), or
+    that of the row's micro-batch of update.micro_batch_size consecutive rows ("micro_batch");
+    1 without IBR normalisation. Rows may then be regrouped freely (length buckets)."""
+    B, T = mask.shape
+    if not cfg.spec.ibr or cfg.ibr.normalisation == "none":
+        return jnp.ones((B,), jnp.float32)
+    if cfg.ibr.normalisation == "global":
+        return jnp.broadcast_to(ibr_normaliser(old_logp, sampler_logp, mask, cfg), (B,))
+    m = cfg.update.micro_batch_size
+    split = lambda x: x.reshape(B // m, m, T)  # noqa: E731
+    per_micro = jax.vmap(lambda o, s, k: ibr_normaliser(o, s, k, cfg))(
+        split(old_logp), split(sampler_logp), split(mask))
+    return jnp.repeat(per_micro, m)
+
+
 def _mean_weight(over: Bool[Array, "B T"], w: Float[Array, "B T"]) -> Float[Array, ""]:
     """mis.py: weights_mean = sum(w) / clamp_min(count, 1); used only when > 1e-8."""
     mean = jnp.sum(jnp.where(over, w, 0.0)) / jnp.maximum(jnp.sum(over), 1)
@@ -195,8 +216,9 @@ def compute_corrections(
     ibr_norm: Float[Array, ""] | None = None,
     with_metrics: bool = True,
 ) -> Corrections:
-    """All corrections for one (micro-)batch. `ibr_norm` is the IBR normaliser; None computes it
-    from this batch (the "micro_batch" normalisation when called per micro-batch).
+    """All corrections for one (micro-)batch. `ibr_norm` is the IBR normaliser, a scalar or one
+    value per row; None computes it from this batch (the "micro_batch" normalisation when called
+    per micro-batch).
     `with_metrics=False` leaves `metrics` empty (the update step computes them once per rollout
     batch with `mismatch_metrics`)."""
     mask = mask.astype(bool)
@@ -207,7 +229,7 @@ def compute_corrections(
     if spec.ibr and cfg.ibr.normalisation != "none":
         if ibr_norm is None:
             ibr_norm = _mean_weight(_normaliser_tokens(mask, accept, cfg.ibr), w_raw)
-        w = w / ibr_norm
+        w = w / (ibr_norm[:, None] if jnp.ndim(ibr_norm) == 1 else ibr_norm)
     w = jax.lax.stop_gradient(jnp.where(accept, w, 0.0))
     xi = jax.lax.stop_gradient(xi)
     r_acr = acr_ratio(xi, cfg.acr.c) if spec.acr else jnp.ones_like(xi)

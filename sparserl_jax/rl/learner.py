@@ -2,11 +2,11 @@
 Must not touch sampling or the run directory: it imports no rollout/, run_state or train.
 
 `Learner.batch` scores a host rollout (decoded responses through the task reward), computes GRPO
-advantages and assembles the update batch (layout in rl/batch.py) on the mesh; `Learner.step`
-teacher-forces log pi_old (theta_old, the current weights) and log pi_ref over it, computes the
-host-side rollout diagnostics and runs the jitted update step, whose rl.mode picks the corrections.
-The learner holds functions and settings only; params, optimizer state and pi_ref stay with the
-caller, which passes them in and takes the updated ones back.
+advantages and assembles the update batch (layout in rl/batch.py) on the host; `Learner.step`
+runs the length-bucketed update (rl/bucketed.py: pi_old and pi_ref teacher-forced where they are
+needed, the update at the width of each micro-batch's longest row), then the host-side rollout
+diagnostics. rl.mode picks the corrections. The learner holds functions and settings only; params,
+optimizer state and pi_ref stay with the caller, which passes them in and takes the updated ones back.
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from sparserl_jax import distributed
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.advantages import grpo_advantages
+from sparserl_jax.rl import buckets
 from sparserl_jax.rl.batch import assemble
+from sparserl_jax.rl.bucketed import BucketedUpdate
 from sparserl_jax.rl.config import RLConfig
 from sparserl_jax.rl.diagnostics import rollout_diagnostics
 from sparserl_jax.rl.optim import make_optimizer
-from sparserl_jax.rl.update import make_score_fn, make_update_fn
-
-HOST_KEYS = ("tokens", "response_mask", "sampler_logp", "old_logp", "advantages")
 
 
 def check_minibatch(rows: int, minibatch_size: int) -> None:
@@ -43,12 +41,14 @@ class Learner:
     """The update side of one run: its optimizer, update step and scorer on one mesh."""
 
     def __init__(self, rl: RLConfig, samples: int, model_cfg, mesh, tokenizer,
-                 reward: Callable[[str, str], float], *, log: Callable = print):
+                 reward: Callable[[str, str], float], *, max_len: int | None = None,
+                 log: Callable = print):
+        """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run."""
         self.rl, self.samples, self.mesh = rl, samples, mesh
         self.tokenizer, self.reward, self.log = tokenizer, reward, log
         self.optimizer = make_optimizer(rl.optim)
-        self.update = make_update_fn(model_cfg, rl, self.optimizer, donate=rl.update.donate)
-        self.score = make_score_fn(model_cfg, rl.update)
+        self.update = BucketedUpdate(model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh,
+                                     donate=rl.update.donate)
 
     def place(self, params):
         """Params split over the mesh by the partition rules (a no-op layout on one device)."""
@@ -63,12 +63,10 @@ class Learner:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
 
-    def _place_batch(self, x):
-        return sharding.shard_batch(jnp.asarray(x), self.mesh) if self.mesh.size > 1 else jnp.asarray(x)
-
     def batch(self, rollout) -> tuple[dict, dict, list[str]]:
         """The update batch of one rollout (a rollout.source.RolloutBatch: rows are each of its
-        examples `samples` times, responses on the host), its reward metrics and the responses."""
+        examples `samples` times, responses on the host) as host arrays, its reward metrics and
+        the responses."""
         n, examples, out = self.samples, rollout.examples, rollout.out
         texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist())
                  for i in range(len(examples) * n)]
@@ -77,32 +75,31 @@ class Learner:
         batch = assemble(jnp.asarray(rollout.tokens), jnp.asarray(rollout.lengths), out.tokens,
                          out.logprobs, out.mask, pad_token_id=self.tokenizer.pad_token_id)
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
-        batch = {k: self._place_batch(v) for k, v in batch.items()}
+        batch = {k: np.asarray(v) for k, v in batch.items()}
         metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
         return batch, metrics, texts
 
     def step(self, params, ref_params, opt_state, batch: dict, iteration: int):
-        """Teacher-force pi_old and pi_ref, diagnose, update: (params, opt_state, metrics)."""
+        """Update on one batch, then diagnose it: (params, opt_state, metrics)."""
         t0 = time.perf_counter()
-        batch["old_logp"] = self.score(params, batch["tokens"])
-        batch["ref_logp"] = self.score(ref_params, batch["tokens"])
-        jax.block_until_ready(batch["ref_logp"])
+        params, opt_state, out = self.update(params, ref_params, opt_state, batch)
         t1 = time.perf_counter()
+        batch["old_logp"] = out.old_logp
         # host-side diagnostics of this rollout batch (SARS as the update applies it, loops, mismatch)
-        host = distributed.to_host({k: batch[k] for k in HOST_KEYS})
-        metrics = rollout_diagnostics(host["tokens"], host["response_mask"], host["sampler_logp"],
-                                      host["old_logp"], host["advantages"], self.rl)
+        metrics = rollout_diagnostics(batch["tokens"], batch["response_mask"], batch["sampler_logp"],
+                                      out.old_logp, batch["advantages"], self.rl)
         t2 = time.perf_counter()
-        params, opt_state, upd = self.update(params, opt_state, batch)
-        upd = distributed.to_host(upd)
-        t3 = time.perf_counter()
-        n_tokens = float(np.sum(host["response_mask"]))
-        metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in upd.items()})
+        n_tokens = float(np.sum(batch["response_mask"]))
+        metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in out.metrics.items()})
         metrics.update({
-            "time/score_s": t1 - t0,
+            "time/score_s": out.score_s,
+            "time/update_s": t1 - t0 - out.score_s,
             "time/diagnostics_s": t2 - t1,
-            "time/update_s": t3 - t2,
-            "throughput/update_tokens_per_s": n_tokens / max(t3 - t2, 1e-9),
+            "throughput/update_tokens_per_s": n_tokens / max(t1 - t0 - out.score_s, 1e-9),
+            "throughput/learner_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+            # positions the update ran beyond the rows' own, over the padded [B, T] batch's
+            "update/padding_fraction": 1.0 - float(np.sum(buckets.row_lengths(batch["response_mask"])))
+                                       * self.rl.update.epochs / max(out.positions, 1),
         })
         if not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) > 0:
             self.log(f"iteration {iteration}: {int(metrics.get('update/skipped', 0))} "

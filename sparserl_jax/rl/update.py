@@ -45,21 +45,46 @@ def micro_batch_loss(
     cfg: RLConfig,
     *,
     denominator: Float[Array, ""] | None = None,
-    ibr_norm: Float[Array, ""] | None = None,
+    ibr_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
 ) -> tuple[Float[Array, ""], dict]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss."""
+    loss, (metrics, _) = micro_batch_loss_and_logp(
+        params, mb, model_cfg, cfg, denominator=denominator, ibr_norm=ibr_norm)
+    return loss, metrics
+
+
+def micro_batch_loss_and_logp(
+    params: Params,
+    mb: Batch,
+    model_cfg: ModelConfig,
+    cfg: RLConfig,
+    *,
+    denominator: Float[Array, ""] | None = None,
+    ibr_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
+    old_from_forward: bool = False,
+) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"]]]:
+    """micro_batch_loss, also returning the learner's log-probs (stop-gradient).
+
+    `old_from_forward`: log pi_old is this forward's own log-probs under stop_gradient (exact
+    when params are theta_old: the first forward of the only optimizer step); mb["old_logp"] is
+    then not read. Without mb["ref_logp"] (loss.beta = 0) pi_ref is taken equal to pi_theta: the
+    KL term and its metric are 0. `ibr_norm` is a scalar or one value per row."""
     u = cfg.update
     logp, entropy = transformer.token_logprobs(
         params, model_cfg, mb["tokens"], temperature=u.temperature, chunk_tokens=u.chunk_tokens,
         remat=u.remat,
     )
+    fixed_logp = jax.lax.stop_gradient(logp)
+    old = fixed_logp if old_from_forward else mb["old_logp"]
+    ref = mb["ref_logp"] if "ref_logp" in mb else fixed_logp
     mask = mb["response_mask"].astype(bool)
     corr = compute_corrections(
-        logp, mb["old_logp"], mb["ref_logp"], mb["sampler_logp"], mask, cfg, ibr_norm=ibr_norm,
+        logp, old, ref, mb["sampler_logp"], mask, cfg, ibr_norm=ibr_norm,
         with_metrics=False,  # the update reports them once, over the whole rollout batch
     )
     adv = token_advantages(mb["advantages"], mask)
-    return policy_loss(corr, adv, entropy, cfg.loss, denominator=denominator)
+    loss, metrics = policy_loss(corr, adv, entropy, cfg.loss, denominator=denominator)
+    return loss, (metrics, fixed_logp)
 
 
 def _combine(metrics: dict, tokens: Array) -> dict:
@@ -99,6 +124,36 @@ def minibatch_gradients(
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     (grads, loss), metrics = jax.lax.scan(one, (zeros, jnp.float32(0.0)), micro_batches)
     return grads, loss, _combine(metrics, metrics["tokens"])
+
+
+def apply_gradients(
+    optimizer: optax.GradientTransformation, params: Params, opt_state: optax.OptState,
+    grads_f32: Params, loss: Float[Array, ""],
+) -> tuple[Params, optax.OptState, dict]:
+    """One optimizer step from float32 gradients (cast to the params' dtypes); a step whose loss
+    or gradient is not finite leaves params and optimizer state unchanged (metric "skipped")."""
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads_f32, params)
+    grad_norm = _tree_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    return (keep(new_params, params), keep(new_opt_state, opt_state),
+            {"grad_norm": grad_norm, "skipped": (~finite).astype(jnp.float32)})
+
+
+def reduce_steps(steps: dict) -> dict:
+    """Per-optimizer-step metrics (stacked on a leading axis) to one value each: the sum of
+    "skipped", the max of "*_max", the mean otherwise."""
+    out = {}
+    for k, v in steps.items():
+        if k == "skipped":
+            out[k] = jnp.sum(v)
+        elif k.endswith("_max"):
+            out[k] = jnp.max(v)
+        else:
+            out[k] = jnp.mean(v)
+    return out
 
 
 def make_update_fn(
@@ -145,16 +200,9 @@ def make_update_fn(
             grads, loss, step_metrics = minibatch_gradients(
                 params, mbs, model_cfg, cfg, denominator=denom, ibr_norm=ibr_norm
             )
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-            grad_norm = _tree_norm(grads)
-            finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-            updates, new_opt_state = optimizer.update(grads, opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-            step_metrics.update(
-                loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32)
-            )
-            return (keep(new_params, params), keep(new_opt_state, opt_state)), step_metrics
+            params, opt_state, applied = apply_gradients(optimizer, params, opt_state, grads, loss)
+            step_metrics.update(loss=loss, **applied)
+            return (params, opt_state), step_metrics
 
         def epoch(carry, _):
             return jax.lax.scan(opt_step, carry, (minibatches, denoms))
@@ -162,13 +210,7 @@ def make_update_fn(
         (params, opt_state), steps = jax.lax.scan(
             epoch, (params, opt_state), None, length=u.epochs
         )
-        for k, v in steps.items():
-            if k == "skipped":
-                metrics[k] = jnp.sum(v)
-            elif k.endswith("_max"):
-                metrics[k] = jnp.max(v)
-            else:
-                metrics[k] = jnp.mean(v)
+        metrics.update(reduce_steps(steps))
         metrics["steps"] = jnp.float32(u.epochs * n_mini)
         return params, opt_state, metrics
 

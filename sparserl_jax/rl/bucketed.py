@@ -1,0 +1,272 @@
+"""The learner's scoring and update at the cost of the real tokens (length-bucketed micro-batches).
+
+`make_update_fn` (rl/update.py) is the update as one program over the padded [B, T] batch; this
+is the same computation driven micro-batch by micro-batch from the host, so that each micro-batch
+can have its own width (rl/buckets.py): rows trimmed to the longest among them, rounded up to a
+multiple of update.length_bucket. Per micro-batch one jitted program (compiled once per width)
+computes the learner's log-probs, the corrections and the gradient of the loss *numerator*,
+accumulated in float32; per minibatch one jitted program divides by the minibatch's denominator
+(accepted tokens or rows, known once every micro-batch is done) and takes the optimizer step.
+Dividing at the end is exact: the denominator is a constant of the minibatch.
+
+Forwards that compute nothing new are skipped:
+  pi_old   with one minibatch and one epoch (update.reuse_old_forward), log pi_old is the
+           learner's first forward under stop_gradient: theta_old is theta before the only step;
+           pi_ref is then teacher-forced inside the same program, on the same micro-batch;
+  pi_ref   not computed at all when loss.beta = 0.
+Otherwise pi_old and pi_ref are scored first, in length-sorted chunks of update.score_batch_size
+rows at their bucketed widths, and the IBR normaliser of every row is fixed before the rows are
+regrouped (row_ibr_normalisers), so regrouping changes no number beyond float rounding.
+Every width's programs are compiled before the first update (`warm_up`), so none compiles later
+and the widest one's memory is known at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sparserl_jax import distributed
+from sparserl_jax.model import sharding, transformer
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rl import buckets
+from sparserl_jax.rl.config import RLConfig
+from sparserl_jax.rl.corrections import mismatch_metrics, row_ibr_normalisers
+from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss_and_logp, reduce_steps
+
+TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
+
+
+@dataclasses.dataclass
+class LearnerOutput:
+    """What one update call returns besides params and optimizer state (host values)."""
+
+    metrics: dict
+    old_logp: np.ndarray  # [B, T] log pi_old (0 beyond each row's micro-batch width)
+    score_s: float  # seconds spent scoring pi_old / pi_ref apart from the update (0 when fused)
+    positions: int  # row positions run through the update's forwards (rows x widths, all epochs)
+
+
+class BucketedUpdate:
+    """Scoring and update of one run's rollout batches (see the module doc)."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: RLConfig, optimizer: optax.GradientTransformation,
+                 *, max_len: int | None = None, mesh=None, donate: bool = True):
+        """`max_len`: the widest batch a run can produce (data.max_prompt_len +
+        rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
+        the run's, not each batch's (a batch whose prompts pad to another width compiles nothing)."""
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len={max_len} must be >= 1 (data.max_prompt_len + rollout.max_new_tokens)")
+        self.model_cfg, self.cfg, self.optimizer, self.max_len = model_cfg, cfg, optimizer, max_len
+        self.mesh = mesh if mesh is not None and mesh.size > 1 else None
+        u = cfg.update
+        self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens))
+        self._micro = jax.jit(functools.partial(_micro_step, model_cfg, cfg),
+                              static_argnames=("fused",), donate_argnums=(2,))
+        # the accumulator is not donated to the step: no output has its place (a warning)
+        self._apply = jax.jit(functools.partial(_apply, optimizer),
+                              donate_argnums=(0, 1) if donate else ())
+        self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p))
+        self._mismatch = jax.jit(functools.partial(mismatch_metrics, cfg=cfg))
+        self._row_norms = jax.jit(functools.partial(row_ibr_normalisers, cfg=cfg))
+        self._warmed: set = set()
+
+    # ------------------------------------------------------------------ plans
+
+    def fused(self, rows: int) -> bool:
+        """Is log pi_old this batch's first learner forward (update.reuse_old_forward)?"""
+        cfg, u = self.cfg, self.cfg.update
+        return (u.reuse_old_forward and u.epochs == 1 and rows == u.minibatch_size
+                and not (cfg.spec.ibr and cfg.ibr.normalisation == "global"))
+
+    def grouped(self, fused: bool) -> bool:
+        """May a minibatch's rows be regrouped by length? Not where the IBR normaliser is each
+        micro-batch's own and pi_old is only known inside the micro-batch's program."""
+        cfg = self.cfg
+        norm_inside = fused and cfg.spec.ibr and cfg.ibr.normalisation == "micro_batch"
+        return cfg.update.group_by_length and not norm_inside
+
+    def widths(self, T: int) -> tuple[int, ...]:
+        return buckets.bucket_widths(T, self.cfg.update.length_bucket)
+
+    # ------------------------------------------------------------------ placement
+
+    def _place(self, x):
+        """Host rows onto the devices: split over data x fsdp when they divide, else replicated."""
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, x)
+        dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        rows = jax.tree.leaves(x)[0].shape[0]
+        if rows % dp == 0:
+            return sharding.shard_batch(x, self.mesh)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return sharding.place(x, jax.tree.map(lambda _: replicated, x))
+
+    def _micro_inputs(self, host: dict, rows: np.ndarray, width: int, norms_B) -> tuple[dict, object]:
+        mb = {k: host[k][rows, :width] for k in host if k != "advantages"}
+        mb["advantages"] = host["advantages"][rows]
+        return self._place(mb), None if norms_B is None else self._place(norms_B[rows])
+
+    # ------------------------------------------------------------------ compile
+
+    def warm_up(self, params, ref_params, opt_state, B: int, T: int) -> None:
+        """Compile every program a batch of [B, T] rows can run (each width once), without
+        running them; a no-op after the first call for that shape."""
+        fused, with_ref = self.fused(B), self.cfg.loss.beta > 0
+        if (B, T) in self._warmed:
+            return
+        self._warmed.add((B, T))
+        u = self.cfg.update
+        m, s = u.micro_batch_size, min(u.score_batch_size, B)
+        zeros = lambda rows, w: {"tokens": np.zeros((rows, w), np.int32),  # noqa: E731
+                                 "response_mask": np.zeros((rows, w), bool),
+                                 "sampler_logp": np.zeros((rows, w), np.float32)}
+        acc = self._zeros(params)
+        for w in self.widths(T):
+            host = zeros(m, w)
+            if not fused:
+                host["old_logp"] = np.zeros((m, w), np.float32)
+                if with_ref:
+                    host["ref_logp"] = np.zeros((m, w), np.float32)
+                self._score.lower(params, self._place(np.zeros((s, w), np.int32))).compile()
+            host["advantages"] = np.zeros((m,), np.float32)
+            mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
+            ref = ref_params if fused and with_ref else None
+            self._micro.lower(params, ref, acc, mb, norm, fused=fused).compile()
+        scalar = self._micro_sum([jnp.float32(0.0)])
+        self._apply.lower(params, opt_state, acc, scalar, scalar).compile()
+        full = self._place(zeros(B, T))
+        self._mismatch.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
+        if not fused:
+            self._row_norms.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
+
+    @staticmethod
+    def _micro_sum(xs):
+        return functools.reduce(jnp.add, xs)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray) -> np.ndarray:
+        """Teacher-forced log-probs [B, T] (position t scores tokens[t + 1]) in length-sorted
+        chunks of update.score_batch_size rows at their bucketed widths; 0 beyond a chunk's width."""
+        B, T = tokens_BxT.shape
+        u = self.cfg.update
+        s = min(u.score_batch_size, B)
+        out = np.zeros((B, T), np.float32)
+        pending = []
+        for mb in buckets.plan(lengths_B, np.arange(B), s, self.widths(T), group=u.group_by_length):
+            rows = np.concatenate([mb.rows, np.repeat(mb.rows[-1:], s - len(mb.rows))])  # fixed shape
+            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, :mb.width]))))
+        for mb, logp in pending:
+            out[mb.rows, :mb.width] = distributed.to_host(logp)[: len(mb.rows)]
+        return out
+
+    # ------------------------------------------------------------------ update
+
+    def __call__(self, params, ref_params, opt_state, batch: dict):
+        """One rollout batch (host arrays: tokens, response_mask, sampler_logp [B, T],
+        advantages [B]) -> (params, opt_state, LearnerOutput)."""
+        cfg, u = self.cfg, self.cfg.update
+        B, T_batch = batch["tokens"].shape
+        if B % u.minibatch_size:
+            raise ValueError(f"rollout batch of {B} responses must be a multiple of "
+                             f"update.minibatch_size={u.minibatch_size}")
+        T = max(T_batch, self.max_len or 0)
+        fused, with_ref = self.fused(B), cfg.loss.beta > 0
+        self.warm_up(params, ref_params, opt_state, B, T)
+        lengths = buckets.row_lengths(batch["response_mask"])
+        widths = self.widths(T)
+        pad = lambda x: np.pad(x, ((0, 0), (0, T - T_batch))) if x.ndim == 2 else x  # noqa: E731
+        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages")}
+        norms_B, metrics, score_s = None, {}, 0.0
+        if not fused:
+            t0 = time.perf_counter()
+            host["old_logp"] = self.score(params, host["tokens"], lengths)
+            if with_ref:
+                host["ref_logp"] = self.score(ref_params, host["tokens"], lengths)
+            score_s = time.perf_counter() - t0
+            full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
+            norms_B = np.asarray(distributed.to_host(self._row_norms(
+                full["old_logp"], full["sampler_logp"], full["response_mask"])))
+            if cfg.spec.ibr and cfg.ibr.normalisation == "global":
+                metrics["ibr/normaliser"] = float(norms_B[0])
+        group, positions = self.grouped(fused), 0
+        old_parts, steps = [], []
+        for _ in range(u.epochs):
+            for start in range(0, B, u.minibatch_size):
+                plan = buckets.plan(lengths, np.arange(start, start + u.minibatch_size),
+                                    u.micro_batch_size, widths, group=group)
+                acc, nums, parts = self._zeros(params), [], []
+                for mb in plan:
+                    inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B)
+                    acc, num, m, logp = self._micro(
+                        params, ref_params if fused and with_ref else None, acc, inputs, norm,
+                        fused=fused)
+                    nums.append(num)
+                    parts.append(m)
+                    positions += len(mb.rows) * mb.width
+                    if fused:
+                        old_parts.append((mb, logp))
+                tokens = self._micro_sum([p["tokens"] for p in parts])
+                denom = tokens if cfg.loss.aggregation == "token_mean" else jnp.float32(u.minibatch_size)
+                loss = self._micro_sum(nums)
+                params, opt_state, applied = self._apply(params, opt_state, acc, loss, denom)
+                steps.append((parts, applied))
+        # metrics: token-weighted over micro-batches, then over optimizer steps (as make_update_fn)
+        steps = distributed.to_host(steps)
+        per_step = []
+        for parts, applied in steps:
+            stacked = {k: np.stack([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+            per_step.append({**{k: np.asarray(v) for k, v in _combine(stacked, stacked["tokens"]).items()},
+                             **applied})
+        stacked = {k: np.stack([s[k] for s in per_step]) for k in per_step[0]}
+        metrics.update({k: float(v) for k, v in reduce_steps(stacked).items()})
+        metrics["steps"] = float(u.epochs * (B // u.minibatch_size))
+        if not with_ref:
+            metrics.pop("loss/kl_ref", None)  # no pi_ref computed: nothing to report
+        if fused:
+            old = np.zeros((B, T), np.float32)
+            for mb, logp in old_parts:
+                old[mb.rows, :mb.width] = np.asarray(distributed.to_host(logp))
+        else:
+            old = host["old_logp"]
+        full = self._place({"old": old, "sampler": host["sampler_logp"], "mask": host["response_mask"]})
+        metrics.update({k: float(v) for k, v in distributed.to_host(
+            self._mismatch(full["old"], full["sampler"], full["mask"])).items()})
+        return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], score_s, positions)
+
+
+def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens):
+    logp, _ = transformer.token_logprobs(params, model_cfg, tokens, temperature=temperature,
+                                         chunk_tokens=chunk_tokens)
+    return logp
+
+
+def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, ibr_norm, *, fused: bool):
+    """One micro-batch: (accumulated float32 gradient of the loss numerator, the numerator, the
+    token metrics, the learner's log-probs). With `ref_params`, log pi_ref is teacher-forced here."""
+    u = cfg.update
+    if ref_params is not None:
+        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"])
+        mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
+    (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss_and_logp, has_aux=True)(
+        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), ibr_norm=ibr_norm,
+        old_from_forward=fused)
+    acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+    return acc, num, metrics, logp
+
+
+def _apply(optimizer, params, opt_state, acc, numerator, denominator):
+    """Divide the accumulated numerator gradient by the minibatch's denominator and step."""
+    d = jnp.maximum(denominator, 1e-8)
+    loss = numerator / d
+    params, opt_state, applied = apply_gradients(
+        optimizer, params, opt_state, jax.tree.map(lambda g: g / d, acc), loss)
+    return params, opt_state, {"loss": loss, **applied}

@@ -1,0 +1,149 @@
+"""The length-bucketed learner (rl/bucketed.py) against the one-program padded update
+(rl/update.make_update_fn): the same parameters and metrics to float tolerance for every path
+(pi_old scored or taken from the update's forward, pi_ref scored, fused or skipped, rows
+regrouped by length or not, one or several minibatches and epochs), the bucket planning, and no
+compilation after the first batch (a compile counter, not a timing)."""
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import monitoring
+
+from sparserl_jax import rl
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rl import buckets
+from sparserl_jax.rl import update as update_lib
+from sparserl_jax.rl.bucketed import BucketedUpdate
+from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
+
+MC = ModelConfig.tiny()
+pytestmark = pytest.mark.xdist_group("rl_update")  # shares test_rl_update's compiled programs
+
+
+def test_bucket_planning():
+    assert buckets.bucket_widths(12, 4) == (4, 8, 12)
+    assert buckets.bucket_widths(10, 4) == (4, 8, 10)
+    assert buckets.bucket_widths(12, 0) == buckets.bucket_widths(12, 16) == (12,)
+    assert buckets.width_for(5, (4, 8, 12)) == 8 and buckets.width_for(4, (4, 8, 12)) == 4
+    with pytest.raises(ValueError, match="wider"):
+        buckets.width_for(13, (4, 8, 12))
+    mask = np.zeros((3, 6), bool)
+    mask[0, 1:4] = True  # last response position 3 scores token 4: needs 5 columns
+    mask[2, 2:6] = True  # up to the end: the full width
+    np.testing.assert_array_equal(buckets.row_lengths(mask), [5, 1, 6])
+    lengths = np.array([9, 2, 7, 3, 12, 1])
+    plan = buckets.plan(lengths, np.arange(6), 2, (4, 8, 12), group=True)
+    assert [list(mb.rows) for mb in plan] == [[5, 1], [3, 2], [0, 4]]
+    assert [mb.width for mb in plan] == [4, 8, 12]
+    plan = buckets.plan(lengths, np.arange(6), 4, (4, 8, 12), group=False)
+    assert [list(mb.rows) for mb in plan] == [[0, 1, 2, 3], [4, 5]]
+    assert [mb.width for mb in plan] == [12, 12]
+
+
+def _cfg(mode="sparse_rl", *, normalisation="micro_batch", aggregation="seq_mean", beta=0.01,
+         minibatch=8, micro=2, epochs=1, **update):
+    update = {"length_bucket": 4, **update}
+    return rl.RLConfig(
+        mode=mode, ibr=rl.IbrConfig(normalisation=normalisation),
+        loss=rl.LossConfig(aggregation=aggregation, beta=beta),
+        update=rl.UpdateConfig(minibatch_size=minibatch, micro_batch_size=micro, epochs=epochs,
+                               temperature=0.9, chunk_tokens=16, score_batch_size=3, **update))
+
+
+CASES = {  # name -> (config, the path the bucketed learner must take)
+    "sparse_rl fused, IBR per micro-batch (composition kept)": (_cfg(), (True, False)),
+    "sparse_rl fused, no pi_ref (beta 0), regrouped, token mean": (
+        _cfg(normalisation="none", beta=0.0, aggregation="token_mean"), (True, True)),
+    "dense fused, regrouped": (_cfg("dense"), (True, True)),
+    "sparse_rl scored, global IBR, 2 minibatches, token mean": (
+        _cfg(normalisation="global", aggregation="token_mean", minibatch=4), (False, True)),
+    "qurl scored, 2 epochs, IBR per micro-batch fixed before regrouping": (
+        _cfg("qurl", epochs=2), (False, True)),
+    "sparse_rl scored (reuse_old_forward off), per-micro-batch IBR regrouped": (
+        _cfg(reuse_old_forward=False), (False, True)),
+    "sparse_rl padded widths, no regrouping": (
+        _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False), (False, False)),
+}
+
+
+def _batch():
+    """A random rollout of 8 rows of width 12 with rows of 1-12 positions, a sparse sampler."""
+    k_params, k_ref, k_data = jax.random.split(key(0), 3)
+    packed, _, noise, adv = _random_rollout(k_data)
+    params, ref_params = random_params(MC, k_params), random_params(MC, k_ref)
+    return params, ref_params, packed, noise, adv
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bucketed_update_equals_padded_update(name):
+    cfg, (fused, grouped) = CASES[name]
+    params, ref_params, packed, noise, adv = _batch()
+    score = update_lib.make_score_fn(MC, cfg.update)
+    old = score(params, packed["tokens"])
+    sampler = jnp.where(packed["response_mask"], old + noise, 0.0)
+    ref_batch = dict(packed, sampler_logp=sampler, old_logp=old,
+                     ref_logp=score(ref_params, packed["tokens"]), advantages=adv)
+    want_params, _, want = update_lib.make_update_fn(MC, cfg, SGD_COUNTING)(
+        params, SGD_COUNTING.init(params), ref_batch)
+
+    upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False)
+    assert (upd.fused(8), upd.grouped(upd.fused(8))) == (fused, grouped)
+    host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
+    lengths = buckets.row_lengths(host["response_mask"])
+    assert len(set(lengths)) > 3 and lengths.max() > 8  # rows of many widths, some at the full width
+    got_params, state, out = upd(params, ref_params, SGD_COUNTING.init(params), host)
+
+    assert int(state[1].count) == int(want["steps"])
+    # Float tolerance: the same float32 sums over ~100 tokens in another order (other micro-batch
+    # compositions and widths, the denominator applied once at the end), so relative ~1e-6 per
+    # sum; a gradient entry differs by up to ~1e-5 of the largest one; plus the rounding of
+    # p - g itself (one float32 ulp of |p| per step). A wrong path (a missing row, a wrong
+    # normaliser or denominator) changes entries by >= 10% of the largest.
+    eps = np.finfo(np.float32).eps
+    for w, g, p in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params), jax.tree.leaves(params)):
+        w, g, p = np.asarray(w), np.asarray(g), np.asarray(p)
+        delta = np.abs(w - p).max()  # SGD at lr 1: the gradient itself
+        ulps = cfg.update.epochs * 2 * eps * np.abs(p).max()
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * delta + ulps)
+    want = {k: float(v) for k, v in want.items()}
+    if cfg.loss.beta == 0:
+        assert "loss/kl_ref" not in out.metrics
+        want.pop("loss/kl_ref")
+    assert set(out.metrics) == set(want)
+    for k, v in want.items():
+        # metrics are means of O(1) per-token values over the same tokens: relative 1e-5
+        np.testing.assert_allclose(out.metrics[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+    mask = host["response_mask"]
+    # pi_old: the learner's forward (fused) or the bucketed scorer, on every response token
+    np.testing.assert_allclose(out.old_logp[mask], np.asarray(old)[mask], rtol=0, atol=2e-5)
+    assert out.score_s == 0.0 if fused else out.score_s > 0
+    full = 8 * 12 * cfg.update.epochs
+    assert out.positions < full if cfg.update.length_bucket else out.positions == full
+
+
+def test_no_compilation_after_the_first_batch():
+    """Every width is compiled by the first call; later batches of other lengths compile nothing."""
+    cfg = _cfg(normalisation="global", minibatch=4, beta=0.01)  # scored path: score + update programs
+    params, ref_params, packed, noise, adv = _batch()
+    upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=True)
+    compiles = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+    state = SGD_COUNTING.init(params)
+    params = jax.tree.map(jnp.copy, params)  # donated below
+    for i in range(3):
+        mask = np.asarray(packed["response_mask"]).copy()
+        if i == 1:
+            mask[:, 6:] = False  # every row short: only the narrow widths run
+        host = {"tokens": np.asarray(packed["tokens"]), "response_mask": mask,
+                "sampler_logp": np.where(mask, -1.0 - 0.1 * i, 0.0).astype(np.float32),
+                "advantages": np.asarray(adv)}
+        n0 = len(compiles)
+        params, state, out = upd(params, ref_params, state, host)
+        if i == 0:
+            assert len(compiles) > n0  # the first call compiles every width
+        else:
+            assert len(compiles) == n0, f"batch {i} compiled {compiles[n0:]}"
+        assert np.isfinite(out.metrics["loss"])
