@@ -104,7 +104,7 @@ def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tmp_path):
     (s1, p1), (s2, p2) = _tree(run), _tree(ref)
     assert s1 == s2 == 4
     import jax
-    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):  # same programs, same machine
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     # TensorBoard holds each step once

@@ -66,7 +66,7 @@ def test_curriculum_sft_is_deterministic(tmp_path):
     runs = [sft.sft_warm_start(parts.params, parts.model_cfg, task, parts.tokenizer, cfg.sft, seed=0,
                                width=104, curriculum_task=easy, curriculum_width=56, log=lambda *_: None)
             for _ in range(2)]
-    for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0])):
+    for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0])):  # same programs
         np.testing.assert_array_equal(a, b)
     assert runs[0][1] == runs[1][1]
 
