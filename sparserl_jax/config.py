@@ -97,6 +97,9 @@ class RolloutConfig:
     # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
     # SortedRL on the continuous-batching slot engine (settings in the `sorted` section)
     scheduler: str = "batch"
+    # every response runs to max_new_tokens (end-of-sequence tokens do not stop it): equal-length
+    # workloads for benchmarks, as serving benchmarks fix the output length
+    ignore_eos: bool = False
 
     def __post_init__(self):
         check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
@@ -106,6 +109,7 @@ class RolloutConfig:
         check_at_least("rollout.temperature", self.temperature, 0, integer=False)  # 0: greedy
         check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
         check_at_least("rollout.top_k", self.top_k, 0)
+        check_bool("rollout.ignore_eos", self.ignore_eos)
         check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
         rows = self.prompts * self.samples
         if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):

@@ -79,6 +79,7 @@ SECTIONS = {
     rl_config.AcrConfig: "acr",
     rl_config.LossConfig: "loss",
     rl_config.OptimConfig: "optim",
+    rl_config.UpdateConfig: "update",
     rl_config.RLConfig: "rl",
     run_config.RolloutConfig: "rollout",
     run_config.SFTCurriculumConfig: "sft.curriculum",
@@ -86,8 +87,6 @@ SECTIONS = {
     run_config.RunConfig: "train",
     run_config.DataConfig: "data",
 }
-# rl.update (UpdateConfig) is left out of the wrong-type sweep: its range checks compare before
-# checking the type (tracked separately); its ranges are in the table below.
 BAD_VALUES = {int: (-1, 2.5, "3", None, True), float: (-1.0, math.nan, "0.5", None),
               bool: ("yes", 1, None)}
 

@@ -261,14 +261,10 @@ class UpdateConfig:
     def __post_init__(self):
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
                      "score_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"update.{name}={getattr(self, name)} must be >= 1")
-        if self.length_bucket < 0:
-            raise ValueError(
-                f"update.length_bucket={self.length_bucket} must be >= 0 (0: no length buckets)")
-        for name in ("group_by_length", "reuse_old_forward"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"update.{name}={getattr(self, name)!r} must be true or false")
+            check_at_least(f"update.{name}", getattr(self, name), 1)
+        check_at_least("update.length_bucket", self.length_bucket, 0)  # 0: no length buckets
+        for name in ("remat", "donate", "group_by_length", "reuse_old_forward"):
+            check_bool(f"update.{name}", getattr(self, name))
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
                 f"update.minibatch_size={self.minibatch_size} must be a multiple of "
