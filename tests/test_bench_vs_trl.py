@@ -1,0 +1,37 @@
+"""experiments/bench_vs_trl.py at smoke size: both arms run on a tiny checkpoint, every phase is
+timed, our learner compiles nothing after the warm-up and the report is written."""
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+pytest.importorskip("trl")
+import bench_vs_trl  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("bench_vs_trl")
+
+
+def test_smoke_report(tmp_path):
+    from hf_fixtures import make_tiny_hf_checkpoint
+
+    from sparserl_jax.tokenizer import CharTokenizer
+
+    ckpt = make_tiny_hf_checkpoint("llama", tmp_path / "ckpt")
+    CharTokenizer().save(ckpt)
+    out = tmp_path / "bench.json"
+    report = bench_vs_trl.main(["--smoke", "--regimes", "fixed", "--checkpoint", str(ckpt), "--out", str(out)])
+    arms = report["regimes"]["fixed"]
+    assert set(arms) == {"ours", "trl"}
+    for arm in arms.values():
+        s = arm["summary"]
+        assert s["iterations"] == 1 and s["length_mean"] == 8.0  # ignore_eos / min_new_tokens: equal work
+        assert all(s[f"{p}_s"] >= 0 for p in bench_vs_trl.PHASES) and s["iteration_s"] > 0
+    ours = arms["ours"]["summary"]
+    assert ours["compiles_after_warmup"] == 0 and ours["learner_speedup"] > 0
+    assert arms["ours"]["generate_reference"]["ms_per_step"] > 0
+    assert json.loads(out.read_text())["regimes"]["fixed"]["trl"]["trl"]
+    md = (tmp_path / "bench.md").read_text()
+    assert "| TRL GRPOTrainer | 1 |" in md and "| ours (Trainer) | 1 |" in md and "padded learner" in md
