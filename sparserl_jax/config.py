@@ -167,6 +167,9 @@ class SFTConfig:
         check_at_least("sft.warmup_steps", self.warmup_steps, 0)
 
 
+EVAL_KV = ("rollout", "dense")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     iterations: int = 100
@@ -176,6 +179,10 @@ class RunConfig:
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: evaluate only at the end
     eval_prompts: int = 64
+    # the periodic evaluation's KV cache: "rollout" (the training rollouts' kv settings) or
+    # "dense" (no eviction: the policy itself, what a collapse study tracks)
+    eval_kv: str = "rollout"
+    eval_batch_size: int = 0  # rows per evaluation sampler call; 0: the rollout's rows per call
     progress: bool = True
     # stop the run (keeping the checkpoints from before) after this many iterations in a row whose
     # optimizer steps were skipped for a non-finite loss or gradient; 0: never stop
@@ -183,8 +190,10 @@ class RunConfig:
 
     def __post_init__(self):
         for name, low in (("iterations", 0), ("save_every", 1), ("keep_checkpoints", 1),
-                          ("eval_every", 0), ("eval_prompts", 1), ("max_skipped_iterations", 0)):
+                          ("eval_every", 0), ("eval_prompts", 1), ("eval_batch_size", 0),
+                          ("max_skipped_iterations", 0)):
             check_at_least(f"train.{name}", getattr(self, name), low)
+        check_in("train.eval_kv", self.eval_kv, EVAL_KV)
         check_number("train.seed", self.seed, integer=True)
         check_bool("train.progress", self.progress)
 

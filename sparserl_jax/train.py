@@ -16,6 +16,7 @@ process takes part in the (orbax) checkpoints.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -116,11 +117,12 @@ class Trainer:
 
     def evaluate(self, *, kv_cfg=None, n: int | None = None) -> dict:
         """avg@1 on held-out prompts with the training sampler (or another KV config)."""
-        examples = components.eval_examples(self.cfg, self.tokenizer, n=n or self.cfg.train.eval_prompts)
+        t = self.cfg.train
+        examples = components.eval_examples(self.cfg, self.tokenizer, n=n or t.eval_prompts)
         sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg)
         return evaluate_examples(
             self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
-            seed=self.cfg.train.seed + 1, batch_size=max(self.call_rows, 1),
+            seed=t.seed + 1, batch_size=t.eval_batch_size or max(self.call_rows, 1),
             max_prompt_len=self.cfg.data.max_prompt_len, mesh=self.mesh,
         )
 
@@ -138,7 +140,8 @@ class Trainer:
             metrics = self.step()
             self.iteration += 1
             if self.state.eval_due(self.iteration):
-                metrics["eval/accuracy"] = self.evaluate()["accuracy"]
+                dense = dataclasses.replace(self.cfg.kv, policy="none") if t.eval_kv == "dense" else None
+                metrics["eval/accuracy"] = self.evaluate(kv_cfg=dense)["accuracy"]
             self.state.log_metrics(self.iteration, metrics)
             history.append(metrics)
             skipped_run = self.state.check_diverged(self.iteration, metrics, skipped_run)

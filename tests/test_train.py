@@ -132,3 +132,26 @@ def test_donated_update_keeps_the_reference_params(tmp_path):
              zip(jax.tree.leaves(ref_before), jax.tree.leaves(jax.device_get(trainer.params)))]
     assert any(moved)  # the policy took a step away from pi_ref
     trainer.save()  # the new params and optimizer state are live buffers
+
+
+def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path):
+    """Every program of the loop (rollout, learner widths, evaluation) compiles in the first
+    iteration; later iterations compile nothing (a compile counter, not a timing). The periodic
+    evaluation with train.eval_kv=dense is the dense-inference accuracy of the current weights."""
+    from jax import monitoring
+
+    compiles = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+    trainer = Trainer(_cfg(tmp_path, "sft.steps=2", "train.iterations=3", "train.eval_every=1",
+                           "train.eval_kv=dense", "train.eval_prompts=4", "train.eval_batch_size=4",
+                           "kv.policy=rkv", "kv.budget=8", "kv.buffer=4"))
+    seen = []
+    log = trainer.state.log_metrics
+    trainer.state.log_metrics = lambda it, m: (seen.append((it, len(compiles), dict(m))), log(it, m))
+    trainer.run()
+    assert [it for it, _, _ in seen] == [1, 2, 3]
+    assert seen[0][1] > 0 and seen[1][1] == seen[2][1] == seen[0][1], "compiled after iteration 1"
+    assert seen[-1][2]["kv/saving"] > 0  # sparse rollouts, dense evaluation
+    dense = dataclasses.replace(trainer.cfg.kv, policy="none")
+    assert seen[-1][2]["eval/accuracy"] == trainer.evaluate(kv_cfg=dense)["accuracy"]
