@@ -19,13 +19,12 @@ import figlib
 from figlib import fmt
 
 
-def main(argv=None) -> dict:
-    p = figlib.parser(__doc__)
+def arguments(p) -> None:
     p.add_argument("--policies", nargs="+", default=["snapkv", "rkv", "streaming"])
     p.add_argument("--budgets", type=int, nargs="+", default=[32, 48, 64, 96])
-    args = p.parse_args(argv)
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("calibration", args.config)
+
+
+def run(args, study) -> dict:
     warm = study.warm_start()
     dense = warm.evaluate({"policy": "none"})
     cells = {f"{pol}@{b}": warm.evaluate({"policy": pol, "budget": b})
@@ -34,14 +33,18 @@ def main(argv=None) -> dict:
                       extra=["train.iterations=1"]).history[0]
     mismatch = {k: first.get(k, float("nan")) for k in
                 ("mismatch/kl_k3", "diag/loop_fraction", "reward/mean", "response/length_mean")}
+    return {"dense": dense, "sparse": cells, "first_sparse_rollout": mismatch}
 
-    kvc = study.base.kv
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
+    dense, cells, mismatch = data["dense"], data["sparse"], data["first_sparse_rollout"]
+    kvc = base.kv
     lines = [
-        f"Task {study.base.data.task} {study.base.data.task_options}; warm start: "
-        f"{study.base.sft.curriculum.steps} curriculum SFT steps "
-        f"{dict(study.base.sft.curriculum.task_options)} + {study.base.sft.steps} SFT steps; "
-        f"avg@1 on {study.base.train.eval_prompts} held-out prompts "
-        f"at temperature {study.base.rollout.temperature}, buffer {kvc.buffer}, "
+        f"Task {base.data.task} {base.data.task_options}; warm start 0: "
+        f"{base.sft.curriculum.steps} curriculum SFT steps "
+        f"{dict(base.sft.curriculum.task_options)} + {base.sft.steps} SFT steps; "
+        f"avg@1 on {base.train.eval_prompts} held-out prompts "
+        f"at temperature {base.rollout.temperature}, buffer {kvc.buffer}, "
         f"compress_prompt={kvc.compress_prompt}.",
         "",
         "| inference | accuracy | KV saving | response length |",
@@ -55,18 +58,29 @@ def main(argv=None) -> dict:
         f"{fmt([mismatch['reward/mean']])}, responses in a loop {fmt([mismatch['diag/loop_fraction']])}, "
         f"length {fmt([mismatch['response/length_mean']], '.1f')}.",
     ]
-    fig, ax = figlib.plt.subplots(figsize=(5, 3.4))
-    for pol in args.policies:
-        rows = [cells[f"{pol}@{b}"] for b in args.budgets]
-        ax.plot([r["kv_saving"] for r in rows], [r["accuracy"] for r in rows], "o-", label=pol)
+    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.2), layout="constrained")
+    policies = list(dict.fromkeys(name.split("@")[0] for name in cells))
+    for pol in policies:
+        rows = [r for name, r in cells.items() if name.split("@")[0] == pol]
+        ax.plot([100 * r["kv_saving"] for r in rows], [r["accuracy"] for r in rows], "o-", ms=3, label=pol)
     ax.axhline(dense["accuracy"], color="k", ls="--", label="dense")
-    ax.set_xlabel("KV saving")
-    ax.set_ylabel("accuracy (warm start)")
-    ax.legend(fontsize=7)
-    data = {"dense": dense, "sparse": cells, "first_sparse_rollout": mismatch}
-    figlib.write_outputs(out, "Task calibration: the warm start under dense and sparse inference",
-                         "\n".join(lines), data, fig, "calibration", study)
-    return data
+    ax.set_xlabel("KV saving (% of the dense cache's entries not kept)")
+    ax.set_ylabel(f"warm start's accuracy\n(avg@1, {base.train.eval_prompts} prompts)")
+    ax.set_ylim(-0.02, 1.02)
+    figlib.band_legend_below(fig, ax)
+    fig.suptitle(f"Calibration: {figlib.config_name(command)}, warm start 0 under eviction", fontsize=9)
+    caption = ("Figure: the warm start's held-out accuracy under each eviction policy at each budget "
+               "against the KV saving it gives; dashed: dense inference. One model, one evaluation "
+               "per point.")
+    return figlib.Rendered("Task calibration: the warm start under dense and sparse inference", "\n".join(lines),
+                           {"calibration": fig}, caption)
+
+
+FIGURE = figlib.Figure("calibration", __doc__, run, render, arguments, seeds=None, eval_prompts=False)
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

@@ -1,65 +1,54 @@
-"""The default experiment: dense vs naive sparse vs Sparse-RL rollouts from one warm start, in the
-paper's regime (long responses whose answer needs state written far back).
+"""The default experiment: dense vs naive sparse vs Sparse-RL rollouts (figure a's three arms), in the
+paper's regime (long responses whose answer needs state written far back), over warm starts and
+RL seeds.
 
-  python experiments/default.py            # 2 seeds; about 7 minutes on 2 CPU cores
+  python experiments/default.py            # see DEFAULT_WARM_STARTS / DEFAULT_SEEDS and the README
   python experiments/default.py --smoke    # seconds, for tests
+  python experiments/default.py --warm-starts 0 1 2 --seeds 0 1
   python experiments/default.py --config experiments/configs/default.yaml \
       --out experiments/results/default_kv_recall   # the earlier default: key-value recall
+  python experiments/default.py --replot experiments/results/default   # re-render, no training
 
 1. Warm-start (SFT, with a curriculum from short walks) a tiny model on cycle_walk with a memo key
-   (experiments/configs/walk_key_rkv.yaml): the prompt names a letter, the response writes it
-   first, walks 8-40 labelled steps, and its boxed answer must repeat the letter; R-KV at budget
-   48 + 16 evicts ~47% of the entries a dense cache would hold.
-2. From that start, with the same seed and KV budget, train three arms: dense rollouts, naive
-   sparse rollouts (compressed KV, trained as if on-policy) and Sparse-RL (compressed KV with
-   rejection sampling and importance reweighting), each for every seed of --seeds (default 0 1).
-   Every run is a single-core process, one per available core (workers.py), so the numbers are
-   the same on a machine with 1, 2 or 16 cores.
-3. Evaluate every model under dense and under sparse inference, and write a markdown table,
-   JSON and a PNG of the training curves to experiments/results/default/.
+   (experiments/configs/walk_key_rkv.yaml), once per SFT seed of --warm-starts: the prompt names a
+   letter, the response writes it first, walks 8-40 labelled steps, and its boxed answer must
+   repeat the letter; R-KV at budget 48 + 16 evicts ~47% of the entries a dense cache would hold.
+2. From each warm start, with every RL seed of --seeds and the same KV budget, train figure a's
+   three arms (fig_a_curves.collect): dense rollouts, naive sparse rollouts (compressed KV, trained
+   as if on-policy) and Sparse-RL (compressed KV with rejection sampling and importance
+   reweighting). Every run is a single-core process, one per available core (workers.py), so the
+   numbers are the same on a machine with 1, 2 or 16 cores. The runs go to <out>/runs, cleared
+   first (a fresh experiment; --runs-dir keeps and reuses a cache instead).
+3. Evaluate every model under dense and under sparse inference on train.eval_prompts held-out
+   prompts, apply both collapse rules and the tie rule (figlib), and write results.md,
+   results.json (with a fingerprint of warm start 0: experiments/fingerprint.py), arms.json and
+   curves.png to experiments/results/default/.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import sys
-import time
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-import workers  # noqa: E402  (imports no JAX)
-from figlib import FROM_WARM_START, curve, fmt, mean_std, smoke_overrides  # noqa: E402
-import jax  # noqa: E402
-from sparserl_jax import components, distributed  # noqa: E402
-from sparserl_jax import kvcache as kv  # noqa: E402
-from sparserl_jax.config import dump_config, load_config, to_dict  # noqa: E402
-from sparserl_jax.train import Trainer  # noqa: E402
+import fig_a_curves
+import figlib
+from figlib import fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ARMS = {  # arm name -> (rl.mode, sparse rollouts?)
-    "dense": ("dense", False),
-    "naive_sparse": ("naive_sparse", True),
-    "sparse_rl": ("sparse_rl", True),
-}
-CURVES = ("reward/mean", "response/length_mean", "loss/entropy", "mismatch/kl_k3",
-          "sars/token_reject_rate")
-
-
-def evaluate_both(trainer: Trainer, sparse_kv: kv.KVConfig, n: int) -> dict:
-    dense_kv = dataclasses.replace(sparse_kv, policy="none")
-    dense = trainer.evaluate(kv_cfg=dense_kv, n=n)
-    sparse = trainer.evaluate(kv_cfg=sparse_kv, n=n)
-    return {"dense_acc": dense["accuracy"], "sparse_acc": sparse["accuracy"],
-            "sparse_kv_saving": sparse["kv_saving"]}
+CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")
+ARMS = fig_a_curves.ARMS
+DEFAULT_WARM_STARTS = (0,)
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+# The per-seed numbers the metrics fingerprint hashes (the default experiment's row before figlib's
+# rows; experiments/results/default/fingerprint_smoke.json holds their hash).
+_FINGERPRINT_KEYS = {"dense_acc": "dense_acc", "sparse_acc": "sparse_acc", "sparse_kv_saving": "sparse_kv_saving",
+                     "train_kv_saving": "train_kv_saving", "token_reject_rate": "token_reject_rate",
+                     "seq_reject_rate": "seq_reject_rate", "mismatch_kl_k3": "mismatch_kl_k3",
+                     "final_train_reward": "train_reward_last25"}
 
 
 def _sha(*arrays) -> str:
@@ -71,10 +60,14 @@ def _sha(*arrays) -> str:
     return h.hexdigest()[:16]
 
 
-def warm_start_fingerprint(trainer: Trainer) -> dict:
+def warm_start_fingerprint(trainer) -> dict:
     """Hashes of the warm start's params and of one sparse rollout from it (the first
     rollout.prompts x samples training prompts, the key of iteration 0, kept sets recorded): two
     machines that agree here made the same eviction decisions from the same weights."""
+    import jax
+
+    from sparserl_jax import components, distributed
+
     cfg = trainer.cfg
     examples = trainer.prompts.next_batch()
     ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
@@ -89,154 +82,98 @@ def warm_start_fingerprint(trainer: Trainer) -> dict:
             "first_rollout_kept": _sha(out.kept_positions)}
 
 
-def metrics_fingerprint(results: dict) -> str:
-    """One hash of the warm start's and every arm's per-seed metrics, as exact floats."""
-    rows = [[arm, [sorted(r.items()) for r in results[arm]["per_seed"]]] for arm in ARMS]
-    return hashlib.sha256(json.dumps([sorted(results["warm_start"].items()), rows]).encode()).hexdigest()[:16]
+def metrics_fingerprint(data: dict) -> str:
+    """One hash of the warm starts' and every arm's per-run metrics, as exact floats."""
+    keys = ("dense_acc", "sparse_acc", "sparse_kv_saving")
+    warms = [sorted((k, w[k]) for k in keys) for _, w in sorted(figlib.warm_starts_of(data).items())]
+    rows = [[arm, [sorted((k, r[src]) for k, src in _FINGERPRINT_KEYS.items()) for r in data["per_seed"][arm]]]
+            for arm in ARMS]
+    head = warms[0] if len(warms) == 1 else warms  # one warm start: the hash of the earlier layout
+    return hashlib.sha256(json.dumps([head, rows]).encode()).hexdigest()[:16]
 
 
-def _warm_start(job) -> dict:
-    """Worker: the shared warm start (SFT only, no RL iterations), evaluated and fingerprinted."""
-    config, overrides, warm_dir = job
-    base = load_config([config], overrides)
-    warm = Trainer(load_config([config], overrides + [f"train.out_dir={warm_dir}", "train.iterations=0"]))
-    warm.run()
-    return {"eval": evaluate_both(warm, base.kv, base.train.eval_prompts),
-            "fingerprint": warm_start_fingerprint(warm)}
+def experiment(study: figlib.Study, seeds=DEFAULT_SEEDS, warms=DEFAULT_WARM_STARTS) -> dict:
+    """Every warm start, then every arm x warm start x seed as parallel single-core processes
+    (workers.py), evaluated on train.eval_prompts prompts; with the fingerprint of the first warm
+    start."""
+    data = fig_a_curves.collect(study, seeds, warms, study.base.train.eval_prompts)
+    data.pop("arm_overrides")
+    trainer = study.warm_start(study.base.kv.policy, warm=warms[0]).trainer(study.log)
+    data["fingerprint"] = {**warm_start_fingerprint(trainer), "metrics": metrics_fingerprint(data)}
+    data["fingerprint_warm_start"] = warms[0]
+    return data
 
 
-def _arm(job) -> tuple[dict, list[dict], dict]:
-    """Worker: one arm and seed from the warm start, trained and evaluated."""
-    config, overrides, warm_dir, out_dir, arm, seed = job
-    mode, sparse = ARMS[arm]
-    base = load_config([config], overrides)
-    policy = base.kv.policy if sparse else "none"
-    arm_overrides = [f"model.init_from={warm_dir}", *FROM_WARM_START,
-                     f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}"]
-    trainer = Trainer(load_config([config], overrides + [f"train.out_dir={out_dir}", *arm_overrides]))
-    history = trainer.run()
-    last = history[-max(len(history) // 4, 1):]
-    return {
-        **evaluate_both(trainer, base.kv, base.train.eval_prompts),
-        "train_kv_saving": float(np.mean([h["kv/saving"] for h in history])),
-        "token_reject_rate": float(np.mean([h.get("sars/token_reject_rate", 0) for h in last])),
-        "seq_reject_rate": float(np.mean([h.get("sars/seq_reject_rate", 0) for h in last])),
-        "mismatch_kl_k3": float(np.mean([h["mismatch/kl_k3"] for h in history])),
-        "final_train_reward": float(np.mean([h["reward/mean"] for h in last])),
-    }, history, {"overrides": arm_overrides, "config": to_dict(trainer.cfg)}
+def run(config: str, overrides: list[str], out_dir: str, seeds=DEFAULT_SEEDS, warms=DEFAULT_WARM_STARTS,
+        log=print) -> dict:
+    """The experiment's numbers without its outputs, runs in <out_dir>/runs (experiments/fingerprint.py)."""
+    return experiment(figlib.Study(config, overrides, os.path.join(out_dir, "runs"), log=log), seeds, warms)
 
 
-def run(config: str, overrides: list[str], out_dir: str, seeds=(0, 1, 2, 3, 4), log=print) -> dict:
-    """The warm start, then every arm x seed as parallel single-core processes (workers.py): the
-    numbers do not depend on how many cores the machine has."""
-    base = load_config([config], overrides)
-    work = os.path.join(out_dir, "runs")
-    shutil.rmtree(work, ignore_errors=True)
-    t0 = time.perf_counter()
-    warm_dir = os.path.join(work, "warm_start")
-    warm = workers.parallel_map(_warm_start, [(config, overrides, warm_dir)])[0]
-    results = {"seeds": list(seeds), "warm_start": warm["eval"]}
-    log(f"warm start: {results['warm_start']}  ({time.perf_counter() - t0:.0f}s)")
-    jobs = [(config, overrides, warm_dir, os.path.join(work, f"{arm}_seed{s}"), arm, s)
-            for arm in ARMS for s in seeds]
-    outs = workers.parallel_map(_arm, jobs)
-    histories, resolved = {}, {}
-    for arm in ARMS:
-        per_seed = [out for job, out in zip(jobs, outs) if job[4] == arm]
-        rows = [r for r, _, _ in per_seed]
-        results[arm] = {key: mean_std(r[key] for r in rows)[0] for key in rows[0]}
-        results[arm]["std"] = {key: mean_std(r[key] for r in rows)[1] for key in rows[0]}
-        results[arm]["per_seed"] = rows
-        histories[arm] = [h for _, h, _ in per_seed]
-        resolved[arm] = [c for _, _, c in per_seed]
-        log(f"{arm}: {results[arm]['per_seed']}")
-    results["fingerprint"] = {**warm["fingerprint"], "metrics": metrics_fingerprint(results)}
-    results["portable_cpu"] = workers.portable_cpu_enabled()
-    results["seconds"] = time.perf_counter() - t0
-    dump_config(base, os.path.join(out_dir, "config.yaml"))
-    write_outputs(results, histories, base, out_dir)
-    with open(os.path.join(out_dir, "arms.json"), "w") as f:  # every run's resolved config
-        json.dump({"base_overrides": overrides, "arms": resolved}, f, indent=1)
-    return results
+def _upgrade(data: dict) -> dict:
+    """A results.json of the default experiment before figlib's layout (results/arm/per_seed),
+    as the current layout."""
+    if "results" not in data:
+        return data
+    res = data["results"]
+    per_seed = {arm: [{**{k: v for k, v in r.items() if k != "final_train_reward"},
+                       "train_reward_last25": r["final_train_reward"], "seed": s}
+                      for r, s in zip(res[arm]["per_seed"], res["seeds"])] for arm in ARMS}
+    return {"command": data["command"], "warm_starts": {"0": res["warm_start"]}, "seeds": res["seeds"],
+            "per_seed": per_seed, "histories": data["histories"], **({"fingerprint": res["fingerprint"]} if "fingerprint" in res else {}),
+            "legacy": {"portable_cpu": res.get("portable_cpu"), "wall_s": res["seconds"]}}
 
 
-COLLAPSE = 0.5  # a seed collapsed: final dense-inference accuracy < COLLAPSE x the warm start's
-
-
-def collapsed(rows: list[dict], warm: dict) -> int:
-    return sum(r["dense_acc"] < COLLAPSE * warm["dense_acc"] for r in rows)
-
-
-def table(results: dict, base) -> str:
+def render(data: dict, base, command: str) -> figlib.Rendered:
+    data = _upgrade(data)
+    warms, per_seed, histories = fig_a_curves.normalized(data)
+    n = base.train.eval_prompts
     kvc = base.kv
+    runs = len(next(iter(per_seed.values())))
     lines = [
         f"KV policy for sparse rollouts and sparse inference: {kvc.policy}, budget {kvc.budget}, "
         f"buffer {kvc.buffer}, compress_prompt={kvc.compress_prompt}; task {base.data.task}; "
         f"{base.train.iterations} iterations of {base.rollout.prompts}x{base.rollout.samples} rollouts; "
-        f"accuracy is avg@1 on {base.train.eval_prompts} held-out prompts (temperature "
-        f"{base.rollout.temperature}).",
-        "",
+        f"warm starts (SFT seeds) {sorted(warms)}, RL seeds {data['seeds']} on each: {runs} runs per arm; "
+        f"accuracy is avg@1 on {n} held-out prompts (temperature {base.rollout.temperature}).", "",
         "| model | acc. dense inference | acc. sparse inference | KV saving (train rollouts) "
-        "| token reject | seq reject | mismatch KL (k3) | train reward (last 25%) | collapsed |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    w = results["warm_start"]
-    lines.append(f"| warm start | {w['dense_acc']:.3f} | {w['sparse_acc']:.3f} | - | - | - | - | - | - |")
-    for arm in ARMS:
-        rows = results[arm]["per_seed"]
+        "| token reject | seq reject | mismatch KL (k3) | train reward (last 25%) | collapsed (accuracy rule) "
+        "| collapsed (reward rule, at iteration) |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+    for w, row in sorted(warms.items()):
+        lines.append(f"| warm start {w} | {row['dense_acc']:.3f} | {row['sparse_acc']:.3f} | - | - | - | - | - | - | - |")
+    for arm, rows in per_seed.items():
         col = lambda key, spec=".3f": fmt([r[key] for r in rows], spec)  # noqa: E731
+        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
         saving = fmt([100 * r["train_kv_saving"] for r in rows], ".1f")
-        lines.append(
-            f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {saving}% "
-            f"| {col('token_reject_rate')} | {col('seq_reject_rate')} | {col('mismatch_kl_k3', '.4f')} "
-            f"| {col('final_train_reward')} | {collapsed(rows, w)} of {len(rows)} |"
-        )
-    seeds = results["seeds"]
-    lines.append("")
-    lines.append(f"A seed has collapsed when its dense-inference accuracy ends below {COLLAPSE:.0%} of the "
-                 "warm start's (decided before the 5-seed run).")
-    lines.append(f"Mean ± std over {len(seeds)} seed(s) (train.seed {', '.join(map(str, seeds))}; one "
-                 "shared warm start). Sparse inference KV saving: "
-                 f"{results['sparse_rl']['sparse_kv_saving']:.1%} of the entries a dense cache holds. "
-                 f"Wall time: {results['seconds']:.0f} s on {len(workers.available_cores())} core(s).")
-    return "\n".join(lines)
+        lines.append(f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {saving}% | {col('token_reject_rate')} "
+                     f"| {col('seq_reject_rate')} | {col('mismatch_kl_k3', '.4f')} | {col('train_reward_last25')} "
+                     f"| {acc} | {reward} |")
+    saving = np.mean([r["sparse_kv_saving"] for r in per_seed["sparse_rl"]])
+    lines += ["", figlib.COLLAPSE_NOTE, "",
+              f"Mean ± std over {runs} run(s). Sparse inference KV saving: {saving:.1%} of the entries a "
+              "dense cache holds.",
+              *fig_a_curves.per_warm_start_table(per_seed, warms),
+              *fig_a_curves.comparisons(per_seed, warms, n)]
+    if "legacy" in data:
+        portable = {True: "on", False: "off", None: "not recorded"}[data["legacy"]["portable_cpu"]]
+        lines += ["", f"Recorded by this run: portable CPU settings {portable}, wall time "
+                  f"{data['legacy']['wall_s']:.0f} s."]
+    title = figlib.run_title(base, command, data["seeds"], "Default experiment: dense vs naive sparse vs "
+                             "Sparse-RL rollouts", sorted(warms), default_config=CONFIG)
+    fig, _ = fig_a_curves.curves_figure(histories, warms, per_seed, base, n, title)
+    caption = "Figure: " + fig_a_curves.curves_caption(False, base, n) + (
+        f" {figlib.BAND_CAPTION} Warm starts {sorted(warms)}, seeds {data['seeds']}.")
+    return figlib.Rendered("Default experiment", "\n".join(lines), {"curves": fig}, caption)
 
 
-def write_outputs(results: dict, histories: dict, base, out_dir: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    md = table(results, base)
-    command = "python " + " ".join(sys.argv)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(f"# Default experiment\n\nCommand: `{command}`\n\n{md}\n")
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"command": command, "results": results, "histories": histories}, f, indent=1)
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
-    for ax, key in zip(axes, CURVES):
-        for arm, hists in histories.items():
-            x, m, sd = curve(hists, key)
-            (line,) = ax.plot(x, m, label=arm)
-            ax.fill_between(x, m - sd, m + sd, alpha=0.2, color=line.get_color())  # the line's colour
-        ax.set_title(key)
-        ax.set_xlabel("iteration")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=110)
-    plt.close(fig)
-    print(md)
+FIGURE = figlib.Figure("default", __doc__, lambda args, study: experiment(study, args.seeds, figlib.warms_of(args)),
+                       render, seeds=DEFAULT_SEEDS, warm_starts=DEFAULT_WARM_STARTS, eval_prompts=False,
+                       default_config=CONFIG, fresh_runs=True)
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=os.path.join(HERE, "configs", "walk_key_rkv.yaml"))
-    p.add_argument("--out", default=os.path.join(HERE, "results", "default"))
-    p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="train.seed of every arm")
-    p.add_argument("overrides", nargs="*")
-    args = p.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.smoke:
-        overrides += [*smoke_overrides(args.config, overrides), "train.progress=false"]
-    return run(args.config, overrides, args.out, seeds=args.seeds)
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

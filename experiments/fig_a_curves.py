@@ -2,28 +2,29 @@
 sparse rollouts collapse; Sparse-RL stays stable and keeps most of the dense accuracy).
 
   python experiments/fig_a_curves.py                # 5 seeds x 3 arms on the default task
+  python experiments/fig_a_curves.py --config experiments/configs/walk_key_rkv.yaml --warm-starts 0 1 2 --seeds 0 1
   python experiments/fig_a_curves.py --seeds 0 --smoke
   python experiments/fig_a_curves.py --replot experiments/results/fig_a_curves/walk_key
                                                     # re-render PNGs + results.md, no training
 
-Every arm starts from the same warm start with the same KV budget; seeds change the RL sampling
-only. Curves are the mean over seeds with a one-sample-standard-deviation band. Every arm
-evaluates on the held-out prompts every --eval-every iterations during training (the held-out
-accuracy panel); the final evaluations use --eval-prompts prompts (at least figlib.EVAL_PROMPTS).
-"Collapse at iteration" is the first iteration at which the 5-iteration moving average of the
-training reward falls below half of its value over the first 5 iterations (none if it never
-does); "collapsed k of n": seeds whose final dense-inference accuracy ends below COLLAPSE x the warm
-start's (as in experiments/default.py).
+Every arm of a warm start (SFT seed, --warm-starts, default 0) starts from it with the same KV
+budget; RL seeds (--seeds) change the RL sampling only, and every warm start gets every seed.
+Every arm evaluates on the held-out prompts every --eval-every iterations during training (the
+held-out accuracy panel); the final evaluations use --eval-prompts prompts (at least
+figlib.EVAL_PROMPTS). Both collapse rules (figlib.collapsed, figlib.reward_collapse_iteration) are
+applied to every arm, and arms are compared pairwise by the tie rule (figlib.tie_verdict), per warm
+start and pooled.
 
 diagnostics.png follows the rollouts themselves (sparserl_jax/rl/diagnostics.py): SARS token
 rejection among responses with positive and negative advantage, the veto rate, the fraction of
 responses caught in a repetition loop, response length and the sampler-vs-dense mismatch KL per
-iteration (mean over seeds), and where in a response the rejected tokens sit at the last iteration.
+iteration, and where in a response the rejected tokens sit at the last iteration.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 import figlib
@@ -39,17 +40,13 @@ ARMS = {  # arm -> (rl.mode, sparse rollouts?)
 # its own rollout KV settings: the dense arm densely, the sparse arms sparsely) for the held-out
 # accuracy panel; figure e evaluates the same runs.
 EVAL_EVERY = 10
-COLLAPSE = 0.5  # a seed collapsed: final dense-inference accuracy < COLLAPSE x the warm start's
-#                 (as experiments/default.py)
-CURVES = {  # logged metric -> (panel title, y label); the held-out accuracy panel comes second
-    "reward/mean": ("train reward", "mean reward per rollout"),
-    "response/length_mean": ("response length", "tokens (mean per rollout)"),
-    "loss/entropy": ("policy entropy", "nats per token"),
-    "mismatch/kl_k3": ("mismatch KL(pi_sampler || pi_old), k3", "nats per token"),
-    "sars/token_reject_rate": ("tokens the update leaves out", "fraction of response tokens"),
-}
 EVAL_KEY = "eval/accuracy"  # logged every train.eval_every iterations
-
+CURVES = {  # logged metric -> (panel title, y label, floor, ceiling)
+    "reward/mean": ("train reward", "mean reward per rollout", 0.0, 1.0),
+    "mismatch/kl_k3": ("mismatch KL(pi_sampler || pi_old), k3", "nats per token (symlog)", 0.0, None),
+    "sars/token_reject_rate": ("tokens the update leaves out", "fraction of response tokens", 0.0, 1.0),
+    "response/length_mean": ("response length", "tokens (mean per rollout)", 0.0, None),
+}
 DIAG_TABLE = {  # logged metric -> (column, format), last-quarter means
     "diag/reject_rate_pos_adv": ("reject A>0", ".3f"),
     "diag/reject_rate_neg_adv": ("reject A<0", ".3f"),
@@ -59,21 +56,16 @@ DIAG_TABLE = {  # logged metric -> (column, format), last-quarter means
     "mismatch/kl_k3": ("mismatch KL (k3)", ".4f"),
     "mismatch/kl_k1": ("mean log pi_sparse/pi_old", ".4f"),
 }
-DIAG_UNITS = {  # panel title -> y label
-    "SARS token rejection (solid A>0, dashed A<0)": "fraction of response tokens",
-    "sequence veto rate": "fraction of responses",
-    "responses in a repetition loop": "fraction of responses",
-    "response length": "tokens",
-    "mismatch KL(pi_sparse || pi_old), k3": "nats per token",
+DIAG_CURVES = {  # panel title -> ([(logged metric, line style)], y label)
+    "SARS token rejection (solid A>0, dashed A<0)": (
+        [("diag/reject_rate_pos_adv", "-"), ("diag/reject_rate_neg_adv", "--")], "fraction of response tokens"),
+    "sequence veto rate": ([("sars/veto_rate", "-")], "fraction of responses"),
+    "responses in a repetition loop": ([("diag/loop_fraction", "-")], "fraction of responses"),
+    "response length": ([("response/length_mean", "-")], "tokens"),
+    "mismatch KL(pi_sparse || pi_old), k3": ([("mismatch/kl_k3", "-")], "nats per token (symlog)"),
 }
-DIAG_CURVES = {  # panel title -> [(logged metric, line style)]
-    "SARS token rejection (solid A>0, dashed A<0)": [("diag/reject_rate_pos_adv", "-"),
-                                                     ("diag/reject_rate_neg_adv", "--")],
-    "sequence veto rate": [("sars/veto_rate", "-")],
-    "responses in a repetition loop": [("diag/loop_fraction", "-")],
-    "response length": [("response/length_mean", "-")],
-    "mismatch KL(pi_sparse || pi_old), k3": [("mismatch/kl_k3", "-")],
-}
+MARKERS = "osD^v<>p"  # one per warm start
+LABELS = {"dense": "dense", "naive_sparse": "naive sparse", "sparse_rl": "Sparse-RL"}
 
 
 def arm_extra(smoke: bool = False, eval_every: int | None = None) -> list[str]:
@@ -81,228 +73,310 @@ def arm_extra(smoke: bool = False, eval_every: int | None = None) -> list[str]:
     return [f"train.eval_every={eval_every or (1 if smoke else EVAL_EVERY)}"]
 
 
-def collapsed(rows: list[dict], warm: dict) -> int:
-    """Seeds whose final dense-inference accuracy ends below COLLAPSE x the warm start's."""
-    return sum(r["dense_acc"] < COLLAPSE * warm["dense_acc"] for r in rows)
+def collect(study: figlib.Study, seeds, warms, n_eval: int, extra=()) -> dict:
+    """Train (or reuse) every arm x warm start x seed and evaluate them: figure a's numbers (the
+    default experiment's too)."""
+    policy = study.base.kv.policy
+    evals = [({"policy": "none"}, n_eval), ({"policy": policy}, n_eval)]
+    results, histories = figlib.run_variants(
+        study, list(ARMS), seeds, lambda arm: (ARMS[arm][0], policy if ARMS[arm][1] else "none", extra),
+        lambda run: figlib.scores(run, policy, n_eval), evals, warms)
+    warm = figlib.warm_rows(study, warms, n_eval, policy)
+    for w in warms:  # the warm start's own mismatch: the naive sparse arm's first rollout samples from it
+        first = [h[0]["mismatch/kl_k3"] for h, r in zip(histories["naive_sparse"], results["naive_sparse"])
+                 if h and r["warm_start"] == w]
+        warm[w]["mismatch_kl_k3"] = float(np.mean(first)) if first else float("nan")
+    diag = {arm: [{key: figlib.last_quarter(h, key, np.nan) for key in DIAG_TABLE} for h in hs]
+            for arm, hs in histories.items()}
+    return {"warm_starts": {str(w): row for w, row in warm.items()}, "seeds": list(seeds),
+            "per_seed": results, "histories": histories, "diagnostics": diag, "eval_prompts": n_eval,
+            "arm_overrides": list(extra)}
 
 
-def collapse_iteration(history: list[dict], window: int = 5) -> int | None:
-    r = np.array([h["reward/mean"] for h in history])
-    if len(r) < 2 * window:
-        return None
-    smooth = np.convolve(r, np.ones(window) / window, mode="valid")
-    below = np.nonzero(smooth < 0.5 * smooth[0])[0]
-    return int(below[0]) + window if below.size else None
+def run(args, study) -> dict:
+    return collect(study, args.seeds, figlib.warms_of(args), figlib.eval_prompts(args, study),
+                   arm_extra(args.smoke, args.eval_every))
 
 
-def diagnostics_summary(history: list[dict]) -> dict:
-    """Last-quarter means of the rollout diagnostics (nan for runs logged before them)."""
-    return {key: figlib.last_quarter(history, key, np.nan) for key in DIAG_TABLE}
+def arguments(p) -> None:
+    p.add_argument("--eval-every", type=int, help=f"held-out evaluation every this many iterations "
+                   f"during training (default {EVAL_EVERY}; 1 with --smoke)")
 
 
-def diagnostics_figure(histories: dict[str, list[list[dict]]], title: str):
-    """The diagnostics per iteration (mean over seeds, one colour per arm) and the relative
-    position of rejected tokens at the final iteration."""
-    fig, axes = figlib.plt.subplots(2, 3, figsize=(3 * figlib.PANEL_W, 5.6), layout="constrained")
+# ----------------------------------------------------------------------------- tables
+
+
+def arm_table(per_seed: dict, warms: dict, n_eval: int) -> list[str]:
+    """One row per warm start and per arm (mean ± std over runs), with both collapse rules."""
+    lines = ["| model | acc. dense inference | acc. sparse inference | train reward (last 25%) | "
+             "KV saving (train) | mismatch KL (k3) | token reject | seq reject | entropy (last 25%) | "
+             "collapsed (accuracy rule) | collapsed (reward rule, at iteration) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w, row in sorted(warms.items()):
+        kl = f"{row['mismatch_kl_k3']:.4f} (first rollout)" if "mismatch_kl_k3" in row else "-"
+        sparse = f"{row['sparse_acc']:.3f}" if "sparse_acc" in row else "-"
+        lines.append(f"| warm start {w} | {row['dense_acc']:.3f} | {sparse} | - | - | {kl} | - | - | - | - | - |")
+    for arm, rows in per_seed.items():
+        col = lambda k, spec=".3f": fmt([r[k] for r in rows], spec)  # noqa: E731
+        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
+        entropy = col("entropy_last25") if "entropy_last25" in rows[0] else "-"
+        lines.append(
+            f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {col('train_reward_last25')} | "
+            f"{col('train_kv_saving', '.1%')} | {col('mismatch_kl_k3', '.4f')} | {col('token_reject_rate')} | "
+            f"{col('seq_reject_rate')} | {entropy} | {acc} | {reward} |")
+    return lines
+
+
+def per_warm_start_table(per_seed: dict, warms: dict) -> list[str]:
+    """With several warm starts: each arm's accuracy and collapses on each (mean ± std over seeds)."""
+    if len(warms) < 2:
+        return []
+    lines = ["", "Per warm start (mean ± std over its seeds; dense / sparse inference; collapsed by the "
+             "accuracy rule):", "",
+             "| warm start (dense / sparse acc.) | " + " | ".join(per_seed) + " |", "|---" * (len(per_seed) + 1) + "|"]
+    for w, row in sorted(warms.items()):
+        cells = []
+        for rows in per_seed.values():
+            mine = [r for r in rows if r.get("warm_start", 0) == w]
+            acc, _ = figlib.collapse_cells(mine, [row["dense_acc"]] * len(mine))
+            cells.append(f"{fmt([r['dense_acc'] for r in mine])} / {fmt([r['sparse_acc'] for r in mine])} "
+                         f"({acc})")
+        lines.append(f"| {w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f}) | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def comparisons(per_seed: dict, warms: dict, n_eval: int) -> list[str]:
+    """The tie rule's verdicts: Sparse-RL vs naive sparse and vs dense, naive sparse vs dense."""
+    cs = []
+    pairs = [("sparse_rl", "naive_sparse", ("dense_acc", "sparse_acc")), ("sparse_rl", "dense", ("dense_acc",)),
+             ("naive_sparse", "dense", ("dense_acc",))]
+    names = {"dense_acc": "dense inference", "sparse_acc": "sparse inference"}
+    for a, b, keys in pairs:
+        if a in per_seed and b in per_seed:
+            for key in keys:
+                cs += figlib.compare(a, per_seed[a], b, per_seed[b], key, n_eval, metric=names[key])
+    lines = ["", f"Paired differences (same warm start and seed; {n_eval} prompts per evaluation):", "",
+             *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
+    if "sparse_rl" in per_seed and "dense" in per_seed:
+        ratio = [a["dense_acc"] / max(b["dense_acc"], 1e-9) for a, b in zip(per_seed["sparse_rl"], per_seed["dense"])]
+        means = np.mean([r["dense_acc"] for r in per_seed["sparse_rl"]]) / max(
+            np.mean([r["dense_acc"] for r in per_seed["dense"]]), 1e-9)
+        lines += ["", f"Sparse-RL's dense-inference accuracy as a fraction of the dense arm's: per run "
+                  f"{', '.join(f'{x:.2f}' for x in ratio)}; ratio of the means {means:.0%}."]
+    return lines
+
+
+def diagnostics_table(diag: dict) -> list[str]:
+    lines = ["", "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
+             "update leaves out, SARS and IBR-mask alike):", "",
+             "| arm | " + " | ".join(col for col, _ in DIAG_TABLE.values()) + " |",
+             "|---|" + "---|" * len(DIAG_TABLE)]
+    for arm, rows in diag.items():
+        lines.append(f"| {arm} | " + " | ".join(fmt([r[k] for r in rows], spec)
+                                                for k, (_, spec) in DIAG_TABLE.items()) + " |")
+    return lines
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def final_accuracy_panel(ax, per_seed: dict, warms: dict, colours: dict, n_eval: int) -> None:
+    """Every run's final accuracy (dots, marker = warm start; filled: dense inference, open: sparse
+    inference) and the mean over runs (bar), beside the warm start's and the collapse threshold."""
+    for i, (arm, rows) in enumerate(per_seed.items()):
+        for dx, key, filled in ((-0.18, "dense_acc", True), (0.18, "sparse_acc", False)):
+            vals = np.array([r[key] for r in rows])
+            jitter = np.linspace(-0.07, 0.07, len(vals)) if len(vals) > 1 else np.zeros(1)
+            for v, j, r in zip(vals, jitter, rows):
+                m = MARKERS[sorted(warms).index(r.get("warm_start", 0)) % len(MARKERS)] if warms else "o"
+                ax.plot(i + dx + j, v, m, ms=3.5, color=colours[arm],
+                        mfc=colours[arm] if filled else "white", mew=0.8)
+            ax.plot([i + dx - 0.12, i + dx + 0.12], [vals.mean()] * 2, color="k", lw=1.5)
+    if warms:
+        dense = np.mean([w["dense_acc"] for w in warms.values()])
+        ax.axhline(dense, color="0.4", lw=0.8, ls="-")
+        ax.axhline(figlib.COLLAPSE_FRACTION * dense, color="0.4", lw=0.8, ls="--")
+        if all("sparse_acc" in w for w in warms.values()):
+            ax.axhline(np.mean([w["sparse_acc"] for w in warms.values()]), color="0.4", lw=0.8, ls=":")
+    ax.set_xticks(range(len(per_seed)), [LABELS.get(a, a) for a in per_seed])
+    ax.set_xlim(-0.6, len(per_seed) - 0.4)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"final accuracy, every run ({n_eval} prompts)", fontsize=9)
+    ax.set_ylabel("accuracy (avg@1)")
+
+
+def _metric_panel(ax, histories: dict, colours: dict, key: str, title: str, ylabel: str, floor, ceil) -> None:
+    """One logged metric per iteration: mean over runs, ± one std band clipped to [floor, ceil]."""
+    for arm, hs in histories.items():
+        x, m, s = figlib.curve(hs, key)
+        ax.plot(x, m, color=colours[arm], lw=1.2)
+        figlib.band(ax, x, m, s, colours[arm], floor, ceil)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("iteration")
+    if key == "mismatch/kl_k3":  # spikes of ~10 next to drifts of ~1e-2: log above 1e-3, floor 0
+        ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
+        ax.set_ylim(bottom=0)
+    elif ceil is not None:
+        ax.set_ylim(-0.02, ceil + 0.02)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: dict) -> None:
+    """Held-out accuracy logged during training under each arm's own rollout KV, the warm start
+    (stars) and the final weights under the same inference (diamonds)."""
+    last = max(len(h) for hs in histories.values() for h in hs)
+    for i, (arm, hs) in enumerate(histories.items()):
+        x, m, s = figlib.sparse_curve(hs, EVAL_KEY)
+        ax.plot(x, m, "-o", ms=3, color=colours[arm], lw=1.2)
+        figlib.band(ax, x, m, s, colours[arm], 0.0, 1.0)
+        key = "sparse_acc" if ARMS.get(arm, ("", False))[1] else "dense_acc"  # the arm's own KV
+        fm, fs = figlib.mean_std(r[key] for r in per_seed[arm])
+        ax.errorbar(last + max(last, 4) * 0.03 * (i + 1), fm, yerr=[[min(fs, fm)], [min(fs, 1 - fm)]],
+                    fmt="D", ms=4, color=colours[arm], capsize=2)
+    if warms:
+        ax.plot(0, np.mean([w["dense_acc"] for w in warms.values()]), "*", ms=9, color="k")
+        if all("sparse_acc" in w for w in warms.values()):
+            ax.plot(0, np.mean([w["sparse_acc"] for w in warms.values()]), "*", ms=9, color="k", mfc="white")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("held-out accuracy (the arm's rollout KV)", fontsize=9)
+    ax.set_ylabel("accuracy (avg@1)")
+    ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: int, title: str):
+    """Six panels, two a row: train reward, held-out accuracy during training (policy entropy for
+    runs that logged none), every run's final accuracy, mismatch KL, tokens left out, response
+    length. Returns the figure and whether held-out accuracy was logged during training."""
+    fig, axes = figlib.plt.subplots(3, 2, figsize=(2 * figlib.PANEL_W, 7.6), layout="constrained")
     axes = axes.ravel()
     colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
-    for ax, (title_, keys) in zip(axes, DIAG_CURVES.items()):
+    for key, ax in zip(CURVES, (axes[0], axes[3], axes[4], axes[5])):
+        _metric_panel(ax, histories, colours, key, *CURVES[key])
+    has_eval = all(len(figlib.sparse_curve(hs, EVAL_KEY)[0]) for hs in histories.values())
+    if has_eval:
+        _held_out_panel(axes[1], histories, colours, warms, per_seed)
+    else:
+        _metric_panel(axes[1], histories, colours, "loss/entropy", "policy entropy", "nats per token", 0.0, None)
+    final_accuracy_panel(axes[2], per_seed, warms, colours, n_eval)
+    handles = [Line2D([], [], color=colours[a], lw=1.5, label=LABELS.get(a, a)) for a in histories]
+    if has_eval:
+        handles += [Line2D([], [], color="k", marker="*", ms=8, ls="", label="warm start, dense inf."),
+                    Line2D([], [], color="k", marker="*", ms=8, ls="", mfc="white", label="warm start, sparse inf."),
+                    Line2D([], [], color="0.3", marker="D", ms=4, ls="", label=f"final, mean ({n_eval} prompts)"),
+                    Line2D([], [], color="0.3", marker="o", ms=3, label=f"during training "
+                           f"({base.train.eval_prompts} prompts)")]
+    handles += [Line2D([], [], color="0.3", marker="o", ms=4, ls="", label="final, a run, dense inf."),
+                Line2D([], [], color="0.3", marker="o", ms=4, ls="", mfc="white", label="final, a run, sparse inf."),
+                Line2D([], [], color="0.4", ls="-", lw=0.8, label="warm start's level, dense inf."),
+                Line2D([], [], color="0.4", ls=":", lw=0.8, label="warm start's level, sparse inf."),
+                Line2D([], [], color="0.4", ls="--", lw=0.8, label="collapse threshold")]
+    if len(warms) > 1:
+        handles += [Line2D([], [], color="0.3", marker=MARKERS[i % len(MARKERS)], ls="", ms=4,
+                           label=f"warm start {w}") for i, w in enumerate(sorted(warms))]
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    fig.suptitle(title)
+    return fig, has_eval
+
+
+def diagnostics_figure(histories: dict, title: str):
+    """The diagnostics per iteration (mean over runs, one colour per arm) and the relative position
+    of rejected tokens at the final iteration; two panels a row."""
+    fig, axes = figlib.plt.subplots(3, 2, figsize=(2 * figlib.PANEL_W, 7.2), layout="constrained")
+    axes = axes.ravel()
+    colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
+    for ax, (title_, (keys, ylabel)) in zip(axes, DIAG_CURVES.items()):
         for arm, hs in histories.items():
             for key, style in keys:
                 x, m, _ = figlib.curve(hs, key)
-                ax.plot(x, m, style, color=colours[arm], label=arm if style == "-" else None)
-        ax.set_title(title_, fontsize=8)
+                ax.plot(x, m, style, color=colours[arm], label=LABELS.get(arm, arm) if style == "-" else None)
+        ax.set_title(title_, fontsize=9)
         ax.set_xlabel("iteration")
-        ax.set_ylabel(DIAG_UNITS[title_])
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if "KL" in title_:
+            ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
+        ax.set_ylim(bottom=0)
     ax, width = axes[-1], 0.8 / len(histories)
     centres = (np.arange(N_BINS) + 0.5) / N_BINS
     for i, (arm, hs) in enumerate(histories.items()):
         hist = np.mean([[h[-1].get(f"diag/reject_pos_{b}", np.nan) for b in range(N_BINS)]
                         for h in hs if h], axis=0)
         ax.bar(centres + (i - (len(histories) - 1) / 2) * width / N_BINS, hist,
-               width=width / N_BINS, color=colours[arm], label=arm)
-    ax.set_title("rejected tokens by position (last iteration)", fontsize=8)
+               width=width / N_BINS, color=colours[arm])
+    ax.set_title("rejected tokens by position (last iteration)", fontsize=9)
     ax.set_xlabel("relative position in the response, j / M")
     ax.set_ylabel("fraction of rejected tokens")
     figlib.band_legend_below(fig, axes[0])
-    for ax in axes[:-1]:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title)
     return fig
 
 
-def run_arms(study: figlib.Study, seeds, arms=ARMS, extra=()) -> dict:
-    """{arm: [Run per seed]} (cached runs, shared with the other figures)."""
-    runs = {}
-    specs = {arm: (mode, study.base.kv.policy if sparse else "none") for arm, (mode, sparse) in arms.items()}
-    study.train_all([dict(name=f"{arm}/seed{s}", mode=mode, policy=policy, seed=s, extra=list(extra))
-                     for arm, (mode, policy) in specs.items() for s in seeds])
-    for arm, (mode, policy) in specs.items():
-        runs[arm] = [study.arm(f"{arm}/seed{s}", mode=mode, policy=policy, seed=s, extra=list(extra))
-                     for s in seeds]
-    return runs
+# ----------------------------------------------------------------------------- render
 
 
-def evaluate_run(run: figlib.Run, sparse_policy: str, n: int | None = None) -> dict:
-    return {**figlib.scores(run, sparse_policy, n), "collapse_iteration": collapse_iteration(run.history)}
+def normalized(data: dict) -> tuple[dict, dict, dict]:
+    """(warm starts, per_seed rows with the reward rule filled in, histories) of a results.json."""
+    per_seed = figlib.with_reward_rule(data["per_seed"], data.get("histories"))
+    return figlib.warm_starts_of(data), per_seed, data["histories"]
+
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
+    warms, per_seed, histories = normalized(data)
+    seeds, n_eval = data["seeds"], data.get("eval_prompts", base.train.eval_prompts)
+    kvc = base.kv
+    lines = [
+        f"Task {base.data.task}; rollouts {base.rollout.prompts}x{base.rollout.samples} for "
+        f"{base.train.iterations} iterations; sparse arms use {kvc.policy} with budget {kvc.budget} + "
+        f"buffer {kvc.buffer}; warm starts (SFT seeds) {sorted(warms) or [0]}, RL seeds {seeds} on each "
+        f"(mean ± std over the {len(next(iter(per_seed.values())))} runs). Accuracy is avg@1 on "
+        f"{n_eval} held-out prompts at the training temperature.", "",
+        *arm_table(per_seed, warms, n_eval), "", figlib.COLLAPSE_NOTE,
+        *per_warm_start_table(per_seed, warms), *comparisons(per_seed, warms, n_eval)]
+    title = figlib.run_title(base, command, seeds, "Figure a: dense vs naive sparse vs Sparse-RL rollouts", sorted(warms) or [0])
+    figures = {}
+    curves, has_eval = curves_figure(histories, warms, per_seed, base, n_eval, title)
+    figures["curves"] = curves
+    if "diagnostics" in data:
+        lines += [*diagnostics_table(data["diagnostics"]), "", "![diagnostics](diagnostics.png)", "",
+                  "Diagnostics figure: each rollout diagnostic per iteration, mean over runs (no bands, "
+                  "for legibility), and where in a response the tokens rejected at the last iteration "
+                  "sit (mean over runs)."]
+        figures["diagnostics"] = diagnostics_figure(histories, title)
+    caption = "Figure: " + curves_caption(has_eval, base, n_eval) + (
+        f" {figlib.BAND_CAPTION} Warm starts {sorted(warms) or [0]}, seeds {seeds}.")
+    return figlib.Rendered("Figure a: training curves", "\n".join(lines), figures, caption)
+
+
+def curves_caption(has_eval: bool, base, n_eval: int) -> str:
+    """What curves.png's marks mean (figure a and the default experiment)."""
+    held_out = (
+        "Held-out accuracy panel: lines with dots, held-out accuracy logged during training (avg@1 on "
+        f"{base.train.eval_prompts} prompts every train.eval_every iterations) under the arm's own "
+        "rollout KV settings (dense for the dense arm, sparse for the sparse arms); stars at iteration "
+        "0, the warm start (filled: dense, open: sparse inference); diamonds after the last iteration, "
+        f"the final weights under the same inference as the line (avg@1 on {n_eval} prompts, mean ± "
+        "std over runs). " if has_eval else
+        "These runs logged no held-out accuracy during training (train.eval_every 0): the second panel "
+        "is the policy entropy. ")
+    return (
+        f"per-iteration training metrics of each arm. {held_out}Final-accuracy panel: every run "
+        "(filled: dense inference, open: sparse inference; marker: warm start), black bar: the mean; "
+        "grey lines: the warm start under dense (solid) and sparse (dotted) inference, dashed: the "
+        "collapse threshold (half the warm start's dense accuracy). Mismatch KL on a symmetric-log "
+        "axis (linear below 1e-3).")
+
+
+FIGURE = figlib.Figure("fig_a_curves", __doc__, run, render, arguments, seeds=(0, 1, 2, 3, 4),
+                       warm_starts=(0,))
 
 
 def main(argv=None) -> dict:
-    p = figlib.parser(__doc__, replot=True)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--eval-every", type=int, help=f"held-out evaluation every this many iterations "
-                   f"during training (default {EVAL_EVERY}; 1 with --smoke)")
-    args = p.parse_args(argv)
-    if args.replot:
-        data, base = figlib.load_results(args.replot)
-        render(data, base, args.replot, replot=True)
-        return data
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_a_curves", args.config)
-    policy = study.base.kv.policy
-    n_eval = figlib.eval_prompts(args, study)
-    extra = arm_extra(args.smoke, args.eval_every)
-    runs = run_arms(study, args.seeds, extra=extra)
-    warm = study.warm_start()
-    warm_row = {"dense_acc": warm.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
-                "sparse_acc": warm.evaluate({"policy": policy}, n=n_eval)["accuracy"]}
-    per_seed = {arm: [evaluate_run(r, policy, n_eval) for r in rs] for arm, rs in runs.items()}
-    # the warm start's own mismatch: the first rollout of the naive sparse arm samples from it
-    warm_row["mismatch_kl_k3"] = float(np.mean([r.history[0]["mismatch/kl_k3"]
-                                                for r in runs["naive_sparse"] if r.history]))
-    diag = {arm: [diagnostics_summary(r.history) for r in rs] for arm, rs in runs.items()}
-    histories = {arm: [r.history for r in rs] for arm, rs in runs.items()}
-    data = {"warm_start": warm_row, "per_seed": per_seed, "seeds": args.seeds,
-            "histories": histories, "diagnostics": diag, "eval_prompts": n_eval,
-            "arm_overrides": extra}
-    render(data, study.base, out, study=study)
-    return data
-
-
-def render(data: dict, base, out: str, study=None, replot: bool = False) -> None:
-    """results.md, curves.png and (with diagnostics) diagnostics.png of `data` (a fresh run's, or
-    a committed results.json's)."""
-    warm_row, per_seed, seeds, histories = (data["warm_start"], data["per_seed"], data["seeds"],
-                                            data["histories"])
-    n_eval = data.get("eval_prompts", base.train.eval_prompts)
-    command = data["command"] if replot else figlib.command_line()
-    kvc = base.kv
-    warm_kl = (f"{warm_row['mismatch_kl_k3']:.4f} (first rollout)" if "mismatch_kl_k3" in warm_row
-               else "-")
-    lines = [
-        f"Task {base.data.task}; rollouts {base.rollout.prompts}x"
-        f"{base.rollout.samples} for {base.train.iterations} iterations; sparse arms use "
-        f"{kvc.policy} with budget {kvc.budget} + buffer {kvc.buffer}; seeds {seeds} "
-        f"(mean ± std over seeds). Accuracy is avg@1 on {n_eval} held-out "
-        "prompts at the training temperature.",
-        "",
-        "| arm | acc. dense inference | acc. sparse inference | train reward (last 25%) | "
-        "KV saving | mismatch KL (k3) | token reject | seq reject | entropy (last 25%) | "
-        "collapse at iteration | collapsed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        f"| warm start | {warm_row['dense_acc']:.3f} | {warm_row['sparse_acc']:.3f} | - | - | "
-        f"{warm_kl} | - | - | - | - | - |",
-    ]
-    for arm, rows in per_seed.items():
-        col = lambda k: [r[k] for r in rows]  # noqa: E731
-        collapses = [r["collapse_iteration"] for r in rows]
-        lines.append(
-            f"| {arm} | {fmt(col('dense_acc'))} | {fmt(col('sparse_acc'))} | "
-            f"{fmt(col('train_reward_last25'))} | {fmt(col('train_kv_saving'), '.1%')} | "
-            f"{fmt(col('mismatch_kl_k3'), '.4f')} | {fmt(col('token_reject_rate'))} | "
-            f"{fmt(col('seq_reject_rate'))} | {fmt(col('entropy_last25'))} | "
-            f"{', '.join('none' if c is None else str(c) for c in collapses)} | "
-            f"{collapsed(rows, warm_row)} of {len(rows)} |"
-        )
-    lines += [
-        "",
-        f"Collapsed: seeds whose final dense-inference accuracy ends below {COLLAPSE:.0%} of the "
-        "warm start's (as in experiments/default.py). Collapse at iteration: the first iteration "
-        "at which the 5-iteration moving average of the train reward falls below half its first "
-        "value (none if it never does).",
-    ]
-    what = "Figure a: dense vs naive sparse vs Sparse-RL rollouts (KV settings of the sparse arms)"
-    title = figlib.run_title(base, command, seeds, what)
-    if "diagnostics" in data:
-        diag = data["diagnostics"]
-        lines += [
-            "",
-            "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
-            "update leaves out, SARS and IBR-mask alike):",
-            "",
-            "| arm | " + " | ".join(col for col, _ in DIAG_TABLE.values()) + " |",
-            "|---|" + "---|" * len(DIAG_TABLE),
-        ]
-        for arm, rows in diag.items():
-            lines.append(f"| {arm} | " + " | ".join(fmt([r[k] for r in rows], spec)
-                                                    for k, (_, spec) in DIAG_TABLE.items()) + " |")
-        lines += ["", "![diagnostics](diagnostics.png)", "",
-                  "Diagnostics figure: each rollout diagnostic per iteration, mean over seeds (no "
-                  "bands, for legibility), and where in a response the tokens rejected at the last "
-                  "iteration sit (mean over seeds)."]
-        figlib.save_figure(out, diagnostics_figure(histories, title), "diagnostics")
-
-    fig, has_eval = curves_figure(histories, warm_row, per_seed, base, n_eval, title)
-    periodic = (f"the solid lines with dots are the periodic held-out accuracy logged during training "
-                f"(avg@1 on {base.train.eval_prompts} prompts every train.eval_every iterations, "
-                "under the arm's own rollout KV settings: dense for the dense arm, sparse for the "
-                "sparse arms); " if has_eval else
-                "these runs logged no periodic held-out accuracy (train.eval_every was 0); ")
-    caption = (
-        "Figure: per-iteration training metrics of each arm. Held-out accuracy panel: "
-        f"{periodic}the star at iteration 0 is the warm start and the markers at the last "
-        f"iteration are the final weights, both under dense inference (avg@1 on {n_eval} prompts). "
-        f"{figlib.BAND_CAPTION} Seeds {seeds}.")
-    figlib.write_outputs(out, "Figure a: training curves", "\n".join(lines), data, fig, "curves",
-                         study, caption=caption, replot=replot)
-
-
-def curves_figure(histories, warm_row, per_seed, base, n_eval, title):
-    """Train reward, held-out accuracy and the other CURVES per iteration, mean ± std over seeds;
-    one legend below the panels. Returns the figure and whether periodic evaluations were logged."""
-    from matplotlib.lines import Line2D
-
-    fig, axes = figlib.plt.subplots(2, 3, figsize=(3 * figlib.PANEL_W, 5.6), layout="constrained")
-    axes = axes.ravel()
-    panels = [("reward/mean", axes[0])] + list(zip(list(CURVES)[1:], axes[2:]))
-    colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
-    for key, ax in panels:
-        for arm, hs in histories.items():
-            x, m, s = figlib.curve(hs, key)
-            ax.plot(x, m, color=colours[arm], lw=1.2)
-            ax.fill_between(x, m - s, m + s, color=colours[arm], alpha=0.2, lw=0)
-        ax.set_title(CURVES[key][0], fontsize=9)
-        ax.set_ylabel(CURVES[key][1])
-        ax.set_xlabel("iteration")
-        if key == "mismatch/kl_k3":  # spikes of ~10 next to drifts of ~1e-2: log above 1e-3
-            ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
-    ax = axes[1]
-    has_eval = False
-    last = max(len(h) for hs in histories.values() for h in hs)
-    for i, (arm, hs) in enumerate(histories.items()):
-        x, m, s = figlib.sparse_curve(hs, EVAL_KEY)
-        if len(x):
-            has_eval = True
-            ax.plot(x, m, "-o", ms=3, color=colours[arm], lw=1.2)
-            ax.fill_between(x, m - s, m + s, color=colours[arm], alpha=0.2, lw=0)
-        fm, fs = figlib.mean_std(r["dense_acc"] for r in per_seed[arm])
-        ax.errorbar(last + max(last, 4) * 0.025 * (i + 1), fm, yerr=fs, fmt="D", ms=4, color=colours[arm], capsize=2)
-    ax.plot(0, warm_row["dense_acc"], "*", ms=9, color="k")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("held-out accuracy", fontsize=9)
-    ax.set_ylabel("accuracy (avg@1)")
-    ax.set_xlabel("iteration")
-    handles = [Line2D([], [], color=colours[a], lw=1.5, label=a) for a in histories]
-    handles += [Line2D([], [], color="k", marker="*", ms=8, ls="", label="warm start (dense inf.)"),
-                Line2D([], [], color="0.3", marker="D", ms=4, ls="",
-                       label=f"final, dense inf. ({n_eval} prompts)")]
-    if has_eval:
-        handles.append(Line2D([], [], color="0.3", marker="o", ms=3, label="during training"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
-    for ax in axes:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(title)
-    return fig, has_eval
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

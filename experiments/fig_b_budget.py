@@ -7,7 +7,9 @@ dense accuracy while keeping 35-53% fewer KV entries during rollouts).
 For each budget a Sparse-RL run trains with that budget from the shared warm start; the warm
 start, the dense-trained model and that run are then evaluated with the same budget (sparse
 inference) and densely. The x axis is the KV saving measured on the evaluation rollouts: the
-fraction of the entries a dense cache would hold that the sparse cache did not keep.
+fraction of the entries a dense cache would hold that the sparse cache did not keep. Both collapse
+rules apply to every trained model; the trained model and the dense-trained one are compared per
+budget by the tie rule (figlib).
 """
 
 from __future__ import annotations
@@ -16,32 +18,25 @@ import figlib
 from figlib import fmt
 
 
-def main(argv=None) -> dict:
-    p = figlib.parser(__doc__, replot=True)
+def arguments(p) -> None:
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 24, 32, 48])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--mode", default="sparse_rl", help="rl.mode of the budget-specific runs")
-    args = p.parse_args(argv)
-    if args.replot:
-        data, base = figlib.load_results(args.replot)
-        render(data, base, args.replot, replot=True)
-        return data
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_b_budget", args.config)
+
+
+def run(args, study) -> dict:
     policy = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
+    dense_spec = lambda s: dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s)  # noqa: E731
+    spec = lambda b, s: dict(name=f"{args.mode}/budget{b}/seed{s}", mode=args.mode, policy=policy,  # noqa: E731
+                             seed=s, extra=[f"kv.budget={b}"])
+    study.train_all([dense_spec(s) for s in args.seeds] + [spec(b, s) for b in args.budgets for s in args.seeds])
     warm = study.warm_start()
-    study.train_all([dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds]
-                    + [dict(name=f"{args.mode}/budget{b}/seed{s}", mode=args.mode, policy=policy, seed=s,
-                            extra=[f"kv.budget={b}"]) for b in args.budgets for s in args.seeds])
-    dense = [study.arm(f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds]
-
+    dense = [study.arm(**dense_spec(s)) for s in args.seeds]
     rows = []
     for budget in args.budgets:
         kv = {"policy": policy, "budget": budget}
-        trained = [study.arm(f"{args.mode}/budget{budget}/seed{s}", mode=args.mode, policy=policy,
-                             seed=s, extra=[f"kv.budget={budget}"]) for s in args.seeds]
-        row = {
+        trained = [study.arm(**spec(budget, s)) for s in args.seeds]
+        rows.append({
             "budget": budget,
             "kv_saving": [r.evaluate(kv, n=n_eval)["kv_saving"] for r in trained],
             "train_kv_saving": [figlib.summarize(r)["train_kv_saving"] for r in trained],
@@ -49,40 +44,55 @@ def main(argv=None) -> dict:
             "dense_trained_sparse_acc": [r.evaluate(kv, n=n_eval)["accuracy"] for r in dense],
             "trained_sparse_acc": [r.evaluate(kv, n=n_eval)["accuracy"] for r in trained],
             "trained_dense_acc": [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in trained],
-        }
-        rows.append(row)
-    dense_acc = [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in dense]
-    warm_dense = warm.evaluate({"policy": "none"}, n=n_eval)["accuracy"]
-    data = {"rows": rows, "dense_trained_dense_acc": dense_acc, "warm_dense_acc": warm_dense,
+            "collapse_iteration": [figlib.reward_collapse_iteration(r.history) for r in trained],
+        })
+    return {"rows": rows, "dense_trained_dense_acc": [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in dense],
+            "dense_collapse_iteration": [figlib.reward_collapse_iteration(r.history) for r in dense],
+            "warm_dense_acc": warm.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
             "seeds": args.seeds, "policy": policy, "mode": args.mode, "eval_prompts": n_eval}
-    render(data, study.base, out, study=study)
-    return data
 
 
-def render(data: dict, base, out: str, study=None, replot: bool = False) -> None:
-    """results.md and budget.png of `data` (a fresh run's, or a committed results.json's)."""
+def _runs(acc: list[float], its: list | None) -> list[dict]:
+    """Per-seed rows for figlib's collapse and comparison helpers."""
+    return [{"dense_acc": a, "seed": i, **({"collapse_iteration": its[i]} if its is not None else {})}
+            for i, a in enumerate(acc)]
+
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
     rows, dense_acc, warm_dense = data["rows"], data["dense_trained_dense_acc"], data["warm_dense_acc"]
     seeds, policy, mode = data["seeds"], data["policy"], data["mode"]
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
-    command = data["command"] if replot else figlib.command_line()
+    dense_runs = _runs(dense_acc, data.get("dense_collapse_iteration"))
+    d_acc, d_reward = figlib.collapse_cells(dense_runs, [warm_dense] * len(seeds))
     lines = [
         f"Policy {policy}, buffer {base.kv.buffer}; {mode} trained at each budget for "
-        f"{base.train.iterations} iterations; seeds {seeds}. Dense inference: warm start "
-        f"{warm_dense:.3f}, dense-trained {fmt(dense_acc)}.",
+        f"{base.train.iterations} iterations from warm start 0; seeds {seeds}. Dense inference: warm start "
+        f"{warm_dense:.3f}, dense-trained {fmt(dense_acc)} (collapsed: accuracy rule {d_acc}, reward rule "
+        f"{d_reward}).",
         "",
         f"| budget | KV saving (eval) | KV saving (train) | warm start, sparse inf. | dense-trained, "
         f"sparse inf. | {mode}, sparse inf. | {mode}, dense inf. | "
-        f"{mode} sparse / dense-trained dense |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{mode} sparse / dense-trained dense | collapsed (accuracy rule) | collapsed (reward rule) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cs = []
     for r in rows:
         ratio = [t / max(d, 1e-9) for t, d in zip(r["trained_sparse_acc"], dense_acc)]
-        r["retained_vs_dense"] = ratio
+        runs = _runs(r["trained_dense_acc"], r.get("collapse_iteration"))
+        acc, reward = figlib.collapse_cells(runs, [warm_dense] * len(runs))
         lines.append(
             f"| {r['budget']} | {fmt(r['kv_saving'], '.1%')} | {fmt(r['train_kv_saving'], '.1%')} | "
             f"{fmt(r['warm_sparse_acc'])} | {fmt(r['dense_trained_sparse_acc'])} | "
-            f"{fmt(r['trained_sparse_acc'])} | {fmt(r['trained_dense_acc'])} | {fmt(ratio, '.0%')} |"
-        )
+            f"{fmt(r['trained_sparse_acc'])} | {fmt(r['trained_dense_acc'])} | {fmt(ratio, '.0%')} | "
+            f"{acc} | {reward} |")
+        trained = [{"acc": a, "seed": i} for i, a in enumerate(r["trained_sparse_acc"])]
+        cs += figlib.compare(f"{mode}@{r['budget']}", trained, "dense-trained",
+                             [{"acc": a, "seed": i} for i, a in enumerate(r["dense_trained_sparse_acc"])],
+                             "acc", n_eval, metric=f"sparse inference at B = {r['budget']}")
+        cs += figlib.compare(f"{mode}@{r['budget']}", trained, "warm start", {0: {"acc": r["warm_sparse_acc"][0]}},
+                             "acc", n_eval, metric=f"sparse inference at B = {r['budget']}")
+    lines += ["", figlib.COLLAPSE_NOTE, "", "Paired differences (by seed; the warm start is one model):", "",
+              *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
 
     fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W + 1.5, 3.6), layout="constrained")
     x = [100 * figlib.mean_std(r["kv_saving"])[0] for r in rows]
@@ -90,8 +100,8 @@ def render(data: dict, base, out: str, study=None, replot: bool = False) -> None
                        ("dense_trained_sparse_acc", "dense-trained"),
                        ("trained_sparse_acc", f"{mode} trained at that budget")):
         m = [figlib.mean_std(r[key]) for r in rows]
-        ax.errorbar(x, [a for a, _ in m], yerr=[s for _, s in m], marker="o", ms=4, capsize=3,
-                    label=label)
+        ax.errorbar(x, [a for a, _ in m], yerr=[[min(s, a) for a, s in m], [s for _, s in m]], marker="o",
+                    ms=4, capsize=3, label=label)
     ax.axhline(figlib.mean_std(dense_acc)[0], color="gray", ls="--", label="dense-trained, dense inf.")
     top = ax.secondary_xaxis("top")
     top.set_xticks(x, [str(r["budget"]) for r in rows])
@@ -108,10 +118,17 @@ def render(data: dict, base, out: str, study=None, replot: bool = False) -> None
         "at budget B (top axis) against the KV saving measured on the evaluation rollouts, "
         f"for the warm start, the dense-trained model and the {mode} model trained at that budget; "
         "grey dashed: the dense-trained model under dense inference. Points: mean over seeds; error "
-        "bars: ± one sample standard deviation over seeds (none with one seed; the warm start is one "
-        f"model). Seeds {seeds}.")
-    figlib.write_outputs(out, "Figure b: KV saving vs accuracy across budgets", "\n".join(lines),
-                         data, fig, "budget", study, caption=caption, replot=replot)
+        "bars: ± one sample standard deviation over seeds, clipped at 0 (none with one seed; the "
+        f"warm start is one model). Seeds {seeds}.")
+    return figlib.Rendered("Figure b: KV saving vs accuracy across budgets", "\n".join(lines),
+                           {"budget": fig}, caption)
+
+
+FIGURE = figlib.Figure("fig_b_budget", __doc__, run, render, arguments, seeds=(0,))
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ mean (methods.md 1.2).
   python experiments/fig_d_corrections.py --seeds 0 --variants none both --smoke
 
 Every variant uses the same warm start, sparse rollouts (the base config's policy and budget) and
-seeds; the table gives the mean ± standard deviation over seeds.
+seeds; the table gives the mean ± standard deviation over seeds, both collapse rules for every
+variant and the paired differences the tie rule judges (figlib).
 """
 
 from __future__ import annotations
@@ -34,50 +35,52 @@ LABELS = {  # short readable names in the figure
 }
 
 
-def main(argv=None) -> dict:
-    args = figlib.variants_parser(__doc__, VARIANTS, replot=True).parse_args(argv)
-    if args.replot:
-        data, base = figlib.load_results(args.replot)
-        render(data, base, args.replot, replot=True)
-        return data
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_d_corrections", args.config)
+def run(args, study) -> dict:
     policy = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
     results, histories = figlib.run_variants(
         study, args.variants, args.seeds, lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),
-        lambda run: figlib.scores(run, policy, n_eval))
-    names = list(results)
-    data = {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in names},
-            "eval_prompts": n_eval}
-    render(data, study.base, out, study=study)
-    return data
+        lambda run: figlib.scores(run, policy, n_eval), [({"policy": "none"}, n_eval), ({}, n_eval)])
+    return {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in results},
+            "eval_prompts": n_eval, "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
 
 
-def render(data: dict, base, out: str, study=None, replot: bool = False) -> None:
-    """results.md and corrections.png of `data` (a fresh run's, or a committed results.json's)."""
-    results, seeds = data["results"], data["seeds"]
+COMPARE = [("both", "none"), ("sars_only", "none"), ("ibr_only", "none"), ("both", "sars_only"),
+           ("both", "ibr_only"), ("both_sequence_level", "both"), ("both_geometric_level", "both")]
+
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
+    results = figlib.with_reward_rule(data["results"], data.get("histories"))
+    seeds, warms = data["seeds"], figlib.warm_starts_of(data)
     kvc = base.kv
     policy = kvc.policy
-    command = data["command"] if replot else figlib.command_line()
+    n_eval = data.get("eval_prompts", base.train.eval_prompts)
     lines = [
         f"Sparse rollouts with {policy}, budget {kvc.budget} + buffer {kvc.buffer}; "
-        f"{base.train.iterations} iterations; seeds {seeds} (mean ± std).",
+        f"{base.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std).",
         "",
         "| corrections | mode | acc. dense inf. | acc. sparse inf. | train reward (last 25%) | "
-        "token reject | seq reject | mismatch KL (k3) | entropy (last 25%) | skipped steps |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "token reject | seq reject | mismatch KL (k3) | entropy (last 25%) | skipped steps | "
+        "collapsed (accuracy rule) | collapsed (reward rule) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
         col = lambda k: [r[k] for r in rows]  # noqa: E731
+        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
         lines.append(
             f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | {fmt(col('sparse_acc'))} | "
             f"{fmt(col('train_reward_last25'))} | {fmt(col('token_reject_rate'))} | "
             f"{fmt(col('seq_reject_rate'))} | {fmt(col('mismatch_kl_k3'), '.4f')} | "
-            f"{fmt(col('entropy_last25'))} | {fmt(col('skipped_steps'), '.0f')} |"
+            f"{fmt(col('entropy_last25'))} | {fmt(col('skipped_steps'), '.0f')} | {acc} | {reward} |"
         )
-    n_eval = data.get("eval_prompts", base.train.eval_prompts)
+    cs = []
+    for a, b in COMPARE:
+        if a in results and b in results:
+            for key, what in (("dense_acc", "dense inference"), ("sparse_acc", "sparse inference")):
+                cs += figlib.compare(a, results[a], b, results[b], key, n_eval, metric=what)
+    lines += ["", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE, "", "Paired differences (by seed):", "",
+              *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
     acc = f"accuracy (avg@1, {n_eval} prompts)"
     fig = figlib.ablation_figure(
         results, data["histories"],
@@ -87,11 +90,19 @@ def render(data: dict, base, out: str, study=None, replot: bool = False) -> None
         reference="none" if "none" in results else None)
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts) of each correction variant "
-        f"under dense and under sparse inference (top), and its train reward per iteration (mean "
-        "reward of the rollouts; bottom, one panel per variant; grey dashed: no correction). "
-        f"{figlib.BAND_CAPTION} Seeds {seeds}.")
-    figlib.write_outputs(out, "Figure d: correction ablation", "\n".join(lines), data, fig,
-                         "corrections", study, caption=caption, replot=replot)
+        f"under dense and under sparse inference (top; dots: the seeds), and its train reward per "
+        "iteration (mean reward of the rollouts; bottom, one panel per variant; grey dashed: no "
+        f"correction). {figlib.BAND_CAPTION} Seeds {seeds}.")
+    return figlib.Rendered("Figure d: correction ablation", "\n".join(lines), {"corrections": fig}, caption)
+
+
+FIGURE = figlib.Figure("fig_d_corrections", __doc__, run, render, seeds=(0, 1, 2),
+                       arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                                                          choices=list(VARIANTS)))
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

@@ -25,28 +25,21 @@ from sparserl_jax.kvcache.policies import POLICIES
 SPARSE_POLICIES = [p for p in POLICIES if p != "none"]
 
 
-def main(argv=None) -> dict:
-    p = figlib.parser(__doc__, replot=True)
+def arguments(p) -> None:
     p.add_argument("--policies", nargs="+", default=SPARSE_POLICIES, choices=SPARSE_POLICIES)
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 24, 48])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    args = p.parse_args(argv)
-    if args.replot:
-        data, base = figlib.load_results(args.replot)
-        render(data, base, args.replot, replot=True)
-        return data
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_e_robustness", args.config)
+
+
+def run(args, study) -> dict:
     train_policy = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
     extra = fig_a_curves.arm_extra(args.smoke)  # figure a's runs
-    models = {
-        "warm start": [study.warm_start()],
-        "dense-trained": [study.arm(f"dense/seed{s}", mode="dense", policy="none", seed=s, extra=extra)
-                          for s in args.seeds],
-        "sparse_rl-trained": [study.arm(f"sparse_rl/seed{s}", mode="sparse_rl", policy=train_policy,
-                                        seed=s, extra=extra) for s in args.seeds],
-    }
+    specs = {"dense-trained": lambda s: dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s, extra=extra),
+             "sparse_rl-trained": lambda s: dict(name=f"sparse_rl/seed{s}", mode="sparse_rl",
+                                                 policy=train_policy, seed=s, extra=extra)}
+    study.train_all([spec(s) for spec in specs.values() for s in args.seeds])
+    models = {"warm start": [study.warm_start()],
+              **{name: [study.arm(**spec(s)) for s in args.seeds] for name, spec in specs.items()}}
     grid = {}  # model -> "dense" or "policy@budget" -> [accuracy per seed]
     for name, runs in models.items():
         grid[name] = {"dense": [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in runs]}
@@ -54,11 +47,10 @@ def main(argv=None) -> dict:
             for budget in args.budgets:
                 kv = {"policy": policy, "budget": budget}
                 grid[name][f"{policy}@{budget}"] = [r.evaluate(kv, n=n_eval)["accuracy"] for r in runs]
-    data = {"grid": grid, "retained_sparse_over_dense": retained_ratios(grid, args.policies, args.budgets),
-            "seeds": args.seeds, "policies": args.policies, "budgets": args.budgets,
-            "eval_prompts": n_eval}
-    render(data, study.base, out, study=study)
-    return data
+    return {"grid": grid, "retained_sparse_over_dense": retained_ratios(grid, args.policies, args.budgets),
+            "seeds": args.seeds, "policies": args.policies, "budgets": args.budgets, "eval_prompts": n_eval,
+            "collapse_iteration": {name: [figlib.reward_collapse_iteration(r.history) for r in runs]
+                                   for name, runs in models.items() if name != "warm start"}}
 
 
 def retained_ratios(grid: dict, policies, budgets) -> dict:
@@ -71,62 +63,105 @@ def retained_ratios(grid: dict, policies, budgets) -> dict:
     return out
 
 
-def render(data: dict, base, out: str, study=None, replot: bool = False) -> None:
-    """results.md and robustness.png of `data` (a fresh run's, or a committed results.json's)."""
+def _heatmap(ax, stats, policies, budgets, vmin, vmax, cmap, spec="{:.2f}"):
+    """One model's (or difference's) grid: mean per cell, ± std with several seeds."""
+    mat = np.array([[m for m, _ in r] for r in stats])
+    im = ax.imshow(mat, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
+    for i in range(mat.shape[0]):
+        for j in range(mat.shape[1]):
+            m, sd = stats[i][j]
+            text = spec.format(m) + ("" if sd is None else f"\n±{sd:.2f}")
+            level = (m - vmin) / max(vmax - vmin, 1e-9)  # where the colour sits on its scale
+            light = level >= 0.6 if vmin == 0 else 0.2 < level < 0.8  # viridis: light above; RdBu: mid
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=0.9,
+                    color="k" if light else "w")
+    ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+    ax.set_yticks(range(len(policies)), policies)
+    return im
+
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
     grid, seeds = data["grid"], data["seeds"]
     policies, budgets = data["policies"], data["budgets"]
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
-    command = data["command"] if replot else figlib.command_line()
     columns = ["dense"] + [f"{p}@{b}" for p in policies for b in budgets]
+    warm_dense = grid["warm start"]["dense"][0]
+    its = data.get("collapse_iteration", {})
     lines = [
         f"Accuracy (avg@1, {n_eval} held-out prompts) under dense inference "
         f"and under each policy@budget (buffer {base.kv.buffer}); Sparse-RL trained with "
-        f"{base.kv.policy}@{base.kv.budget}; seeds {seeds}. Last column: mean accuracy "
-        "over the sparse columns divided by the model's dense accuracy.",
+        f"{base.kv.policy}@{base.kv.budget} from warm start 0; seeds {seeds}. Last columns: mean accuracy "
+        "over the sparse columns divided by the model's dense accuracy, and both collapse rules.",
         "",
-        "| model | " + " | ".join(columns) + " | sparse / dense |",
-        "|---|" + "---|" * (len(columns) + 1),
+        "| model | " + " | ".join(columns) + " | sparse / dense | collapsed (accuracy rule) | collapsed (reward rule) |",
+        "|---|" + "---|" * (len(columns) + 3),
     ]
     retained = retained_ratios(grid, policies, budgets)
     for name, row in grid.items():
+        if name == "warm start":
+            acc = reward = "-"
+        else:
+            rows = [{"dense_acc": a, **({"collapse_iteration": its[name][i]} if name in its else {})}
+                    for i, a in enumerate(row["dense"])]
+            acc, reward = figlib.collapse_cells(rows, [warm_dense] * len(rows))
         lines.append(f"| {name} | " + " | ".join(fmt(row[c]) for c in columns)
-                     + f" | {retained[name]:.0%} |")
+                     + f" | {retained[name]:.0%} | {acc} | {reward} |")
+    cs = []
+    if "sparse_rl-trained" in grid and "dense-trained" in grid:
+        a, b = grid["sparse_rl-trained"], grid["dense-trained"]
+        for c in columns:
+            cs += figlib.compare("Sparse-RL-trained", [{"acc": x, "seed": i} for i, x in enumerate(a[c])],
+                                 "dense-trained", [{"acc": x, "seed": i} for i, x in enumerate(b[c])],
+                                 "acc", n_eval, metric=c)
+        verdicts = [c.verdict for c in cs]
+        lines += ["", figlib.COLLAPSE_NOTE, "",
+                  f"Sparse-RL-trained minus dense-trained, per cell (by seed): Sparse-RL ahead in "
+                  f"{sum('Sparse-RL' in v for v in verdicts)}, dense-trained ahead in "
+                  f"{sum('dense-trained' in v for v in verdicts)}, tie in {verdicts.count('tie')} of "
+                  f"{len(cs)} cells.", "", *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
 
     vmax = max(1e-3, max(np.mean(v) for r in grid.values() for v in r.values()))
-    fig, axes = figlib.plt.subplots(1, len(grid), figsize=(figlib.PANEL_W * len(grid) + 0.8,
-                                                           0.9 + 0.42 * len(policies) + 0.5),
+    fig, axes = figlib.plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W + 0.6, 2 * (1.1 + 0.38 * len(policies)) + 1.0),
                                     sharey=True, layout="constrained")
-    axes = np.atleast_1d(axes)
+    axes = axes.ravel()
+    sd = lambda v: figlib.mean_std(v)[1] if len(v) > 1 else None  # noqa: E731
     for ax, (name, row) in zip(axes, grid.items()):
-        stats = [[figlib.mean_std(row[f"{p}@{b}"]) for b in budgets] for p in policies]
-        mat = np.array([[m for m, _ in r] for r in stats])
-        im = ax.imshow(mat, vmin=0, vmax=vmax, cmap="viridis", aspect="auto")
-        for i in range(mat.shape[0]):
-            for j in range(mat.shape[1]):
-                m, sd = stats[i][j]
-                n = len(row[f"{policies[i]}@{budgets[j]}"])
-                text = f"{m:.2f}" if n == 1 else f"{m:.2f}\n±{sd:.2f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=0.9,
-                        color="k" if m > 0.6 * vmax else "w")
-        ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
-        ax.set_yticks(range(len(policies)), policies)
-        ax.set_xlabel(f"inference KV budget (tokens, + buffer {base.kv.buffer})")
+        stats = [[(float(np.mean(row[f"{p}@{b}"])), sd(row[f"{p}@{b}"])) for b in budgets] for p in policies]
+        im = _heatmap(ax, stats, policies, budgets, 0.0, vmax, "viridis")
         d_m, d_s = figlib.mean_std(row["dense"])
         dense = f"{d_m:.2f}" if len(row["dense"]) == 1 else f"{d_m:.2f} ± {d_s:.2f}"
         ax.set_title(f"{name} (n={len(row['dense'])})\ndense inference: {dense}", fontsize=9)
-    axes[0].set_ylabel("inference eviction policy")
-    fig.colorbar(im, ax=axes, label=f"accuracy (avg@1, {n_eval} prompts)", shrink=0.9, pad=0.02)
-    title = figlib.run_title(base, command, seeds, "Figure e, sparse-inference robustness "
-                             f"(Sparse-RL trained with {base.kv.policy}@{base.kv.budget})")
-    fig.suptitle(title)
+    fig.colorbar(im, ax=axes[1], label=f"accuracy (avg@1,\n{n_eval} prompts)", pad=0.02)
+    if "sparse_rl-trained" in grid and "dense-trained" in grid:
+        a, b = grid["sparse_rl-trained"], grid["dense-trained"]
+        diffs = [[np.subtract(a[f"{p}@{bb}"], b[f"{p}@{bb}"]) for bb in budgets] for p in policies]
+        stats = [[(float(np.mean(d)), sd(list(d))) for d in r] for r in diffs]
+        lim = max(0.05, max(abs(m) for r in stats for m, _ in r))
+        im = _heatmap(axes[3], stats, policies, budgets, -lim, lim, "RdBu", "{:+.2f}")
+        axes[3].set_title("Sparse-RL-trained minus dense-trained\n(paired by seed)", fontsize=9)
+        fig.colorbar(im, ax=axes[3], label="accuracy difference", shrink=0.8, pad=0.02)
+    for ax in axes[2:]:
+        ax.set_xlabel(f"inference KV budget (tokens, + buffer {base.kv.buffer})")
+    for ax in axes[::2]:
+        ax.set_ylabel("inference eviction policy")
+    fig.suptitle(figlib.run_title(base, command, seeds, "Figure e, sparse-inference robustness "
+                                  f"(Sparse-RL trained with {base.kv.policy}@{base.kv.budget})"))
     caption = (
         f"Figure: held-out accuracy (avg@1 on {n_eval} prompts) of the warm start, a dense-trained "
         "and a Sparse-RL-trained model under sparse inference with each eviction policy (rows) and "
         "KV budget (columns); each cell gives the mean and, with more than one seed, ± one sample "
         "standard deviation over the trained models' seeds (the warm start is one model). Colour: "
-        f"the mean, on one scale for all panels. Seeds {seeds}.")
-    figlib.write_outputs(out, "Figure e: sparse-inference robustness", "\n".join(lines), data, fig,
-                         "robustness", study, caption=caption, replot=replot)
+        "the mean, on one scale for the three model panels; bottom right: the Sparse-RL-trained "
+        "minus the dense-trained model's accuracy, mean (± std) of the per-seed differences, on a "
+        f"diverging scale. Seeds {seeds}.")
+    return figlib.Rendered("Figure e: sparse-inference robustness", "\n".join(lines), {"robustness": fig}, caption)
+
+
+FIGURE = figlib.Figure("fig_e_robustness", __doc__, run, render, arguments, seeds=(0,))
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

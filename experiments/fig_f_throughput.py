@@ -5,6 +5,7 @@
   python experiments/fig_f_throughput.py --bench-json experiments/results/bench_decode_gpu.json
   python experiments/fig_f_throughput.py --run -- --lengths 1024 4096   # run the benchmark first
   python experiments/fig_f_throughput.py --smoke          # a seconds-long benchmark, then the plot
+  python experiments/fig_f_throughput.py --replot experiments/results/fig_f_throughput
 
 With --run (or --smoke) experiments/bench_decode.py runs first with the arguments after `--` and
 writes the JSON this figure reads.
@@ -12,11 +13,8 @@ writes the JSON this figure reads.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-
-import numpy as np
 
 import bench_decode
 import figlib
@@ -26,36 +24,45 @@ SMOKE_BENCH = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-
                "--policies", "none", "streaming", "snapkv", "--min-seconds", "0"]
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(p) -> None:
     p.add_argument("--bench-json", default=os.path.join(figlib.HERE, "results", "bench_decode_cpu.json"))
-    p.add_argument("--out", help="output directory (default experiments/results/fig_f_throughput)")
     p.add_argument("--run", action="store_true", help="run the decode benchmark first")
-    p.add_argument("--smoke", action="store_true", help="run a seconds-long benchmark first")
     p.add_argument("bench_args", nargs="*", help="arguments for bench_decode.py (after --)")
-    args = p.parse_args(argv)
-    out = args.out or figlib.default_out("fig_f_throughput")
+
+
+def run(args, _study) -> dict:
     if args.smoke or args.run:
-        os.makedirs(out, exist_ok=True)
-        args.bench_json = os.path.join(out, "bench.json")
+        os.makedirs(args.out, exist_ok=True)
+        args.bench_json = os.path.join(args.out, "bench.json")
         bench_decode.main((SMOKE_BENCH if args.smoke else []) + list(args.bench_args)
                           + ["--out", args.bench_json])
     with open(args.bench_json) as f:
         report = json.load(f)
     rows = [r for r in report["results"] if "error" not in r]
     policies = list(dict.fromkeys(r["policy"] for r in rows))
+    longest = max(r["new_tokens"] for r in rows)
+    by = {(r["policy"], r["new_tokens"]): r for r in rows}
+    return {"bench_json": os.path.relpath(args.bench_json, figlib.REPO), "bench_command": report["command"],
+            "bench": {k: report[k] for k in ("device_kind", "platform", "jax_version", "date", "setting")},
+            "rows": rows,
+            "speedup_at_longest": {pol: by[pol, longest].get("speedup_vs_dense") for pol in policies
+                                   if (pol, longest) in by},
+            "kv_ratio_at_longest": {pol: by[pol, longest]["kv_bytes"] / by["none", longest]["kv_bytes"]
+                                    for pol in policies if (pol, longest) in by and ("none", longest) in by}}
+
+
+def render(data: dict, _base, _command: str) -> figlib.Rendered:
+    rows = data["rows"]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
     lengths = sorted({r["new_tokens"] for r in rows})
     by = {(r["policy"], r["new_tokens"]): r for r in rows}
-
-    lines = [
-        f"From `{report['command']}` on {report['device_kind']} ({report['platform']}), jax "
-        f"{report['jax_version']}, {report['date']}. Batch {report['setting']['batch']}, sparse "
-        f"budget {report['setting']['budget']} + buffer {report['setting']['buffer']}.",
-        "",
-        "| policy | " + " | ".join(f"{n} tokens: tok/s (x dense), KV MiB" for n in lengths) + " |",
-        "|---|" + "---|" * len(lengths),
-    ]
+    head = (f"From `{data['bench_command']}`" + (
+        f" on {b['device_kind']} ({b['platform']}), jax {b['jax_version']}, {b['date']}. Batch "
+        f"{b['setting']['batch']}, sparse budget {b['setting']['budget']} + buffer {b['setting']['buffer']}."
+        if (b := data.get("bench")) else f" ({data['bench_json']})."))
+    lines = [head, "",
+             "| policy | " + " | ".join(f"{n} tokens: tok/s (x dense), KV MiB" for n in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
     for pol in policies:
         cells = []
         for n in lengths:
@@ -65,29 +72,38 @@ def main(argv=None) -> dict:
                          f"{r['kv_bytes'] / 2**20:.1f}")
         lines.append(f"| {pol} | " + " | ".join(cells) + " |")
 
-    fig, axes = figlib.plt.subplots(1, 3, figsize=(14, 3.6))
-    for pol in policies:
-        xs = [n for n in lengths if (pol, n) in by]
-        style = dict(marker="o", label=pol, color="k" if pol == "none" else None)
-        axes[0].plot(xs, [by[pol, n]["tokens_per_s"] for n in xs], **style)
-        axes[1].plot(xs, [by[pol, n]["step_ms"] for n in xs], **style)
-        axes[2].plot(xs, [by[pol, n]["kv_bytes"] / 2**20 for n in xs], **style)
-    for ax, title in zip(axes, ("rollout tokens/s", "ms per decode step", "KV cache MiB")):
+    fig, axes = figlib.plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.4), layout="constrained")
+    axes = axes.ravel()
+    panels = (("tokens_per_s", "rollout throughput", "tokens / s", 1.0),
+              ("speedup_vs_dense", "throughput relative to dense", "x dense tokens / s", 1.0),
+              ("step_ms", "decode step time", "ms per step", 1.0),
+              ("kv_bytes", "KV cache memory", "MiB", 2.0 ** -20))
+    for ax, (key, title, ylabel, scale) in zip(axes, panels):
+        for pol in policies:
+            xs = [n for n in lengths if (pol, n) in by and key in by[pol, n]]
+            ax.plot(xs, [by[pol, n][key] * scale for n in xs], marker="o", ms=3, label=pol,
+                    color="k" if pol == "none" else None)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("new tokens")
-        ax.set_title(title)
-    axes[2].set_yscale("log")
-    axes[0].legend(fontsize=8)
-    data = {"bench_json": os.path.relpath(args.bench_json, figlib.REPO), "bench_command": report["command"],
-            "rows": rows, "speedup_at_longest": {
-                pol: by[pol, lengths[-1]].get("speedup_vs_dense") for pol in policies
-                if (pol, lengths[-1]) in by},
-            "kv_ratio_at_longest": {
-                pol: by[pol, lengths[-1]]["kv_bytes"] / by["none", lengths[-1]]["kv_bytes"]
-                for pol in policies if (pol, lengths[-1]) in by and ("none", lengths[-1]) in by}}
-    figlib.write_outputs(out, "Figure f: rollout throughput and KV memory vs response length",
-                         "\n".join(lines), data, fig, "throughput")
-    return data
+        ax.set_xlabel("new tokens per sequence")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+    axes[3].set_yscale("log")
+    figlib.band_legend_below(fig, axes[0], ncol=len(policies))
+    fig.suptitle("Figure f: decode throughput and KV memory vs response length\n"
+                 f"{os.path.basename(data['bench_json'])}; sparse policies at a fixed budget + buffer")
+    caption = ("Figure: decode throughput (tokens per second over the batch), its ratio to dense decoding, "
+               "the time of one decode step and the KV cache's size against the number of new tokens, "
+               "per KV policy ('none': the dense cache, black), as experiments/bench_decode.py measured "
+               "them (no spread recorded: no error bars).")
+    return figlib.Rendered("Figure f: rollout throughput and KV memory vs response length", "\n".join(lines),
+                           {"throughput": fig}, caption)
+
+
+FIGURE = figlib.Figure("fig_f_throughput", __doc__, run, render, arguments, seeds=None, trains=False)
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

@@ -50,14 +50,7 @@ LABELS = {  # short readable names in the figure
 }
 
 
-def main(argv=None) -> dict:
-    args = figlib.variants_parser(__doc__, VARIANTS, replot=True).parse_args(argv)
-    if args.replot:
-        data, base = figlib.load_results(args.replot)
-        render(data, base, args.replot, replot=True)
-        return data
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_qurl", args.config)
+def run(args, study) -> dict:
     sparse = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
 
@@ -66,40 +59,47 @@ def main(argv=None) -> dict:
         return mode, sparse if is_sparse else "none", extra
 
     results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of,
-                                             lambda run: row(run, n_eval))
-    names = list(results)
-    data = {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in names},
-            "paper_gsm8k": {n: VARIANTS[n][3] for n in names}, "eval_prompts": n_eval}
-    render(data, study.base, out, study=study)
-    return data
+                                             lambda run: row(run, n_eval), [({"policy": "none"}, n_eval)])
+    return {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in results},
+            "paper_gsm8k": {n: VARIANTS[n][3] for n in results}, "eval_prompts": n_eval,
+            "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
 
 
-def render(data: dict, b, out: str, study=None, replot: bool = False) -> None:
-    """results.md and qurl.png of `data` (a fresh run's, or a committed results.json's)."""
-    results, seeds = data["results"], data["seeds"]
+def render(data: dict, b, command: str) -> figlib.Rendered:
+    results = figlib.with_reward_rule(data["results"], data.get("histories"))
+    seeds, warms = data["seeds"], figlib.warm_starts_of(data)
     sparse = b.kv.policy
-    command = data["command"] if replot else figlib.command_line()
+    n_eval = data.get("eval_prompts", b.train.eval_prompts)
     lines = [
-        f"{b.train.iterations} iterations; seeds {seeds} (mean ± std); int8 W8A8 rollouts "
+        f"{b.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std); int8 W8A8 rollouts "
         f"(embedding and lm_head full precision), ACR C = {b.rl.acr.c}, invariant s = "
         f"{b.quant.invariant_s}; sparse rows: {sparse}, budget {b.kv.budget} + buffer {b.kv.buffer}. "
         "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).",
         "",
         "| rollouts | mode | accuracy | train reward (last 25%) | mismatch KL (k3) | ACR active | "
-        "rollout tokens/s | paper GSM8K |",
-        "|---|---|---|---|---|---|---|---|",
+        "rollout tokens/s | collapsed (accuracy rule) | collapsed (reward rule) | paper GSM8K |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
         col = lambda k: [r[k] for r in rows]  # noqa: E731
         paper = VARIANTS[name][3]
+        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
         lines.append(
             f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | "
             f"{fmt(col('train_reward_last25'))} | {fmt(col('mismatch_kl_k3'), '.2e')} | "
-            f"{fmt(col('acr_active'), '.4f')} | {fmt(col('rollout_tokens_per_s'), '.0f')} | "
+            f"{fmt(col('acr_active'), '.4f')} | {fmt(col('rollout_tokens_per_s'), '.0f')} | {acc} | {reward} | "
             f"{'—' if paper is None else f'{paper:.2f}'} |"
         )
-    n_eval = data.get("eval_prompts", b.train.eval_prompts)
+    cs = []
+    if "fp" in results:
+        for name in results:
+            if name != "fp":
+                cs += figlib.compare(name, results[name], "fp", results["fp"], "dense_acc", n_eval,
+                                     metric="dense inference")
+    lines += ["", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE, "",
+              "Paired differences from full-precision rollouts (by seed):", "", *figlib.comparison_table(cs),
+              "", figlib.TIE_NOTE]
     title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also "
                              "evict KV)")
     fig = figlib.ablation_figure(
@@ -113,11 +113,19 @@ def render(data: dict, b, out: str, study=None, replot: bool = False) -> None:
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
         "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "
         "token, mean over the run; symmetric-log axis, linear around 0, since the full-precision "
-        "arm's KL is ~0 and can be slightly negative) of each rollout variant (top); train reward "
-        "per iteration, one panel per variant, grey dashed: full-precision rollouts (bottom). "
-        f"{figlib.BAND_CAPTION} Seeds {seeds}.")
-    figlib.write_outputs(out, "Figure QuRL: quantized rollouts", "\n".join(lines), data, fig,
-                         "qurl", study, caption=caption, replot=replot)
+        "arm's KL is ~0 and can be slightly negative) of each rollout variant (top; dots: the seeds); "
+        "train reward per iteration, one panel per variant, grey dashed: full-precision rollouts "
+        f"(bottom). {figlib.BAND_CAPTION} Seeds {seeds}.")
+    return figlib.Rendered("Figure QuRL: quantized rollouts", "\n".join(lines), {"qurl": fig}, caption)
+
+
+FIGURE = figlib.Figure("fig_qurl", __doc__, run, render, seeds=(0, 1, 2),
+                       arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                                                          choices=list(VARIANTS)))
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)
 
 
 if __name__ == "__main__":

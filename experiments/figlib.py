@@ -1,18 +1,24 @@
-"""Shared machinery of the figure scripts (experiments/fig_*.py).
+"""The figure scaffold (experiments/fig_*.py, default.py and the other result scripts).
 
-Every figure is a set of training runs from one shared warm start plus evaluations of their final
-weights. A run is identified by its full configuration: `Study.arm(...)` trains it once into
-`<runs_dir>/<config hash>/` and every later call (from any figure script) reuses the finished run,
-so the curves of fig_a, the policy ablation of fig_c and the correction ablation of fig_d share
-their common arms instead of training them again. An interrupted run resumes from its last
-checkpoint (the trainer's exact resume). Evaluations are cached in the run directory too.
-`Study.train_all` trains a figure's independent runs in parallel single-core processes and the
-script's own process is pinned to one core (workers.py), so figures are the same on any machine.
+A figure script declares one `Figure`: a name (its results directory), its own arguments, a `run`
+(train and evaluate through a `Study`, return the numbers) and a `render` (numbers -> tables, PNGs,
+caption); `Figure.main` is the whole command line: the common arguments (--config, --out,
+--runs-dir, --seeds, --warm-starts, --eval-prompts, --smoke, --replot, key=value overrides),
+pinning (workers.py), provenance and the outputs. `--replot <out>` re-renders results.md and the
+PNGs from results.json and config.yaml alone, training and evaluating nothing.
 
-Outputs of a figure: `<out>/results.md` (the exact command, the table, the figure's caption),
-`<out>/results.json` (every number behind the table and the figure), `<out>/config.yaml` and
-`<out>/<name>.png`. `--replot <out>` (figures a-e and QuRL) re-renders the PNGs and results.md from
-results.json and config.yaml alone, training and evaluating nothing.
+Runs: `Study.arm(...)` trains a run once into `<runs_dir>/<config hash>/` and every later call
+(from any figure) reuses it, so figures share their common arms. A run resumes from its last
+checkpoint when interrupted. Warm starts are runs too (SFT seed k, `Study.warm_start_dir(k)`);
+`Study.train_all` trains warm starts and arms in parallel single-core processes (workers.py).
+
+Outputs: `<out>/results.md` (title, command, provenance, tables, figure, caption),
+`results.json` (every number, the command and the provenance), `arms.json` (every run's resolved
+config), `config.yaml` (the base config) and `<name>.png`.
+
+The rules every table applies are declared here, once: `collapsed` and `reward_collapse_iteration`
+(collapse), `diff_se` and `tie_verdict` (is a difference a difference); docs/reproducing.md states
+them in words.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from typing import Callable, Iterable, Sequence
@@ -58,7 +66,7 @@ FROM_WARM_START = ("sft.steps=0", "sft.curriculum.steps=0")
 # gave ~0.04). Evaluations are cached per run and prompt count, so raising it re-trains nothing.
 EVAL_PROMPTS = 512
 
-# Paper-column figures: every panel about 3.5 in wide, saved at DPI, no text below 8 pt.
+# Paper-column figures: every panel about 3.5 in wide, at most two panels a row, no text below 8 pt.
 PANEL_W = 3.5
 DPI = 150
 plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 8,
@@ -66,6 +74,167 @@ plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "
 
 # Settings that do not change what a run computes: left out of its identity.
 _NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints")
+
+# The commit that turned the portable CPU settings on (workers.py): results committed before it
+# ran with the host's own numerics.
+PORTABLE_SINCE = "de5812a"
+
+
+# ----------------------------------------------------------------------------- the rules
+
+COLLAPSE_FRACTION = 0.5
+REWARD_WINDOW = 5
+
+
+def collapsed(dense_acc: float, warm_dense_acc: float) -> bool:
+    """The collapse rule, declared before the runs and applied to every arm of every figure: a run
+    has collapsed when its final dense-inference accuracy is below COLLAPSE_FRACTION (one half) of
+    the dense-inference accuracy of the warm start it was trained from."""
+    return dense_acc < COLLAPSE_FRACTION * warm_dense_acc
+
+
+def reward_collapse_iteration(history: list[dict], window: int = REWARD_WINDOW) -> int | None:
+    """The train-reward rule, reported beside `collapsed` for every arm: the first iteration
+    (1-based) at which the mean train reward of the `window` iterations ending there falls below
+    half its mean over iterations 1..window; None (no collapse) if it never does or the run is
+    shorter than 2 x window iterations."""
+    r = np.array([h["reward/mean"] for h in history], np.float64)
+    if len(r) < 2 * window:
+        return None
+    smooth = np.convolve(r, np.ones(window) / window, mode="valid")
+    below = np.nonzero(smooth < 0.5 * smooth[0])[0]
+    return int(below[0]) + window if below.size else None
+
+
+def collapse_cells(rows: Sequence[dict], warm_dense: Sequence[float | None]) -> tuple[str, str]:
+    """The two collapse columns of a table row: 'k of n' by `collapsed` (each row against its own
+    warm start's dense accuracy; '-' when that was not recorded) and 'k of n (at i, j, -)' by
+    `reward_collapse_iteration` (rows carry 'collapse_iteration'; '-' when no history was kept)."""
+    n = len(rows)
+    acc = ("-" if any(w is None for w in warm_dense) else
+           f"{sum(collapsed(r['dense_acc'], w) for r, w in zip(rows, warm_dense))} of {n}")
+    if any("collapse_iteration" not in r for r in rows):
+        return acc, "-"
+    its = [r["collapse_iteration"] for r in rows]
+    return acc, f"{sum(i is not None for i in its)} of {n} (at {', '.join('-' if i is None else str(i) for i in its)})"
+
+
+def with_reward_rule(results: dict[str, list[dict]], histories: dict[str, list] | None) -> dict:
+    """`results` with each row's 'collapse_iteration' computed from its history where the row lacks
+    it (results.json files written before every row carried it); rows without a history stay so."""
+    out = {}
+    for name, rows in results.items():
+        hists = (histories or {}).get(name) or [None] * len(rows)
+        out[name] = [r if "collapse_iteration" in r or h is None else
+                     {**r, "collapse_iteration": reward_collapse_iteration(h)} for r, h in zip(rows, hists)]
+    return out
+
+
+COLLAPSE_NOTE = (
+    f"Collapsed (accuracy rule, figlib.collapsed): final dense-inference accuracy below "
+    f"{COLLAPSE_FRACTION:.0%} of the warm start's. Collapsed (reward rule, "
+    f"figlib.reward_collapse_iteration): the {REWARD_WINDOW}-iteration moving average of the train "
+    f"reward falls below half its first value; the iteration where it does, '-' where it never does.")
+
+def warm_note(warms: dict[int, dict]) -> str:
+    """A table note on the warm starts the accuracy rule compares with (and where a number was
+    taken from another result of the same cached warm start, its 'source')."""
+    if not warms:
+        return "The warm start's accuracy was not recorded with these runs: no accuracy-rule verdict. "
+    parts = [f"warm start {w}: {row['dense_acc']:.3f}" + (f" ({row['source']})" if "source" in row else "")
+             for w, row in sorted(warms.items())]
+    return f"Dense-inference accuracy of the {'; '.join(parts)}. "
+
+
+TIE_SE = 2.0
+
+
+def diff_se(p1: float, n1: int, p2: float, n2: int) -> float:
+    """The standard error of the difference of two independent avg@1 evaluations at accuracies
+    p1 on n1 prompts and p2 on n2 prompts: sqrt(p1 (1 - p1) / n1 + p2 (1 - p2) / n2)."""
+    return float(np.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2))
+
+
+def tie_verdict(diffs: Sequence[float], ses: Sequence[float]) -> int:
+    """The tie rule, stated once (docs/reproducing.md#statistics) and used by every table: a
+    difference between two arms counts only when it exceeds TIE_SE (2) standard errors of the
+    difference at every pair (every seed, on every warm start), all with the same sign. +1: the
+    first arm is ahead, -1: behind, 0: a tie."""
+    d, s = np.asarray(diffs, np.float64), np.asarray(ses, np.float64)
+    if d.size and np.all(d > TIE_SE * s):
+        return 1
+    if d.size and np.all(d < -TIE_SE * s):
+        return -1
+    return 0
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Paired differences a - b of one accuracy, one per run pair (`units`: 'w0 s1' = warm start
+    0, seed 1), each with its evaluation SE (diff_se), and the tie rule's verdict over them."""
+
+    a: str
+    b: str
+    metric: str
+    diffs: list[float]
+    ses: list[float]
+    units: list[str]
+
+    @property
+    def verdict(self) -> str:
+        v = tie_verdict(self.diffs, self.ses)
+        return {1: f"**{self.a} ahead**", -1: f"**{self.b} ahead**", 0: "tie"}[v]
+
+    def mean_se(self) -> tuple[float, float]:
+        """The mean difference and its standard error from the spread over pairs (0 for one)."""
+        d = np.asarray(self.diffs, np.float64)
+        return float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
+
+
+def unit_of(row: dict, i: int = 0) -> tuple[int, int]:
+    """(warm start, seed) of a row (rows of results before warm starts: warm start 0, seed index)."""
+    return int(row.get("warm_start", 0)), int(row.get("seed", i))
+
+
+def compare(a: str, a_rows: Sequence[dict], b: str, b_rows: Sequence[dict] | dict, key: str,
+            n_a: int, n_b: int | None = None, metric: str | None = None) -> list[Comparison]:
+    """a - b on `key`. `b_rows`: rows paired with `a_rows` one by one (same warm start and seed), or
+    {warm start: row} (one model per warm start, e.g. the warm start itself). One Comparison per
+    warm start when there are several, then the pooled one over every pair."""
+    units = [unit_of(r, i) for i, r in enumerate(a_rows)]
+    if isinstance(b_rows, dict):
+        partners = [b_rows[w] for w, _ in units]
+    else:
+        partners = list(b_rows)
+        if [unit_of(r, i) for i, r in enumerate(partners)] != units:
+            raise ValueError(f"{a} and {b}: rows not paired by warm start and seed")
+    pairs = [(u, r[key], p[key]) for u, r, p in zip(units, a_rows, partners)]
+    warms = sorted({w for w, _ in units})
+    groups = [[p for p in pairs if p[0][0] == w] for w in warms] if len(warms) > 1 else []
+    return [Comparison(a, b, (metric or key) + (f", warm start {g[0][0][0]}" if g is not pairs else ""),
+                       [x - y for _, x, y in g], [diff_se(x, n_a, y, n_b or n_a) for _, x, y in g],
+                       [f"w{u[0]} s{u[1]}" for u, _, _ in g])
+            for g in groups + [pairs]]
+
+
+def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
+    """Markdown lines: one row per comparison with every pair's difference (and 2 SE), the mean ±
+    its SE over pairs, and the tie rule's verdict."""
+    lines = ["| comparison | accuracy | a - b per run (2 SE of that difference) | mean ± SE over runs | "
+             "verdict (tie rule) |", "|---|---|---|---|---|"]
+    for c in comparisons:
+        per = ", ".join(f"{d:+.3f} ({TIE_SE * s:.3f})" for d, s in zip(c.diffs, c.ses))
+        m, se = c.mean_se()
+        lines.append(f"| {c.a} - {c.b} | {c.metric} | {per} | {m:+.3f} ± {se:.3f} | {c.verdict} |")
+    return lines
+
+
+TIE_NOTE = (
+    f"Verdicts by the tie rule (figlib.tie_verdict, docs/reproducing.md#statistics): a difference "
+    f"counts only when it exceeds {TIE_SE:g} SE at every run pair (same warm start and seed), all "
+    "with the same sign, where SE = sqrt(p1 (1 - p1) / n1 + p2 (1 - p2) / n2) is the standard error "
+    "of the difference of the two evaluations; otherwise it is a tie. Mean ± SE: the mean "
+    "difference over pairs and its standard error from their spread.")
 
 
 # ----------------------------------------------------------------------------- runs
@@ -94,8 +263,9 @@ def config_key(cfg: TrainConfig) -> str:
     """A stable hash of the settings that differ from the defaults: what decides a run's numbers.
 
     Adding a setting with a default therefore keeps every cached run valid; changing a default
-    value does not change the keys (bump RESULTS_EPOCH, or clear the run cache, after such a change). The warm start a run
-    starts from enters by its own key (the basename of model.init_from), not by its location."""
+    value does not change the keys (bump RESULTS_EPOCH, or clear the run cache, after such a
+    change). The warm start a run starts from enters by its own key (the basename of
+    model.init_from), not by its location."""
     tree = to_dict(cfg)
     for dotted in _NOT_IDENTITY:
         section, name = dotted.split(".")
@@ -113,7 +283,7 @@ def config_key(cfg: TrainConfig) -> str:
 
 @contextlib.contextmanager
 def _locked(path: str):
-    """Serialise work on one run directory between concurrently running figure scripts."""
+    """Serialise work on one run directory between concurrently running processes."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -159,7 +329,7 @@ class Run:
 
 
 class Study:
-    """Runs of one base config (YAML + overrides) that all start from the same warm start."""
+    """Runs of one base config (YAML + overrides) from its warm starts (SFT seed k: warm start k)."""
 
     def __init__(self, config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
                  runs_dir: str = DEFAULT_RUNS, log: Callable = print, cores: list[int] | None = None):
@@ -169,7 +339,8 @@ class Study:
         self.runs_dir = runs_dir
         self.log = log
         self.base = load_config([config], self.overrides)
-        self._warm_dir: str | None = None
+        self._warm_dirs: dict[int, str] = {}
+        self.arms: dict[str, dict] = {}  # every run this study returned: name -> resolved config
 
     def train(self, name: str, overrides: Sequence[str]) -> Run:
         """Train (or resume, or reuse when finished) the run of the base config + `overrides`."""
@@ -182,53 +353,68 @@ class Study:
             if not os.path.exists(done):
                 t0 = time.perf_counter()
                 self.log(f"[{name}] training in {out_dir}")
-                trainer = Trainer(cfg, log=self.log)
-                trainer.run()
+                Trainer(cfg, log=self.log).run()
                 with open(done, "w") as f:
                     json.dump({"name": name, "overrides": list(overrides),
                                "seconds": time.perf_counter() - t0}, f, indent=1)
             else:
                 self.log(f"[{name}] reusing {out_dir}")
+        self.arms[name] = {"overrides": list(overrides), "run": os.path.basename(out_dir),
+                           "config": to_dict(cfg)}
         history = read_metrics(out_dir) if cfg.train.iterations else []
         return Run(name, cfg, out_dir, history)
 
-    def warm_start_dir(self) -> str:
-        """The shared warm start: SFT with seed 0 and no RL iterations (every arm starts here)."""
-        if self._warm_dir is None:
-            run = self.train("warm_start", ["train.iterations=0", "train.seed=0",
-                                             "rl.mode=dense", "kv.policy=none"])
-            self._warm_dir = run.out_dir
-        return self._warm_dir
+    def warm_start_dir(self, warm: int = 0) -> str:
+        """Warm start `warm`: SFT with train.seed=warm and no RL iterations (every arm with that
+        `warm` starts from its weights)."""
+        if warm not in self._warm_dirs:
+            run = self.train(f"warm_start{warm}/sft", ["train.iterations=0", f"train.seed={warm}",
+                                                       "rl.mode=dense", "kv.policy=none"])
+            self._warm_dirs[warm] = run.out_dir
+        return self._warm_dirs[warm]
 
-    def arm(self, name: str, *, mode: str, policy: str, seed: int = 0,
-            extra: Sequence[str] = ()) -> Run:
-        """RL from the warm start with rollouts under `policy` and corrections `mode`."""
-        overrides = [f"model.init_from={self.warm_start_dir()}", *FROM_WARM_START,
+    def arm(self, name: str, *, mode: str, policy: str, seed: int = 0, extra: Sequence[str] = (),
+            warm: int = 0) -> Run:
+        """RL from warm start `warm` with rollouts under `policy`, corrections `mode`, train.seed
+        `seed`."""
+        overrides = [f"model.init_from={self.warm_start_dir(warm)}", *FROM_WARM_START,
                      f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}", *extra]
         return self.train(name, overrides)
 
-    def train_all(self, specs: Sequence[dict]) -> list[Run]:
-        """Train the runs `study.arm(**spec)` would, in parallel single-core processes (one per
-        available core; workers.py), into the same cache: later `arm` calls reuse them."""
-        warm = self.warm_start_dir()
-        jobs = [(self.config, self.overrides, self.runs_dir, warm, dict(spec)) for spec in specs]
-        return workers.parallel_map(_train_job, jobs, self.cores)
-
-    def warm_start(self, policy: str | None = None) -> Run:
-        """The warm start itself as a zero-iteration run (to evaluate it like any other model)."""
+    def warm_start(self, policy: str | None = None, warm: int = 0) -> Run:
+        """Warm start `warm` itself as a zero-iteration run (to evaluate it like any other model;
+        its evaluation seed is train.seed + 1 with train.seed = warm)."""
         policy = policy or self.base.kv.policy
-        return self.arm("warm_start", mode="dense", policy=policy, extra=["train.iterations=0"])
+        return self.arm("warm_start" if warm == 0 else f"warm_start{warm}", mode="dense",
+                        policy=policy, seed=warm, extra=["train.iterations=0"], warm=warm)
+
+    def train_all(self, specs: Sequence[dict], evals: Sequence[tuple[dict, int]] = ()) -> None:
+        """Train what `study.arm(**spec)` would for every spec (warm starts first), in parallel
+        single-core processes (one per available core; workers.py), and evaluate each final model
+        under every (kv overrides, prompts) of `evals` there: later `arm` / `evaluate` calls read
+        the cache. A spec {"warm_start": k} trains warm start k and evaluates it."""
+        warms = sorted({int(s.get("warm", 0)) for s in specs if "warm_start" not in s}
+                       | {int(s["warm_start"]) for s in specs if "warm_start" in s})
+        jobs = [{"warm_start": w} for w in warms] + [dict(s) for s in specs if "warm_start" not in s]
+        args = (self.config, self.overrides, self.runs_dir, self.base.kv.policy,
+                [[dict(kv), int(n)] for kv, n in evals])
+        workers.parallel_map(_train_job, [(*args, job) for job in jobs], self.cores)
 
 
-def _train_job(job) -> Run:
-    """Worker of Study.train_all: one arm of a study."""
-    config, overrides, runs_dir, warm_dir, spec = job
+def _train_job(job) -> None:
+    """Worker of Study.train_all: one warm start or one arm, trained and evaluated."""
+    config, overrides, runs_dir, policy, evals, spec = job
     study = Study(config, overrides, runs_dir)
-    study._warm_dir = warm_dir
-    return study.arm(**spec)
+    if "warm_start" in spec:
+        run = study.warm_start(policy, warm=spec["warm_start"])
+    else:
+        run = study.arm(**spec)
+    for kv, n in evals:
+        run.evaluate(kv, n)
+    run._trainer = None
 
 
-# ----------------------------------------------------------------------------- statistics
+# ----------------------------------------------------------------------------- numbers of a run
 
 
 def last_quarter(history: list[dict], key: str, default: float = 0.0) -> float:
@@ -241,7 +427,7 @@ def run_mean(history: list[dict], key: str, default: float = 0.0) -> float:
 
 
 def summarize(run: Run) -> dict:
-    """The training-time numbers every table quotes."""
+    """The training-time numbers every table quotes, and the reward rule's collapse iteration."""
     h = run.history
     return {
         "train_reward_last25": last_quarter(h, "reward/mean"),
@@ -252,18 +438,46 @@ def summarize(run: Run) -> dict:
         "entropy_last25": last_quarter(h, "loss/entropy", np.nan),
         "length_last25": last_quarter(h, "response/length_mean"),
         "skipped_steps": float(sum(h_.get("update/skipped", 0.0) for h_ in h)),
+        "collapse_iteration": reward_collapse_iteration(h),
     }
 
 
 def scores(run: Run, sparse_policy: str, n: int | None = None) -> dict:
-    """Accuracy of the final weights under dense and under `sparse_policy` inference (on `n`
-    held-out prompts, default train.eval_prompts), with the training-time summary: one row of a
-    figure's table."""
-    return {
-        "dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
-        "sparse_acc": run.evaluate({"policy": sparse_policy}, n=n)["accuracy"],
-        **summarize(run),
-    }
+    """One row of a figure's table: accuracy of the final weights under dense and under
+    `sparse_policy` inference (on `n` held-out prompts, default train.eval_prompts), the sparse
+    evaluation's KV saving and the training-time summary."""
+    sparse = run.evaluate({"policy": sparse_policy}, n=n)
+    return {"dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
+            "sparse_acc": sparse["accuracy"], "sparse_kv_saving": sparse["kv_saving"], **summarize(run)}
+
+
+def warm_rows(study: Study, warms: Sequence[int], n: int, policy: str | None = None) -> dict:
+    """{warm start: its dense and sparse (`policy`, default the base config's) accuracy}."""
+    policy = policy or study.base.kv.policy
+    out = {}
+    for w in warms:
+        run = study.warm_start(policy, warm=w)
+        sparse = run.evaluate({"policy": policy}, n=n)
+        out[w] = {"dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
+                  "sparse_acc": sparse["accuracy"], "sparse_kv_saving": sparse["kv_saving"]}
+    return out
+
+
+def warm_starts_of(data: dict) -> dict[int, dict]:
+    """A results.json's warm starts {k: row} (results before warm starts: one, k = 0, from
+    'warm_start' or fig b's 'warm_dense_acc'); {} when none was recorded."""
+    if "warm_starts" in data:
+        return {int(k): v for k, v in data["warm_starts"].items()}
+    if "warm_start" in data:
+        return {0: data["warm_start"]}
+    if "warm_dense_acc" in data:
+        return {0: {"dense_acc": data["warm_dense_acc"]}}
+    return {}
+
+
+def warm_dense_of(rows: Sequence[dict], warms: dict[int, dict]) -> list[float | None]:
+    """Each row's warm start's dense accuracy (None where that was not recorded)."""
+    return [warms.get(unit_of(r, i)[0], {}).get("dense_acc") for i, r in enumerate(rows)]
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
@@ -279,8 +493,7 @@ def fmt(values: Sequence[float], spec: str = ".3f") -> str:
 
 
 def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Iterations, mean and sample standard deviation over seeds (0 for one seed) of one metric,
-    as the tables give them."""
+    """Iterations, mean and sample standard deviation over runs (0 for one run) of one metric."""
     n = min(len(h) for h in histories)
     ys = np.array([[h[i].get(key, np.nan) for i in range(n)] for h in histories], np.float64)
     std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(n)
@@ -289,7 +502,7 @@ def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.nda
 
 def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like curve() for a metric logged at some iterations only (e.g. eval/accuracy every
-    train.eval_every): the iterations where every seed logged it."""
+    train.eval_every): the iterations where every run logged it."""
     steps = None
     for h in histories:
         have = {i + 1 for i, row in enumerate(h) if key in row}
@@ -302,66 +515,69 @@ def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray,
 
 def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
                  arm_of: Callable[[str], tuple[str, str, Sequence[str]]],
-                 score: Callable[[Run], dict]) -> tuple[dict, dict]:
-    """Train (or reuse) every variant x seed; `arm_of(name)` gives its (rl.mode, kv.policy, extra
-    overrides). Returns results[name] = [score(run) per seed] and histories[name]."""
+                 score: Callable[[Run], dict], evals: Sequence[tuple[dict, int]] = (),
+                 warms: Sequence[int] = (0,)) -> tuple[dict, dict]:
+    """Train (or reuse) every variant x warm start x seed; `arm_of(name)` gives its (rl.mode,
+    kv.policy, extra overrides), `evals` the evaluations the workers run. Returns results[name] =
+    [score(run) + its warm_start and seed, per run] and histories[name]."""
     arms = {name: arm_of(name) for name in names}
-    study.train_all([dict(name=f"{n}/seed{s}", mode=arms[n][0], policy=arms[n][1], seed=s,
-                          extra=arms[n][2]) for n in names for s in seeds])
+    units = [(w, s) for w in warms for s in seeds]
+
+    def spec(n, w, s):
+        return dict(name=f"{n}/seed{s}" if w == 0 else f"{n}/w{w}/seed{s}", mode=arms[n][0],
+                    policy=arms[n][1], seed=s, extra=list(arms[n][2]), warm=w)
+
+    study.train_all([spec(n, w, s) for n in names for w, s in units], evals)
     results, histories = {}, {}
     for name in names:
-        mode, policy, extra = arm_of(name)
-        runs = [study.arm(f"{name}/seed{s}", mode=mode, policy=policy, seed=s, extra=extra)
-                for s in seeds]
-        histories[name] = [r.history for r in runs]
-        results[name] = [score(r) for r in runs]
+        runs = [(w, s, study.arm(**spec(name, w, s))) for w, s in units]
+        histories[name] = [r.history for _, _, r in runs]
+        results[name] = [{**score(r), "warm_start": w, "seed": s} for w, s, r in runs]
     return results, histories
-
-
-def bars_and_reward_curves(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
-                           bars: Sequence[tuple[str, str]]):
-    """One bar chart (mean ± std over seeds, one bar per variant) per (key, title) in `bars`, then
-    the train reward curves of every variant (mean over seeds)."""
-    fig, axes = plt.subplots(1, len(bars) + 1, figsize=(14, 3.6))
-    names = list(results)
-    for ax, (key, title) in zip(axes[:-1], bars):
-        stats = [mean_std(r[key] for r in results[n]) for n in names]
-        ax.bar(np.arange(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
-        ax.set_xticks(np.arange(len(names)), names, fontsize=7, rotation=30)
-        ax.set_title(title)
-    for name in names:
-        x, m, _ = curve(histories[name], "reward/mean")
-        axes[-1].plot(x, m, label=name)
-    axes[-1].set_title("train reward (mean over seeds)")
-    axes[-1].set_xlabel("iteration")
-    axes[-1].legend(fontsize=7)
-    return fig
 
 
 # ----------------------------------------------------------------------------- figure style
 
-BAND_CAPTION = ("Lines and bars: mean over seeds; shaded bands and error bars: ± one sample standard "
-                "deviation over seeds (none with one seed).")
+BAND_CAPTION = ("Lines and bars: mean over runs (warm starts x seeds); shaded bands and error bars: "
+                "± one sample standard deviation over runs (none with one run), clipped to the "
+                "metric's range.")
 
 
-def config_name(command: str) -> str:
+def band(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None) -> None:
+    """A ± one-standard-deviation band clipped to the metric's range [floor, ceil]."""
+    lo, hi = m - s, m + s
+    if floor is not None:
+        lo, hi = np.maximum(lo, floor), np.maximum(hi, floor)
+    if ceil is not None:
+        lo, hi = np.minimum(lo, ceil), np.minimum(hi, ceil)
+    ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0)
+
+
+def config_name(command: str, default_config: str = DEFAULT_CONFIG) -> str:
     """The base config a figure ran on, from its command line: the --config file's stem, or
-    'default'."""
+    that of the script's default config."""
     words = command.split()
     for i, w in enumerate(words):
         if w == "--config" and i + 1 < len(words):
             return os.path.splitext(os.path.basename(words[i + 1]))[0]
         if w.startswith("--config="):
             return os.path.splitext(os.path.basename(w.split("=", 1)[1]))[0]
-    return "default"
+    return os.path.splitext(os.path.basename(default_config))[0]
 
 
-def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "") -> str:
-    """A suptitle saying what was run: config, task, KV policy and budget, seeds, iterations."""
+def runs_phrase(seeds: Sequence[int], warms: Sequence[int] = (0,)) -> str:
+    """'3 seeds' or '2 warm starts x 3 seeds'."""
+    s = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+    return s if len(warms) == 1 else f"{len(warms)} warm starts x {s}"
+
+
+def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "",
+              warms: Sequence[int] = (0,), default_config: str = DEFAULT_CONFIG) -> str:
+    """A suptitle saying what was run: config, task, KV policy and budget, runs, iterations."""
     kv = cfg.kv
     head = f"{what}\n" if what else ""
-    return (f"{head}{config_name(command)} (task {cfg.data.task}), {kv.policy} budget {kv.budget} + "
-            f"buffer {kv.buffer}, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}, "
+    return (f"{head}{config_name(command, default_config)} (task {cfg.data.task}), {kv.policy} budget {kv.budget} + "
+            f"buffer {kv.buffer}\n{runs_phrase(seeds, warms)}, "
             f"{cfg.train.iterations} iterations of {cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
 
 
@@ -387,17 +603,13 @@ def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
     getattr(ax, f"set_{axis}lim")(low, 10.0 ** (hi + 0.3 * (hi - lo + 1)))
 
 
-def _value_text(value: float, spec: str) -> str:
-    return f"{value:{spec}}"
-
-
 def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
                     bars: Sequence[tuple[str, str, str, bool]], labels: dict[str, str], title: str,
                     reference: str | None = None):
     """A figure of an ablation with short variant labels: one horizontal bar panel (mean ± std over
-    seeds, value written beside each bar) per (key, axis label, value format, symlog?) in `bars`,
-    then one small panel per variant with its train reward curve (mean ± std over seeds) over the
-    `reference` variant's mean (grey, dashed)."""
+    runs, value written beside each bar, every run a dot) per (key, axis label, value format,
+    symlog?) in `bars`, then one small panel per variant with its train reward curve (mean ± std
+    over runs) over the `reference` variant's mean (grey, dashed)."""
     names = list(results)
     colours = {n: f"C{i}" for i, n in enumerate(names)}
     n_multi_rows = -(-len(names) // 2)
@@ -411,8 +623,13 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
         stats = [mean_std(r[key] for r in results[n]) for n in names]
         means = np.array([m for m, _ in stats])
         stds = np.array([s for _, s in stats])
-        ax.barh(y, means, xerr=stds, color=[colours[n] for n in names], capsize=2,
+        lo = np.minimum(stds, np.maximum(means, 0.0))  # no error bar below the metric's floor, 0
+        ax.barh(y, means, xerr=[lo, stds], color=[colours[n] for n in names], capsize=2, alpha=0.85,
                 error_kw={"elinewidth": 0.8})
+        for yi, n in zip(y, names):
+            vals = [r[key] for r in results[n]]
+            if len(vals) > 1:
+                ax.plot(vals, yi + np.linspace(-0.15, 0.15, len(vals)), "k.", ms=2.5)
         ax.set_yticks(y, [labels.get(n, n) for n in names])
         if ax is not bar_axes[0] and len(bar_axes) == 2:  # same rows as its left neighbour
             ax.tick_params(labelleft=False)
@@ -423,7 +640,7 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
         else:
             ax.set_xlim(0, max(1e-9, float(np.nanmax(means + stds))) * 1.3)
         for yi, m, s in zip(y, means, stds):
-            ax.annotate(_value_text(m, spec), (max(m + s, 0), yi),
+            ax.annotate(f"{m:{spec}}", (max(m + s, 0), yi),
                         xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     multi = np.atleast_2d(bottom.subplots(n_multi_rows, 2, sharex=True, sharey=True))
     for i, ax in enumerate(multi.ravel()):
@@ -436,7 +653,7 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
             ax.plot(x, m, "--", color="0.55", lw=1)
         x, m, s = curve(histories[name], "reward/mean")
         ax.plot(x, m, color=colours[name], lw=1.2)
-        ax.fill_between(x, m - s, m + s, color=colours[name], alpha=0.2, lw=0)
+        band(ax, x, m, s, colours[name], 0.0, 1.0)
         ax.set_title(labels.get(name, name), fontsize=8, pad=2)
         if i % 2 == 0:
             ax.set_ylabel("train reward\n(mean per rollout)")
@@ -453,27 +670,196 @@ def band_legend_below(fig, ax, ncol: int | None = None) -> None:
     fig.legend(handles, names, loc="outside lower center", ncol=ncol or len(names), frameon=False)
 
 
-# ----------------------------------------------------------------------------- command line, outputs
+# ----------------------------------------------------------------------------- provenance
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def command_line(cores: Sequence[int] | None = None) -> str:
+    """This process's command as the docs write it, with the pinning it ran under: `taskset -c`
+    when the command may use fewer cores than the machine has, SPARSERL_PORTABLE_CPU=0 when the
+    portable CPU settings were off."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if sys.argv[0] else "?"
+    prefix = [] if workers.portable_cpu_enabled() else ["SPARSERL_PORTABLE_CPU=0"]
+    cores = list(workers.available_cores() if cores is None else cores)
+    if len(cores) < (os.cpu_count() or len(cores)):
+        prefix += ["taskset", "-c", ",".join(map(str, cores))]
+    return " ".join([*prefix, "python", script, *sys.argv[1:]])
+
+
+def cpu_model() -> str:
+    """The CPU's model name, family and model, and whether it has AVX-512."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+    except OSError:
+        return "?"
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    avx512 = "avx512f" in info.get("flags", "").split()
+    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
+            f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})")
+
+
+def provenance(cores: Sequence[int], seconds: float | None) -> dict:
+    """What produced a result: commit (and whether the tree had uncommitted changes), the portable
+    CPU settings (workers.py), the machine, the jax version, the cores and the wall time."""
+    import jax
+
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": _git("rev-parse", "--short=12", "HEAD"), "uncommitted_changes": bool(dirty),
+            "portable_cpu": workers.portable_cpu_enabled(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "cpu": cpu_model(), "jax": jax.__version__, "python": sys.version.split()[0],
+            "cores": len(cores), "wall_s": None if seconds is None else round(seconds, 1)}
+
+
+def provenance_line(data: dict, results_json: str | None = None) -> str:
+    """results.md's provenance sentence, from data['provenance'] (or, for results that did not
+    record it, what git says of their results.json)."""
+    p = data.get("provenance")
+    if p:
+        commit = f"{p['commit']}{' with uncommitted changes' if p['uncommitted_changes'] else ''}"
+        portable = "on" if p["portable_cpu"] else "off (SPARSERL_PORTABLE_CPU=0)"
+        wall = "" if p["wall_s"] is None else f"; wall time {p['wall_s']:.0f} s"
+        arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
+        return (f"Provenance: commit {commit}; portable CPU settings {portable} (experiments/workers.py); "
+                f"{p['cpu']}; jax {p['jax']}; {p['cores']} core(s){wall}.{arms}")
+    if results_json is None:
+        return "Provenance: not recorded."
+    rel = os.path.relpath(os.path.abspath(results_json), REPO)
+    commit = _git("log", "-1", "--format=%h %ad", "--date=short", "--", rel)
+    if not commit:
+        return "Provenance: not recorded by this run (before figlib recorded it)."
+    before = _git("merge-base", "--is-ancestor", PORTABLE_SINCE, commit.split()[0]) is None
+    return (f"Provenance: not recorded by this run (before figlib recorded it); its results.json was "
+            f"committed in {commit}, {'before' if before else 'after'} the portable CPU settings "
+            f"({PORTABLE_SINCE}), so it ran with {'the host' if before else 'the portable'} CPU numerics; "
+            "no arms.json.")
+
+
+# ----------------------------------------------------------------------------- the scaffold
+
+
+@dataclasses.dataclass
+class Rendered:
+    """A figure's render: results.md's title and body (tables, notes), its figures by file stem
+    (the first is the main one, shown under the body with `caption`; the body shows the others)."""
+
+    title: str
+    markdown: str
+    figures: dict
+    caption: str = ""
+
+
+@dataclasses.dataclass
+class Figure:
+    """One result script. `run(args, study)` trains and evaluates (study is None when
+    `trains=False`) and returns the numbers (JSON-able); `render(data, base, command)` turns them
+    into a Rendered, from a fresh run or from a committed results.json (--replot)."""
+
+    name: str  # results directory: experiments/results/<name>[/<config stem>]
+    doc: str
+    run: Callable[[argparse.Namespace, "Study | None"], dict]
+    render: Callable[[dict, "TrainConfig | None", str], Rendered]
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    seeds: Sequence[int] | None = (0,)  # --seeds default; None: the script has no seeds
+    seeds_help: str = "train.seed of the RL runs (on every warm start)"
+    warm_starts: Sequence[int] | None = None  # --warm-starts default; None: warm start 0 only
+    trains: bool = True  # --config, --runs-dir, overrides, a Study
+    eval_prompts: bool = True  # --eval-prompts
+    replot: bool = True
+    default_config: str = DEFAULT_CONFIG
+    fresh_runs: bool = False  # runs in <out>/runs, cleared first, unless --runs-dir names a cache
+
+    def parser(self) -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(description=self.doc.split("\n")[0], epilog=self.doc,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        if self.replot:
+            p.add_argument("--replot", metavar="DIR", help="re-render the PNG(s) and results.md of a "
+                           "results directory from its results.json and config.yaml (no training)")
+        p.add_argument("--out", help="output directory (default experiments/results/<figure>, or "
+                       "<figure>/<config stem> for another --config)")
+        p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+        if self.seeds is not None:
+            p.add_argument("--seeds", type=int, nargs="+", default=list(self.seeds), help=self.seeds_help)
+        if self.warm_starts is not None:
+            p.add_argument("--warm-starts", type=int, nargs="+", default=list(self.warm_starts),
+                           help="SFT seeds of the warm starts every arm is trained from")
+        if self.trains:
+            p.add_argument("--config", default=self.default_config, help="the base YAML config")
+            p.add_argument("--runs-dir", default=None if self.fresh_runs else DEFAULT_RUNS,
+                           help="cache of training runs, shared by figures" + (
+                               " (default: <out>/runs, cleared first)" if self.fresh_runs else ""))
+            if self.eval_prompts:
+                p.add_argument("--eval-prompts", type=int, help=f"held-out prompts of the final "
+                               f"evaluations (default: at least {EVAL_PROMPTS}; train.eval_prompts "
+                               "with --smoke)")
+            p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
+        if self.arguments:
+            self.arguments(p)
+        return p
+
+    def main(self, argv=None) -> dict:
+        args = self.parser().parse_args(argv)
+        if getattr(args, "replot", None):
+            data, base = load_results(args.replot, self.trains, self.default_config)
+            self.write(args.replot, data, base, replot=True)
+            return data
+        t0 = time.perf_counter()
+        cores = workers.available_cores()  # before this process pins itself to the first
+        command = command_line(cores)
+        args.out = args.out or default_out(self.name, getattr(args, "config", self.default_config),
+                                           self.default_config)
+        if self.fresh_runs and args.runs_dir is None:
+            args.runs_dir = os.path.join(args.out, "runs")
+            shutil.rmtree(args.runs_dir, ignore_errors=True)
+        study = study_from_args(args, cores) if self.trains else None
+        data = self.run(args, study)
+        data = {"command": command, **data,
+                "provenance": {**provenance(cores, time.perf_counter() - t0), "arms_json": bool(study and study.arms)}}
+        self.write(args.out, data, study.base if study else None, study)
+        return data
+
+    def write(self, out: str, data: dict, base, study: Study | None = None, replot: bool = False) -> None:
+        """results.md and the PNGs (and, unless `replot`, results.json, arms.json, config.yaml)."""
+        write_results(out, self.render(data, base, data["command"]), data, study, replot)
+
+
+def write_results(out: str, r: Rendered, data: dict, study: Study | None = None, replot: bool = False) -> None:
+    """results.md (title, command, provenance, body, main figure, caption) and every PNG of `r`;
+    unless `replot`, also results.json (`data`), and with a study arms.json and config.yaml."""
+    os.makedirs(out, exist_ok=True)
+    prov = provenance_line(data, os.path.join(out, "results.json") if replot else None)
+    main = next(iter(r.figures), None)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(f"# {r.title}\n\nCommand: `{data['command']}`\n\n{prov}\n\n{r.markdown}\n")
+        if main:
+            f.write(f"\n![{main}]({main}.png)\n")
+        if r.caption:
+            f.write(f"\n{r.caption}\n")
+    for name, fig in r.figures.items():
+        save_figure(out, fig, name)
+    if not replot:
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(data, f, indent=1, default=float)
+        if study is not None:
+            dump_config(study.base, os.path.join(out, "config.yaml"))
+        if study is not None and study.arms:
+            with open(os.path.join(out, "arms.json"), "w") as f:
+                json.dump({"config": os.path.relpath(study.config, REPO), "overrides": study.overrides,
+                           "arms": study.arms}, f, indent=1)
+    print(r.markdown)
 
 
 def parser(doc: str, replot: bool = False) -> argparse.ArgumentParser:
-    """The options every figure script has; `replot`: also --replot and --eval-prompts (the scripts
-    that support them)."""
-    p = argparse.ArgumentParser(description=doc.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
-    if replot:
-        p.add_argument("--replot", metavar="DIR", help="re-render the PNG(s) and results.md of a "
-                       "results directory from its results.json and config.yaml (no training); the "
-                       "tables keep their numbers")
-        p.add_argument("--eval-prompts", type=int, help=f"held-out prompts of the final evaluations "
-                       f"(default: at least {EVAL_PROMPTS}; train.eval_prompts with --smoke)")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="the base YAML config")
-    p.add_argument("--out", help="output directory (default experiments/results/<figure>, or "
-                   "<figure>/<config stem> for another --config)")
-    p.add_argument("--runs-dir", default=DEFAULT_RUNS, help="cache of training runs, shared by figures")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
-    p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
-    return p
+    """The common arguments alone (--config, --out, --runs-dir, --smoke, overrides; `replot`: also
+    --replot and --eval-prompts), for a script that builds its own main (real_rl.py)."""
+    return Figure("", doc, None, None, seeds=None, eval_prompts=replot, replot=replot).parser()
 
 
 def variants_parser(doc: str, variants: Sequence[str], replot: bool = False) -> argparse.ArgumentParser:
@@ -484,13 +870,24 @@ def variants_parser(doc: str, variants: Sequence[str], replot: bool = False) -> 
     return p
 
 
-def study_from_args(args) -> Study:
+def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figure_name: str,
+                  study: Study | None = None, *, caption: str = "", replot: bool = False) -> None:
+    """write_results for a script that builds its own main: the command and provenance of this
+    process (or, with `replot`, those `data` recorded)."""
+    if not replot:
+        cores = workers.available_cores()
+        data = {"command": command_line(cores), **data,
+                "provenance": {**provenance(cores, None), "arms_json": bool(study and study.arms)}}
+    write_results(out_dir, Rendered(title, markdown, {figure_name: fig}, caption), data, study, replot)
+
+
+def study_from_args(args, cores: list[int] | None = None) -> Study:
     """The study of a figure script's arguments. Pins this process to one core first (before any
     JAX computation; workers.py) so its evaluations, like its workers' runs, are the same on any
-    machine."""
+    machine; the workers get every core the command may use (`cores`, counted before pinning)."""
     if getattr(args, "replot", None):
         raise ValueError("--replot re-renders committed results: it trains nothing")
-    cores = workers.available_cores()  # counted before this process keeps only the first
+    cores = workers.available_cores() if cores is None else cores
     workers.pin_to_one_core()
     overrides = list(args.overrides) + (smoke_overrides(args.config, args.overrides) if args.smoke else [])
     return Study(args.config, overrides, args.runs_dir, cores=cores)
@@ -511,40 +908,29 @@ def eval_prompts(args, study: Study) -> int:
     return n if args.smoke else max(EVAL_PROMPTS, n)
 
 
-def load_results(out_dir: str) -> tuple[dict, TrainConfig]:
-    """A results directory's results.json and the base config it ran (its config.yaml)."""
+def warms_of(args) -> list[int]:
+    """--warm-starts, or [0] for a script without it."""
+    return list(getattr(args, "warm_starts", None) or [0])
+
+
+def load_results(out_dir: str, with_config: bool = True,
+                 default_config: str = DEFAULT_CONFIG) -> tuple[dict, TrainConfig | None]:
+    """A results directory's results.json and the base config it ran: its config.yaml, or (results
+    that kept none) the --config of its command, else `default_config`."""
     with open(os.path.join(out_dir, "results.json")) as f:
         data = json.load(f)
-    return data, load_config([os.path.join(out_dir, "config.yaml")])
-
-
-def command_line() -> str:
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if sys.argv[0] else "?"
-    return " ".join(["python", script, *sys.argv[1:]])
-
-
-def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figure_name: str,
-                  study: Study | None = None, *, caption: str = "", replot: bool = False) -> None:
-    """results.md (command + table + the figure and its caption), results.json (the numbers),
-    <figure_name>.png, config.yaml. `replot`: results.json and config.yaml stay as they are (the
-    command in results.md stays the one that produced them)."""
-    os.makedirs(out_dir, exist_ok=True)
-    command = data["command"] if replot else command_line()
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(f"# {title}\n\nCommand: `{command}`\n\n{markdown}\n\n![{figure_name}]({figure_name}.png)\n")
-        if caption:
-            f.write(f"\n{caption}\n")
-    if not replot:
-        with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump({"command": command, **data}, f, indent=1, default=float)
-    save_figure(out_dir, fig, figure_name)
-    if study is not None and not replot:
-        dump_config(study.base, os.path.join(out_dir, "config.yaml"))
-    print(markdown)
+    if not with_config:
+        return data, None
+    path = os.path.join(out_dir, "config.yaml")
+    if not os.path.exists(path):
+        words = data["command"].split()
+        path = (os.path.join(REPO, words[words.index("--config") + 1]) if "--config" in words
+                else default_config)
+    return data, load_config([path])
 
 
 def save_figure(out_dir: str, fig, name: str) -> None:
-    """<out_dir>/<name>.png (a figure's extra plots; write_outputs saves its main one)."""
+    """<out_dir>/<name>.png."""
     os.makedirs(out_dir, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
@@ -559,4 +945,3 @@ def default_out(name: str, config: str = DEFAULT_CONFIG, default_config: str = D
     if os.path.abspath(config) == os.path.abspath(default_config):
         return out
     return os.path.join(out, os.path.splitext(os.path.basename(config))[0])
-

@@ -33,14 +33,9 @@ def memo_statistics(responses: list[str]) -> dict:
             "no_memo": counts.get(None, 0) / max(n, 1)}
 
 
-def main(argv=None) -> dict:
-    p = figlib.parser(__doc__)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    args = p.parse_args(argv)
-    study = figlib.study_from_args(args)
+def run(args, study) -> dict:
     if not study.base.data.task_options.get("memo"):
         raise ValueError(f"memo_choice needs a cycle_walk config with memo: true ({args.config})")
-    out = args.out or figlib.default_out("memo_choice", args.config)
     policy = study.base.kv.policy
     runs = {"warm start": [study.warm_start()]}
     for arm, (mode, sparse) in ARMS.items():
@@ -49,36 +44,51 @@ def main(argv=None) -> dict:
     rows = {}
     for name, arm_runs in runs.items():
         rows[name] = []
-        for run in arm_runs:
-            kv_cfg = dataclasses.replace(run.cfg.kv, policy="none")  # the samples, not only the score
-            res = run.trainer(log=lambda *_: None).evaluate(kv_cfg=kv_cfg)
+        for run_ in arm_runs:
+            kv_cfg = dataclasses.replace(run_.cfg.kv, policy="none")  # the samples, not only the score
+            res = run_.trainer(log=lambda *_: None).evaluate(kv_cfg=kv_cfg)
             stats = memo_statistics([s["response"] for s in res["samples"]])
             rows[name].append({"accuracy": res["accuracy"], **stats})
+    return {"rows": rows, "seeds": args.seeds}
+
+
+def render(data: dict, base, command: str) -> figlib.Rendered:
+    rows, seeds_ = data["rows"], data["seeds"]
     lines = [
-        f"Memo letters of {study.base.train.eval_prompts} held-out prompts per model under dense "
-        f"inference (temperature {study.base.rollout.temperature}); uniform over {len(MEMO_LETTERS)} "
+        f"Memo letters of {base.train.eval_prompts} held-out prompts per model under dense "
+        f"inference (temperature {base.rollout.temperature}); uniform over {len(MEMO_LETTERS)} "
         f"letters is {math.log(len(MEMO_LETTERS)):.2f} nats. Sparse arms trained with "
-        f"{policy}@{study.base.kv.budget}; one row per seed {args.seeds}.",
+        f"{base.kv.policy}@{base.kv.budget} from warm start 0; one row per seed {seeds_}.",
         "",
         "| model | seed | accuracy | memo entropy (nats) | most frequent letter | its share | no memo |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, arm_rows in rows.items():
-        seeds = [0] if name == "warm start" else args.seeds
+        seeds = [0] if name == "warm start" else seeds_
         for seed, r in zip(seeds, arm_rows):
             lines.append(f"| {name} | {seed} | {r['accuracy']:.3f} | {r['entropy']:.2f} | {r['top_letter']} "
                          f"| {r['top_share']:.2f} | {r['no_memo']:.2f} |")
-    fig, ax = figlib.plt.subplots(figsize=(5, 3.2))
+    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.2), layout="constrained")
     for i, (name, arm_rows) in enumerate(rows.items()):
         ax.scatter([r["entropy"] for r in arm_rows], [r["accuracy"] for r in arm_rows], label=name,
-                   color=f"C{i}")
+                   color=f"C{i}", s=14)
     ax.axvline(math.log(len(MEMO_LETTERS)), color="k", ls="--", lw=0.8)
-    ax.set_xlabel("memo entropy (nats)")
-    ax.set_ylabel("accuracy (dense inference)")
-    ax.legend(fontsize=7)
-    figlib.write_outputs(out, "Memo choice: does a policy make its memo predictable?", "\n".join(lines),
-                         {"rows": rows, "seeds": args.seeds}, fig, "memo_choice", study)
-    return rows
+    ax.set_xlabel("memo-letter entropy (nats)")
+    ax.set_ylabel(f"accuracy, dense inference\n(avg@1, {base.train.eval_prompts} prompts)")
+    ax.set_ylim(-0.02, 1.02)
+    figlib.band_legend_below(fig, ax, ncol=2)
+    fig.suptitle(f"Memo choice: {figlib.config_name(command)}, {len(seeds_)} seeds", fontsize=9)
+    caption = ("Figure: each model's (one dot per seed) memo-letter entropy and accuracy under dense "
+               "inference; dashed: the uniform choice's entropy, ln 25.")
+    return figlib.Rendered("Memo choice: does a policy make its memo predictable?", "\n".join(lines),
+                           {"memo_choice": fig}, caption)
+
+
+FIGURE = figlib.Figure("memo_choice", __doc__, run, render, seeds=(0, 1, 2), eval_prompts=False)
+
+
+def main(argv=None) -> dict:
+    return FIGURE.main(argv)["rows"]
 
 
 if __name__ == "__main__":

@@ -14,35 +14,46 @@ jax.devices()  # the backend runs: workers.parallel_map runs the arms here (no w
 
 
 def test_default_experiment_smoke(tmp_path):
-    results = default_experiment.main(["--smoke", "--seeds", "0", "--out", str(tmp_path)])
-    for name in ("results.md", "results.json", "curves.png", "config.yaml"):
+    """The default experiment over two warm starts x one seed: figure a's arms, both collapse rules,
+    verdicts per warm start and pooled, provenance, arms.json, the fingerprint of warm start 0."""
+    data = default_experiment.main(["--smoke", "--seeds", "0", "--warm-starts", "0", "1", "--out", str(tmp_path)])
+    for name in ("results.md", "results.json", "curves.png", "config.yaml", "arms.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["histories"]) == {"dense", "naive_sparse", "sparse_rl"}
-    assert all(len(h) == 1 and len(h[0]) == 2 for h in saved["histories"].values())  # seeds x iterations
-    assert "over 1 seed(s) (train.seed 0;" in (tmp_path / "results.md").read_text()
-    for arm in ("warm_start", "dense", "naive_sparse", "sparse_rl"):
-        assert 0.0 <= results[arm]["dense_acc"] <= 1.0 and 0.0 <= results[arm]["sparse_acc"] <= 1.0
-    assert results["dense"]["train_kv_saving"] == 0.0
-    assert results["sparse_rl"]["train_kv_saving"] > 0.2  # the sparse arms really evict
-    assert "| sparse_rl |" in (tmp_path / "results.md").read_text()
-    assert " of 1 |" in (tmp_path / "results.md").read_text()  # collapsed seeds, k of n
+    assert all(len(h) == 2 and len(h[0]) == 2 for h in saved["histories"].values())  # runs x iterations
+    assert set(saved["warm_starts"]) == {"0", "1"} and saved["provenance"]["portable_cpu"] is True
+    md = (tmp_path / "results.md").read_text()
+    assert "warm starts (SFT seeds) [0, 1], RL seeds [0] on each: 2 runs per arm" in md
+    assert "| warm start 1 |" in md and "| sparse_rl |" in md and " of 2 (at " in md  # both rules
+    assert "| sparse_rl - naive_sparse | dense inference, warm start 1 |" in md  # verdict per warm start
+    assert "[arms.json](arms.json)" in md
+    for arm, rows in data["per_seed"].items():
+        assert [(r["warm_start"], r["seed"]) for r in rows] == [(0, 0), (1, 0)]
+        assert all(0.0 <= r["dense_acc"] <= 1.0 and 0.0 <= r["sparse_acc"] <= 1.0 for r in rows)
+        assert all((r["train_kv_saving"] > 0.2) == (arm != "dense") for r in rows)  # the sparse arms evict
     arms = json.loads((tmp_path / "arms.json").read_text())["arms"]
-    assert arms["sparse_rl"][0]["config"]["rl"]["mode"] == "sparse_rl"
-    assert arms["naive_sparse"][0]["config"]["kv"]["policy"] == "rkv"
-    assert arms["dense"][0]["config"]["kv"]["policy"] == "none"
-    assert set(results["fingerprint"]) == {"warm_start_params", "first_rollout_tokens",
-                                           "first_rollout_logprobs", "first_rollout_kept", "metrics"}
+    assert arms["sparse_rl/seed0"]["config"]["rl"]["mode"] == "sparse_rl"
+    assert arms["naive_sparse/w1/seed0"]["config"]["kv"]["policy"] == "rkv"
+    assert arms["dense/seed0"]["config"]["kv"]["policy"] == "none"
+    assert arms["dense/w1/seed0"]["config"]["model"]["init_from"].endswith(arms["warm_start1/sft"]["run"])
+    assert arms["warm_start1/sft"]["run"] != arms["warm_start0/sft"]["run"]  # two SFT draws
+    assert os.path.isdir(tmp_path / "runs")  # a fresh experiment keeps its runs in <out>/runs
+    assert set(data["fingerprint"]) == {"warm_start_params", "first_rollout_tokens",
+                                        "first_rollout_logprobs", "first_rollout_kept", "metrics"}
+    assert data["fingerprint"]["metrics"] == default_experiment.metrics_fingerprint(saved)
 
 
 def test_warm_start_spread_smoke(tmp_path):
     import warm_start_spread
 
     out = warm_start_spread.main(["--smoke", "--seeds", "0", "1", "--budgets", "48",
-                                  "--out", str(tmp_path), "train.eval_prompts=4"])
+                                  "--out", str(tmp_path), "--runs-dir", str(tmp_path / "runs"),
+                                  "train.eval_prompts=4"])
     rows = out["rows"]
     assert [r["seed"] for r in rows] == [0, 1]
     assert all(0.0 <= r["dense_acc"] <= 1.0 and 0.0 <= r["sparse_acc@48"] <= 1.0 for r in rows)
     assert all(r["kv_saving@48"] > 0.2 for r in rows)  # budget 48 really evicts
     md = (tmp_path / "results.md").read_text()
     assert "| mean ± std |" in md and "| 1 |" in md
+    assert (tmp_path / "spread.png").stat().st_size > 0

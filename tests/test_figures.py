@@ -6,6 +6,7 @@ import dataclasses
 import filecmp
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -27,6 +28,8 @@ import fig_sortedrl  # noqa: E402
 import figlib  # noqa: E402
 from sparserl_jax.config import load_config  # noqa: E402
 import memo_choice  # noqa: E402
+import warm_start_spread  # noqa: E402
+import default as default_experiment  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
 jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
@@ -37,12 +40,22 @@ def runs_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("runs"))
 
 
-def _outputs(out, png):
-    for name in ("results.md", "results.json", f"{png}.png"):
+def _outputs(out, png, arms=True):
+    """The scaffold's outputs: results.md with the command and its provenance, results.json with
+    both, the PNG, and (scripts that train) arms.json with every run's resolved config."""
+    for name in ("results.md", "results.json", f"{png}.png") + (("arms.json", "config.yaml") if arms else ()):
         assert (out / name).stat().st_size > 0, name
     saved = json.loads((out / "results.json").read_text())
-    assert saved["command"].startswith("python ")
-    assert "Command: `python " in (out / "results.md").read_text()
+    assert re.match(r"(taskset -c [\d,]+ )?python ", saved["command"])
+    md = (out / "results.md").read_text()
+    assert f"Command: `{saved['command']}`" in md
+    prov = saved["provenance"]
+    assert prov["portable_cpu"] is True and prov["jax"] == jax.__version__ and prov["cpu"]
+    assert f"Provenance: commit {prov['commit']}" in md and prov["cpu"] in md
+    if arms:
+        assert "[arms.json](arms.json)" in md
+        resolved = json.loads((out / "arms.json").read_text())["arms"]
+        assert resolved and all(a["config"]["train"]["iterations"] >= 0 for a in resolved.values())
     return saved
 
 
@@ -51,21 +64,27 @@ def _acc_ok(x):
 
 
 def test_fig_a_curves(runs_dir, tmp_path):
+    """Figure a (one warm start; tests/test_experiments.py runs the same code over two): rows carry
+    their warm start and seed, both collapse rules are in the table, the tie rule's verdicts."""
     data = fig_a_curves.main(["--smoke", "--seeds", "0", "--out", str(tmp_path), "--runs-dir", runs_dir])
     saved = _outputs(tmp_path, "curves")
-    assert set(saved["per_seed"]) == {"dense", "naive_sparse", "sparse_rl"}
+    assert set(saved["per_seed"]) == {"dense", "naive_sparse", "sparse_rl"} and set(saved["warm_starts"]) == {"0"}
     for arm, rows in data["per_seed"].items():
-        assert len(rows) == 1 and all(_acc_ok(r["dense_acc"]) and _acc_ok(r["sparse_acc"]) for r in rows)
-        assert (rows[0]["train_kv_saving"] > 0.2) == (arm != "dense")
+        assert [(r["warm_start"], r["seed"]) for r in rows] == [(0, 0)]
+        assert all(_acc_ok(r["dense_acc"]) and _acc_ok(r["sparse_acc"]) for r in rows)
+        assert all((r["train_kv_saving"] > 0.2) == (arm != "dense") for r in rows)
     assert all(len(h) == 2 for h in data["histories"]["sparse_rl"])
     # smoke runs evaluate on the held-out prompts every iteration (--eval-every, default 10)
     assert all(_acc_ok(row["eval/accuracy"]) for h in data["histories"]["sparse_rl"] for row in h)
     md = (tmp_path / "results.md").read_text()
-    assert "| sparse_rl |" in md and " of 1 |" in md  # collapsed k of n
-    assert "periodic held-out accuracy logged during training" in md  # the caption
+    assert "| sparse_rl |" in md and " of 1 | 0 of 1 (at -) |" in md  # both collapse rules
+    assert "| sparse_rl - naive_sparse | dense inference |" in md and "verdict (tie rule)" in md
+    assert "lines with dots, held-out accuracy logged during training" in md  # the caption
     assert (tmp_path / "diagnostics.png").stat().st_size > 0
-    assert "loop fraction" in (tmp_path / "results.md").read_text()
+    assert "loop fraction" in md
     assert all(np.isfinite(d["diag/loop_fraction"]) for d in saved["diagnostics"]["sparse_rl"])
+    arms = json.loads((tmp_path / "arms.json").read_text())["arms"]
+    assert arms["sparse_rl/seed0"]["config"]["model"]["init_from"].endswith(arms["warm_start0/sft"]["run"])
 
 
 WALK = os.path.join(figlib.HERE, "configs", "walk_memo.yaml")
@@ -77,7 +96,8 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
     early lines), written to its own results directory (b, d and e share a's code paths)."""
     a = fig_a_curves.main(WALK_SMOKE + ["--seeds", "0", "--out", str(tmp_path / "a"), "--runs-dir", runs_dir])
     _outputs(tmp_path / "a", "curves")
-    assert np.isfinite(a["warm_start"]["mismatch_kl_k3"]) and a["warm_start"]["mismatch_kl_k3"] >= 0.0
+    warm = a["warm_starts"]["0"]
+    assert np.isfinite(warm["mismatch_kl_k3"]) and warm["mismatch_kl_k3"] >= 0.0
     hist = a["histories"]["naive_sparse"][0]
     assert all(h["kv/saving"] > 0.0 for h in hist)  # 18-token prompt + 48 tokens > 32 + 16 slots
     assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
@@ -96,24 +116,78 @@ def _table(md: str) -> list[str]:
     (fig_qurl, "fig_qurl", ("qurl",)),
     (fig_b_budget, "fig_b_budget/walk_key", ("budget",)),
     (fig_c_policies, "fig_c_policies", ("policies",)),
+    (fig_f_throughput, "fig_f_throughput", ("throughput",)),
+    (default_experiment, "default", ("curves",)),
+    (memo_choice, "memo_choice/walk_memo", ("memo_choice",)),
+    (calibrate_task, "calibration/walk_key", ("calibration",)),
+    (warm_start_spread, "warm_start_spread", ("spread",)),
 ])
 def test_replot_keeps_the_committed_numbers(script, results_dir, pngs, tmp_path):
-    """--replot re-renders a committed figure from its results.json and config.yaml, trains
+    """--replot re-renders a committed result from its results.json and config.yaml, trains
     nothing, and writes the same tables (with a caption) as the committed results.md."""
     src = os.path.join(figlib.HERE, "results", results_dir)
     for name in ("results.json", "config.yaml", "results.md"):
-        shutil.copy(os.path.join(src, name), tmp_path / name)
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), tmp_path / name)
     script.main(["--replot", str(tmp_path)])
     md = (tmp_path / "results.md").read_text()
     committed = open(os.path.join(src, "results.md")).read()
     assert _table(md) == _table(committed) and _table(md)
-    assert "Figure: " in md and "standard deviation" in md  # the caption defines the bands
+    assert "Figure: " in md
     assert md.splitlines()[2] == committed.splitlines()[2]  # the command that produced the numbers
+    assert md.splitlines()[4].startswith("Provenance: ")
     for png in pngs:
         assert (tmp_path / f"{png}.png").stat().st_size > 0
     assert filecmp.cmp(tmp_path / "results.json", os.path.join(src, "results.json"), shallow=False)
     with pytest.raises(ValueError, match="trains nothing"):
         figlib.study_from_args(argparse.Namespace(replot=str(tmp_path)))
+
+
+def test_the_collapse_rules():
+    """figlib.collapsed: below half the warm start's dense accuracy; the reward rule: the first
+    iteration whose 5-iteration moving average is below half the first window's."""
+    assert figlib.collapsed(0.47, 0.953) and not figlib.collapsed(0.48, 0.953)
+    assert not figlib.collapsed(0.0, 0.0)  # a warm start at 0 has nothing to lose
+    flat = [{"reward/mean": 0.6}] * 20
+    assert figlib.reward_collapse_iteration(flat) is None
+    assert figlib.reward_collapse_iteration(flat[:9]) is None  # shorter than two windows
+    falling = [{"reward/mean": r} for r in [0.6] * 5 + [0.0] * 15]
+    # averages over the 5 iterations ending at iteration 5, 6, 7, 8: 0.6, 0.48, 0.36, 0.24 (< 0.3)
+    assert figlib.reward_collapse_iteration(falling) == 8
+    rows = [{"dense_acc": 0.9, "collapse_iteration": None}, {"dense_acc": 0.1, "collapse_iteration": 12}]
+    assert figlib.collapse_cells(rows, [0.95, 0.95]) == ("1 of 2", "1 of 2 (at -, 12)")
+    assert figlib.collapse_cells(rows, [None, 0.95])[0] == "-"  # a warm start not recorded
+    assert figlib.collapse_cells([{"dense_acc": 0.5}], [0.95])[1] == "-"  # no history kept
+
+
+def test_the_tie_rule():
+    """figlib.tie_verdict on crafted differences: a difference counts only beyond 2 SE at every pair."""
+    np.testing.assert_allclose(figlib.diff_se(0.5, 100, 0.5, 100), np.sqrt(0.005))
+    assert figlib.diff_se(0.0, 128, 1.0, 128) == 0.0
+    assert figlib.tie_verdict([0.3, 0.2], [0.1, 0.05]) == 1
+    assert figlib.tie_verdict([-0.3, -0.2], [0.1, 0.05]) == -1
+    assert figlib.tie_verdict([0.3, 0.19], [0.1, 0.1]) == 0  # one pair within 2 SE
+    assert figlib.tie_verdict([0.3, -0.3], [0.01, 0.01]) == 0  # signs disagree
+    assert figlib.tie_verdict([0.0], [0.0]) == 0
+    # issue 32's cases at 128 prompts: fig d R-KV, both vs IBR only, beats it at every seed ...
+    both, ibr = [0.914, 0.859, 0.922], [0.750, 0.641, 0.812]
+    rows = lambda v: [{"acc": x, "seed": i} for i, x in enumerate(v)]  # noqa: E731
+    (c,) = figlib.compare("both", rows(both), "ibr_only", rows(ibr), "acc", 128)
+    assert c.verdict == "**both ahead**" and c.units == ["w0 s0", "w0 s1", "w0 s2"]
+    # ... and fig c's R-KV Sparse-RL vs naive (+0.172, -0.039, +0.023) is a tie
+    (c,) = figlib.compare("sparse_rl", rows([0.531, 0.430, 0.469]), "naive", rows([0.359, 0.469, 0.445]), "acc", 128)
+    assert c.verdict == "tie" and np.allclose(c.diffs, [0.172, -0.039, 0.024])
+    m, se = c.mean_se()
+    np.testing.assert_allclose([m, se], [np.mean(c.diffs), np.std(c.diffs, ddof=1) / np.sqrt(3)])
+    # with warm starts: one verdict per warm start, then the pooled one; a warm start as one model
+    a = [{"acc": x, "warm_start": w, "seed": s} for x, (w, s) in zip([0.9, 0.8, 0.5, 0.6], [(0, 0), (0, 1), (1, 0), (1, 1)])]
+    cs = figlib.compare("arm", a, "warm", {0: {"acc": 0.5}, 1: {"acc": 0.7}}, "acc", 512)
+    assert [c.metric for c in cs] == ["acc, warm start 0", "acc, warm start 1", "acc"]
+    assert [c.verdict for c in cs] == ["**arm ahead**", "**warm ahead**", "tie"]
+    with pytest.raises(ValueError, match="not paired"):
+        figlib.compare("a", a, "b", list(reversed(a)), "acc", 512)
+    table = figlib.comparison_table(cs)
+    assert table[2].startswith("| arm - warm | acc, warm start 0 | +0.400 (") and len(table) == 5
 
 
 def test_symlog_axis_ticks_do_not_crowd():
@@ -159,6 +233,7 @@ def test_runs_are_cached_and_shared(runs_dir):
     assert a.out_dir == b.out_dir and a.history == b.history
     c = study.arm("z", mode="sparse_rl", policy="snapkv", seed=1)
     assert c.out_dir != a.out_dir and c.history != a.history  # another seed is another run
+    assert study.arms["y"]["config"]["rl"]["mode"] == "sparse_rl" and study.arms["y"]["run"] == os.path.basename(a.out_dir)
 
 
 def test_mean_std_formatting():
@@ -215,7 +290,7 @@ def test_fig_e_robustness(runs_dir, tmp_path):
 
 def test_fig_f_throughput(tmp_path):
     data = fig_f_throughput.main(["--smoke", "--out", str(tmp_path)])
-    _outputs(tmp_path, "throughput")
+    _outputs(tmp_path, "throughput", arms=False)
     assert {r["policy"] for r in data["rows"]} == {"none", "streaming", "snapkv"}
     assert data["kv_ratio_at_longest"]["none"] == 1.0
     assert data["kv_ratio_at_longest"]["snapkv"] < 1.0  # the sparse cache is smaller
@@ -274,6 +349,5 @@ def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch
     args = argparse.Namespace(config=figlib.DEFAULT_CONFIG, overrides=[], smoke=True,
                               runs_dir=str(tmp_path), replot=None)
     study = figlib.study_from_args(args)
-    study._warm_dir = str(tmp_path)
     study.train_all([])
     assert seen == [[0, 1, 2]] and study.cores == [0, 1, 2]

@@ -193,7 +193,7 @@ def lengths_markdown(data: dict) -> str:
     lines = [_header(data), "",
              "Response lengths of the dense sampler (tokens, EOS included):", "",
              "| mean | " + " | ".join(f"p{p}" for p in PERCENTILES) + " | max | at cap | p95 / p50 |",
-             "|---" * (len(PERCENTILES) + 5) + "|",
+             "|---" * (len(PERCENTILES) + 4) + "|",
              f"| {lens.mean():.1f} | " + " | ".join(f"{v:.0f}" for v in q) +
              f" | {lens.max()} | {_pct(np.mean(lens >= s['max_new']))} | {q[5] / max(q[2], 1):.2f} |",
              "",
@@ -222,29 +222,74 @@ def lengths_markdown(data: dict) -> str:
 
 
 def lengths_figure(data: dict):
+    """Two rows at paper width: the length histogram (the responses at the cap in their own colour,
+    percentiles below the cap as lines, those at the cap named in the legend), then the bubble
+    ratios (percent of slot-steps or wall time idle) and the engine's throughput relative to the
+    static sampler (one dot per timed repeat), each on its own axis."""
     s, r = data["settings"], data["run"]
-    lens = np.asarray(r["lengths"])
-    fig, axes = plt.subplots(2, 1, figsize=(3.4, 4.8))
-    axes[0].hist(lens, bins=np.linspace(0, s["max_new"], 17), color="C0")
-    for p, ls in ((50, "--"), (90, ":"), (99, "-.")):
-        axes[0].axvline(np.percentile(lens, p), color="k", ls=ls, label=f"p{p}")
-    axes[0].set_xlabel(f"response length (tokens; cap {s['max_new']})")
-    axes[0].set_ylabel("responses")
-    axes[0].set_title(f"SmolLM2-135M response lengths\nT = 1.0, {len(lens)} prompts")
-    axes[0].legend()
-    labels = ["bubble\n(slot-steps)", "bubble\n(wall)", "tokens/s\nvs static"]
-    static = [100 * r["static_bubble"], 100 * r["static_bubble"], 100.0]
-    engine = [100 * r["engine_bubble_slots"], 100 * r["engine_bubble_wall"], 100 * r["engine_over_static"]]
-    x = np.arange(3)
-    axes[1].bar(x - 0.2, static, 0.4, label="static sampler")
-    axes[1].bar(x + 0.2, engine, 0.4, label="slot engine")
-    axes[1].set_xticks(x, labels)
-    axes[1].set_ylabel("percent")
-    axes[1].set_title(f"Static batches vs slot engine (Q = {r['slots']})")
-    axes[1].legend()
+    lens, cap = np.asarray(r["lengths"]), s["max_new"]
+    fig = plt.figure(figsize=(7.0, 5.4), layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[1.1, 1.0])
+    ax = fig.add_subplot(grid[0, :])
+    edges = np.linspace(0, cap, 17)
+    counts, _ = np.histogram(lens[lens < cap], bins=edges)
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="C0", edgecolor="white",
+           label="responses that ended (EOS)")
+    at_cap = int(np.sum(lens >= cap))
+    ax.bar([cap], [at_cap], width=np.diff(edges)[0] * 0.6, color="C3",
+           label=f"at the cap ({cap} tokens): {at_cap} of {len(lens)}")
+    pct = {p: float(np.percentile(lens, p)) for p in (50, 90, 99)}
+    for (p, v), ls in zip(pct.items(), ("--", ":", "-.")):
+        if v < cap:
+            ax.axvline(v, color="k", ls=ls, lw=1, label=f"p{p} = {v:.0f}")
+    capped = [f"p{p}" for p, v in pct.items() if v >= cap]
+    if capped:
+        ax.plot([], [], " ", label=f"{' = '.join(capped)} = the cap")
+    ax.set_xlim(0, cap + np.diff(edges)[0])
+    ax.set_xlabel("response length (tokens, EOS included)")
+    ax.set_ylabel("responses")
+    ax.set_title(f"Response lengths: {len(lens)} chat prompts, temperature 1.0, cap {cap}", fontsize=9)
+    ax.legend(loc="upper left", frameon=False)
+    ax = fig.add_subplot(grid[1, 0])
+    kinds = [("slot-steps", "static_bubble", "engine_bubble_slots", "engine_bubble_slots_until_drain"),
+             ("wall (Eq. 4)", "static_bubble", "engine_bubble_wall", "engine_bubble_wall_until_drain")]
+    x = np.arange(len(kinds))
+    for i, (label, colour, idx) in enumerate((("static sampler", "0.55", 1), ("slot engine, whole run", "C1", 2),
+                                              ("slot engine, until the queue empties", "C2", 3))):
+        ax.bar(x + (i - 1) * 0.27, [100 * r[k[idx]] for k in kinds], 0.27, color=colour, label=label)
+    ax.set_xticks(x, [k[0] for k in kinds])
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("bubble: idle share (%)")
+    ax.set_title("Bubble ratio (lower is better)", fontsize=9)
+    ax.legend(loc="upper right", frameon=False, fontsize=7)
+    ax = fig.add_subplot(grid[1, 1])
+    ratios = np.asarray(r["static_s"]) / np.asarray(r["engine_s"])  # same tokens: time ratio = throughput ratio
+    ax.bar([0, 1], [1.0, r["engine_over_static"]], 0.5, color=["0.55", "C1"])
+    ax.plot(np.ones_like(ratios) + np.linspace(-0.08, 0.08, len(ratios)), ratios, "k.", ms=4,
+            label=f"each of {len(ratios)} timed repeats")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_xticks([0, 1], ["static sampler", "slot engine"])
+    ax.set_ylim(0, max(1.5, 1.15 * float(ratios.max())))
+    ax.set_ylabel("tokens / s relative to static (x)")
+    ax.set_title(f"Throughput (median of {r['repeats']} repeats)", fontsize=9)
+    ax.legend(loc="upper left", frameon=False, fontsize=7)
+    fig.suptitle(f"SmolLM2-135M rollouts: length tail, and the slot engine vs static batches "
+                 f"(Q = {r['slots']})", fontsize=10)
     return fig
 
 
+def lengths_caption(data: dict) -> str:
+    r = data["run"]
+    return (f"Figure: top, the dense sampler's response lengths (16 bins up to the cap; red: the "
+            f"responses cut at the cap; lines: percentiles below the cap). Bottom left: the share of "
+            f"slot-steps (or of wall time, SortedRL Eq. 4) in which a slot decodes nothing, for the "
+            f"static sampler (batches of Q = {r['slots']}) and the slot engine, over the whole run and "
+            f"until its request queue empties. Bottom right: the engine's tokens per second relative "
+            f"to the static sampler's on the same responses: bar, the ratio of the medians of "
+            f"{r['repeats']} interleaved timed calls each; dots, the ratio within each repeat.")
+
+
+CAPTIONS = {"lengths": lengths_caption}  # the figures whose results.md defines their marks
 RENDER = {"eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (Sparse-RL)"),
           "quantization": (quantization_markdown, quantization_figure, "Quantization mismatch (QuRL)"),
           "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)")}
@@ -259,10 +304,13 @@ def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None
     md = markdown(data)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{md}\n\n![{name}]({name}.png)\n")
+        if name in CAPTIONS:
+            f.write(f"\n{CAPTIONS[name](data)}\n")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"command": cmd, **data}, f, indent=1)
     fig = figure(data)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=200)
     plt.close(fig)
     print(md)
