@@ -722,6 +722,12 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
     """results.md's provenance sentence, from data['provenance'] (or, for results that did not
     record it, what git says of their results.json)."""
     p = data.get("provenance")
+    if p and p.get("recorded") is False:  # results from before figlib recorded it: what git says
+        numerics = ("the portable CPU numerics (their default since)" if p["portable_cpu"] else
+                    "the host's own CPU numerics")
+        return (f"Provenance: not recorded by the run; its numbers were committed in {p['results_commit']}, "
+                f"{'after' if p['portable_cpu'] else 'before'} the portable CPU settings ({PORTABLE_SINCE}), "
+                f"so it ran with {numerics}; machine, jax version and each arm's config not recorded.")
     if p:
         commit = f"{p['commit']}{' with uncommitted changes' if p['uncommitted_changes'] else ''}"
         portable = "on" if p["portable_cpu"] else "off (SPARSERL_PORTABLE_CPU=0)"
