@@ -45,7 +45,9 @@ def tiny_policies() -> dict[str, dict]:
                 row["seq_reject"] = _mean(cell["per_seed"], "seq_reject_rate")
     default = _load("default/results.json")
     if default:
-        res = default["results"]
+        # the default experiment's layout before figlib (results/arm means), or figlib's (per_seed rows)
+        res = default.get("results") or {arm: {k: _mean(rows, k) for k in rows[0] if isinstance(rows[0][k], float)}
+                                          for arm, rows in default["per_seed"].items()}
         out["rkv (default)"] = {
             "source": "default (cycle_walk memo key, R-KV 48 + 16)",
             "kl_k3": res["naive_sparse"]["mismatch_kl_k3"], "kv_saving": res["naive_sparse"]["train_kv_saving"],
