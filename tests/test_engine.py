@@ -1,6 +1,7 @@
 """The slot engine and the SortedRL scheduler: equal to the static sampler, per-request results
 under refills, harvests, versions, bubble ratios, resume, an 8-device mesh and bad settings."""
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -188,6 +189,76 @@ def test_partial_responses_resume_exactly_under_unchanged_weights(resume):
         np.testing.assert_allclose(out.logprobs, np.asarray(ref.logprobs), rtol=1e-4, atol=1e-5)
         resumed += int(sum(len(set(v[:n])) > 1 for v, n in zip(out.version, out.lengths)))
     assert resumed > 0  # some response did span two versions
+
+
+PARAMS_V1 = jax.tree.map(lambda x: x * 1.25 if x.ndim >= 2 else x, PARAMS)  # other weights
+
+
+def test_a_token_carries_the_version_of_the_logits_it_was_sampled_from():
+    """Partial mode, resume='cache', other weights for version 1: a response mid-way in its slot
+    at the harvest (t_s tokens) decodes on under version 1. Its token t_s is sampled from logits
+    the version-0 weights computed, so it is labelled 0 and equals version 0's own generation in
+    token and log-prob; from token t_s + 1 on the logits are version 1's (label 1, and not
+    version 0's log-prob). The staleness metric counts exactly the version-0 tokens."""
+    limits = np.array([[2, 3], [4, 5], [12, 12], [6, 6]])
+    sched = _scheduler("partial", limits=limits, resume="cache")
+    sched.next_batch(PARAMS, 0)
+    t_now = np.asarray(sched.state.t)
+    t_s = {r.uid: int(t_now[q]) for q, r in sched.occupant.items()}
+    assert t_s, "the example needs a response mid-way at the first harvest"
+    examples, ptok, plen, out, metrics = sched.next_batch(PARAMS_V1, 1)
+    rows_limits = limits[np.repeat(examples, 2), np.tile([0, 1], len(examples))]
+    ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(ptok), jnp.asarray(plen), sched.key,
+                           sched.engine.cfg, jnp.asarray(out.request), jnp.asarray(rows_limits))
+    ref_tokens, ref_logp = np.asarray(ref.tokens), np.asarray(ref.logprobs)
+    resumed = 0
+    for i, uid in enumerate(out.request):
+        n, v = int(out.lengths[i]), out.version[i, :int(out.lengths[i])]
+        if uid not in t_s:  # sampled under one version throughout
+            assert len(set(v)) == 1
+            continue
+        s = t_s[uid]
+        assert s < n and (v[:s + 1] == 0).all() and (v[s + 1:] == 1).all(), (s, v)
+        np.testing.assert_array_equal(out.tokens[i, :s + 1], ref_tokens[i, :s + 1])
+        np.testing.assert_allclose(out.logprobs[i, :s + 1], ref_logp[i, :s + 1], rtol=1e-5, atol=1e-6)
+        if s + 1 < n:  # version 1's logits: another distribution than version 0's
+            assert (out.tokens[i, s + 1] != ref_tokens[i, s + 1]
+                    or abs(out.logprobs[i, s + 1] - ref_logp[i, s + 1]) > 1e-3)
+        resumed += 1
+    assert resumed > 0
+    mask = np.arange(M)[None] < out.lengths[:, None]
+    assert metrics["sorted/staleness_mean"] == pytest.approx(np.mean(1 - out.version[mask]))
+    assert metrics["sorted/staleness_max"] == 1.0
+
+
+def test_on_policy_drops_a_prompt_at_most_once_per_group():
+    """On-policy, 6 prompts in 3 harvests of 2 on Q = 3 slots, prompts 2-4 long: a prompt dropped
+    at a harvest waits while the never-dropped prompts can fill the next harvest, so none is
+    restarted and dropped again (each prompt's samples are issued at most twice); every harvest
+    is 2 complete prompts of the current version and the group trains each prompt once."""
+    eng = _engine("none")
+    sched = SortedScheduler(eng, SortedConfig(mode="on_policy", slots=3, group_batches=3),
+                            prompts_per_batch=2, samples=2)
+    issued = collections.Counter()
+    fresh = sched._fresh
+
+    def counting(prompt, sample):
+        issued[prompt] += 1
+        return fresh(prompt, sample)
+
+    sched._fresh = counting
+    tok, ln = _prompts(6, seed=11)
+    limits = np.array([[2, 3], [4, 4], [12, 12], [12, 12], [12, 12], [2, 2]])
+    sched.load_group(list(range(6)), tok, ln, jax.random.key(4), limits)
+    seen = []
+    for version in range(3):
+        examples, _, _, out, metrics = sched.next_batch(PARAMS, version)
+        assert len(examples) == 2
+        assert (out.version[np.arange(M)[None] < out.lengths[:, None]] == version).all()
+        seen.extend(examples)
+    assert sorted(seen) == list(range(6)) and sched.at_group_boundary
+    assert max(issued.values()) <= 2 * 2, dict(issued)  # first issue + at most one re-issue
+    assert sum(sched.drops.values()) > 0 and max(sched.drops.values()) == 1
 
 
 def test_on_policy_requeues_dropped_prompts_behind_unstarted_ones():

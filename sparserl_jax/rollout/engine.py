@@ -3,33 +3,47 @@
 Q slots each hold one sequence in the same fixed-slot cache the static sampler uses (dense:
 prompt + max new tokens; sparse: budget + buffer). A request flows through it as follows:
   1. insert: the host pads the new requests to one of a few row buckets (powers of two from
-     Q / 8 to Q: each compiles once per engine, all of them at its first insert) and dispatches
-     one jitted program that prefills them (prompt, or prompt + partial response when resumed)
-     into a fresh cache and scatters every cache leaf (keys, values, fill, length, positions,
-     H2O mass, window queries) into free slots, so nothing of the previous occupant survives.
-     It returns at once (JAX async dispatch); the device runs it before the next segment.
+     Q / 8 to Q: each compiles once per engine, all of them at the first insert of each kind,
+     fresh or resumed, or before it by warm_up) and dispatches one jitted program that prefills
+     them (prompt, or prompt + partial response when resumed) into a fresh cache and scatters
+     every cache leaf (keys, values, fill, length, positions, H2O mass, window queries) into
+     free slots, so nothing of the previous occupant survives. It returns at once (JAX async
+     dispatch); the device runs it before the next segment.
   2. segment: a jitted program of up to `segment_chunks` x kv.buffer decode steps (the slot
      state donated) with the static sampler's own step (sampler.decode_token), every slot at its
      own token index t. `segment_start` dispatches it; `segment_wait` fetches only the slots'
      done flags and t (two [Q] arrays).
   3. harvest: `harvest_start` dispatches a copy of every slot's response (tokens, sampler
-     log-probs, kept counts, the policy version that sampled each token; one compiled shape,
-     all Q rows); the slots are free to insert into at once, and `harvest_read` brings the copy
-     to the host later: the SortedScheduler reads it after dispatching the next segment, so the
-     device decodes while the host copies and books the finished responses.
+     log-probs, kept counts, the policy version of each token; one compiled shape, all Q rows);
+     the slots are free to insert into at once, and `harvest_read` brings the copy to the host
+     later: the SortedScheduler reads it after dispatching the next segment, so the device
+     decodes while the host copies and books the finished responses.
 Between harvests a slot may also keep its request across a policy update (the scheduler's
-partial mode with sorted.resume='cache'): its cache stays, and later tokens carry the new version.
+partial mode with sorted.resume='cache'): its cache stays and it decodes on under the new weights.
+A token's version is that of the weights whose logits it was sampled from: each slot keeps the
+version of its stored next-token logits (the prefill's, then each decode step's), so the first
+token after such an update, sampled from logits the old weights computed, carries the old version
+(as its recorded log-prob does), and the tokens after it the new one.
 Randomness is per request (sampler.request_keys): token t of request r draws with
 fold_in(fold_in(key, r), t), and an interval-trigger compression runs before a slot's token t
 when t is a multiple of kv.buffer, as the static sampler's chunk boundaries. So with Q >= N and
 no refill the engine reproduces sampler.generate, and with refills every request equals its
 generation alone.
 
-Bubble ratio (SortedRL Eq. 4): sum_k (Q - r_k) dt_k / (T Q), with r_k the running slots in
-interval k of wall time dt_k (a segment from dispatch to its done flags on the host: its mean
-running slots, the device work queued before it, e.g. prefills, included; host time spent
-inserting and harvesting outside a segment: none), and the slot-step form
-1 - active slot-steps / (Q x steps).
+Bubble ratio (SortedRL Eq. 4): sum_k (Q - r_k) dt_k / (T Q) over the wall-time intervals k of
+the engine's host calls, T their total:
+  - a segment's interval runs from its dispatch to its done flags on the host, with r_k its mean
+    running slots (active slot-steps / steps). Device work queued before it (the asynchronous
+    prefill of an insert, a harvest copy) runs inside this interval and counts at r_k;
+  - the host time of an insert (padding, dispatch) and of a harvest (dispatch; a read that no
+    segment overlaps) is idle, r = 0;
+  - with `sync` (profiles: every insert and harvest blocked on), the blocked device time is moved
+    out of the call into the next segment's interval (or the next idle read), as without it;
+  - compile time (compile_clock: tracing, lowering and XLA compilation inside these calls, the
+    warm-up's compilation of every row bucket included) is in neither idle time nor T: it is
+    counted apart, in stats.compile_seconds and stats.compiles; the warm-up's other time
+    (running each bucket once on padding rows) is not counted at all.
+The slot-step form is 1 - active slot-steps / (Q x steps).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ from flax import struct
 from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
+from sparserl_jax import compile_clock
 from sparserl_jax import kvcache as kv
 from sparserl_jax.model import sharding as shd
 from sparserl_jax.model import transformer
@@ -58,6 +73,7 @@ from sparserl_jax.rollout.sampler import (
     prefill_requests,
     request_keys,
 )
+from sparserl_jax.validate import check_at_least
 
 
 @struct.dataclass
@@ -66,6 +82,7 @@ class SlotState:
 
     cache: kv.KVCache
     logits: Float[Array, "Q V"]  # next-token logits of each slot
+    logits_version: Int[Array, "Q"]  # policy version of the weights that computed them
     kept: Int[Array, "Q"]  # KV entries behind those logits
     prev: Int[Array, "Q"]  # last token (newline trigger)
     done: Bool[Array, "Q"]  # not decoding: free, or finished and not yet harvested
@@ -77,7 +94,7 @@ class SlotState:
     tokens: Int[Array, "Q M"]
     logprobs: Float[Array, "Q M"]
     kept_tok: Int[Array, "Q M"]
-    version: Int[Array, "Q M"]  # policy version that sampled each token
+    version: Int[Array, "Q M"]  # policy version whose logits each token was sampled from
 
 
 @dataclasses.dataclass
@@ -105,13 +122,15 @@ class Finished:
 
 @dataclasses.dataclass
 class EngineStats:
-    """Running totals for the bubble ratios and throughput."""
+    """Running totals for the bubble ratios and throughput (compile time apart: module doc)."""
 
     active_slot_steps: int = 0
     slot_steps: int = 0
     idle_slot_seconds: float = 0.0  # sum_k (Q - r_k) dt_k
     seconds: float = 0.0  # T
     tokens: int = 0
+    compile_seconds: float = 0.0  # tracing, lowering and XLA compilation inside engine calls
+    compiles: int = 0  # XLA compilations inside engine calls
 
     def bubble_wall(self, slots: int) -> float:
         return self.idle_slot_seconds / max(self.seconds * slots, 1e-12)
@@ -134,23 +153,38 @@ def _bucket(n: int, cap: int, multiple: int) -> int:
     return -(-b // multiple) * multiple
 
 
+def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) -> int:
+    """SlotEngine's arguments, each bad one named in a one-line error; returns the data-parallel
+    degree the slots are split over (1 without a mesh)."""
+    if not isinstance(model_cfg, ModelConfig):
+        raise ValueError(f"model_cfg={type(model_cfg).__name__}: a ModelConfig is accepted")
+    if not isinstance(cfg, SamplerConfig):
+        raise ValueError(f"cfg={type(cfg).__name__}: a SamplerConfig is accepted")
+    if cfg.record_kept:
+        raise ValueError("sampler.record_kept (rl masked recompute) is not supported by "
+                         "rollout.scheduler='sorted'; use rollout.scheduler='batch'")
+    check_at_least("sorted.slots", slots, 1)
+    check_at_least("prompt_len (data.max_prompt_len)", prompt_len, 1)
+    check_at_least("sorted.segment_chunks", segment_chunks, 1)
+    if mesh is None or mesh.size <= 1:
+        return 1
+    if not {"data", "fsdp"} <= set(mesh.shape):
+        raise ValueError(f"mesh axes {tuple(mesh.shape)}: the engine splits its slots over "
+                         "'data' x 'fsdp' (sharding.make_mesh's axes)")
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    if slots % dp:
+        raise ValueError(f"sorted.slots={slots} must be a multiple of mesh data x fsdp = {dp} "
+                         "(the slots are split over those devices)")
+    return dp
+
+
 class SlotEngine:
     """Q slots decoding requests of prompts up to `prompt_len` tokens (see the module doc)."""
 
     def __init__(self, model_cfg: ModelConfig, cfg: SamplerConfig, slots: int, prompt_len: int,
                  *, segment_chunks: int = 2, mesh: Optional[Mesh] = None):
-        if cfg.record_kept:
-            raise ValueError("sampler.record_kept (rl masked recompute) is not supported by "
-                             "rollout.scheduler='sorted'; use rollout.scheduler='batch'")
-        if segment_chunks < 1:
-            raise ValueError(f"sorted.segment_chunks={segment_chunks} must be >= 1")
-        self.dp = 1
+        self.dp = _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh)
         if mesh is not None and mesh.size > 1:
-            self.dp = mesh.shape["data"] * mesh.shape["fsdp"]
-            if slots % self.dp:
-                raise ValueError(
-                    f"sorted.slots={slots} must be a multiple of mesh data x fsdp = {self.dp} "
-                    "(the slots are split over those devices)")
             cfg = dataclasses.replace(cfg, mesh=mesh)
         else:
             mesh = None
@@ -160,7 +194,8 @@ class SlotEngine:
         self.C = cache_capacity(cfg.kv, prompt_len, self.M)
         self.segment_chunks = segment_chunks
         self.stats = EngineStats()
-        self.sync = False  # block on every device call (profiles: its device time lands in it)
+        self.sync = False  # block on every insert and harvest (profiles; module doc)
+        self._device_s = 0.0  # sync: device time blocked on, for the next segment's interval
         self._segment = jax.jit(self._segment_fn, donate_argnums=(1,))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,), static_argnames=("resume",))
         self._harvest = jax.jit(self._harvest_fn)
@@ -175,7 +210,7 @@ class SlotEngine:
         zeros = lambda: jnp.zeros((Q,), jnp.int32)  # every leaf its own buffer (donated)
         state = SlotState(
             cache=kv.cache_for(self.cfg.kv, mc, Q, min(self.P, self.C), jnp.dtype(mc.dtype), capacity=self.C),
-            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32),
+            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32), logits_version=zeros(),
             kept=zeros(), prev=zeros() - 1, done=jnp.ones((Q,), bool), n_comp=zeros(), t=zeros(),
             request=zeros(), limit=zeros() + M, prompt_len=zeros(),
             tokens=jnp.full((Q, M), self.cfg.pad_token_id, jnp.int32),
@@ -196,8 +231,10 @@ class SlotEngine:
         return tree if self.mesh is None else shd.shard_batch(tree, self.mesh)
 
     def _segment_fn(self, params, state: SlotState, key, version):
-        """Up to segment_chunks x buffer decode steps (fewer once every slot is done); returns
-        the state, the active slot-steps and the steps run."""
+        """Up to segment_chunks x buffer decode steps with the weights of `version` (fewer once
+        every slot is done); returns the state, the active slot-steps and the steps run. Token t
+        is sampled from the stored logits, so it carries their version; the step then stores the
+        logits `params` compute for the next token."""
         cfg, U, M, Q = self.cfg, self.cfg.kv.buffer, self.M, self.Q
         keys = request_keys(key, state.request)
         rows_Q = jnp.arange(Q)
@@ -216,9 +253,9 @@ class SlotEngine:
 
             st = st.replace(
                 cache=cache, logits=logits, kept=kept, prev=prev, done=done, n_comp=n_comp,
+                logits_version=jnp.where(live_Q, version, st.logits_version),
                 t=st.t + live_Q, tokens=put(st.tokens, token_Q), logprobs=put(st.logprobs, logp_Q),
-                kept_tok=put(st.kept_tok, kept_Q),
-                version=put(st.version, jnp.broadcast_to(version, (Q,))),
+                kept_tok=put(st.kept_tok, kept_Q), version=put(st.version, st.logits_version),
             )
             return (st, active + jnp.sum(live_Q, dtype=jnp.int32)), None
 
@@ -234,9 +271,10 @@ class SlotEngine:
         return state, active, r * U
 
     def _insert_fn(self, params, state: SlotState, key, slots, prompts, lengths, request, t0,
-                   limit, prefix, *, resume: bool):
-        """Prefill `prompts` (prompt, or prompt + partial response when `resume`) into a fresh
-        cache and scatter every leaf into `slots` (index Q: a padding row, dropped)."""
+                   limit, prefix, version, *, resume: bool):
+        """Prefill `prompts` (prompt, or prompt + partial response when `resume`) with the
+        weights of `version` into a fresh cache and scatter every leaf into `slots` (index Q: a
+        padding row, dropped)."""
         keys = request_keys(key, request)
         logits, cache, n_comp = prefill_requests(
             params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg,
@@ -245,18 +283,19 @@ class SlotEngine:
         def put(dst, src):
             return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
 
-        tokens, logprobs, kept_tok, version, prev_n_comp = prefix
+        tokens, logprobs, kept_tok, token_version, prev_n_comp = prefix
         n = prompts.shape[0]
         prev = jnp.take_along_axis(tokens, jnp.maximum(t0 - 1, 0)[:, None], axis=1)[:, 0]
         return state.replace(
             cache=jax.tree.map(put, state.cache, cache),
             logits=put(state.logits, logits),
+            logits_version=put(state.logits_version, jnp.broadcast_to(version, (n,))),
             kept=put(state.kept, lengths), prev=put(state.prev, jnp.where(t0 > 0, prev, -1)),
             done=put(state.done, jnp.zeros((n,), bool)), n_comp=put(state.n_comp, n_comp + prev_n_comp),
             t=put(state.t, t0), request=put(state.request, request), limit=put(state.limit, limit),
             prompt_len=put(state.prompt_len, lengths - t0),
             tokens=put(state.tokens, tokens), logprobs=put(state.logprobs, logprobs),
-            kept_tok=put(state.kept_tok, kept_tok), version=put(state.version, version),
+            kept_tok=put(state.kept_tok, kept_tok), version=put(state.version, token_version),
         )
 
     def _harvest_fn(self, state: SlotState, slots):
@@ -272,17 +311,19 @@ class SlotEngine:
         return distributed.to_host(x)
 
     def segment_start(self, params, state: SlotState, key, version: int):
-        """Dispatch one segment (returns at once); returns (state, a handle for segment_wait)."""
-        t0 = time.perf_counter()
+        """Dispatch one segment with the weights of `version` (returns at once); returns
+        (state, a handle for segment_wait)."""
+        tic, compiled = time.perf_counter(), compile_clock.Since()
         state, active, steps = self._segment(params, state, key, jnp.int32(version))
-        return state, (t0, state.done, state.t, active, steps)
+        return state, (tic, compiled, state.done, state.t, active, steps)
 
     def segment_wait(self, handle):
         """Wait for a dispatched segment; returns done [Q] and t [Q] as host arrays and counts the
-        segment (from its dispatch) in the stats."""
-        t0, *arrays = handle
+        segment's interval (dispatch to done flags, compile time apart) at its mean running
+        slots, with the device time of inserts and harvests blocked on before it (sync)."""
+        tic, compiled, *arrays = handle
         done, t, active, steps = self._fetch(tuple(arrays))
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - tic - self._compiled(compiled) + self._take_device_s()
         active, steps = int(active), int(steps)
         st = self.stats
         st.active_slot_steps += active
@@ -299,27 +340,52 @@ class SlotEngine:
         done, t = self.segment_wait(handle)
         return state, done, t
 
+    def _compiled(self, since: compile_clock.Since) -> float:
+        """Count what compiled since `since` apart; returns its seconds."""
+        self.stats.compile_seconds += since.seconds
+        self.stats.compiles += since.compiles
+        return since.seconds
+
+    def _take_device_s(self) -> float:
+        dt, self._device_s = self._device_s, 0.0
+        return dt
+
+    def _host_call(self, tic: float, compiled: compile_clock.Since, out) -> None:
+        """Account an insert or harvest dispatch: its host time idle, compile time apart, and,
+        with `sync`, its device time (blocked on here) kept for the next segment's interval."""
+        dt = time.perf_counter() - tic - self._compiled(compiled)
+        if self.sync:
+            t0 = time.perf_counter()
+            jax.block_until_ready(out)
+            self._device_s += time.perf_counter() - t0
+        self._idle(dt)
+
     def _idle(self, dt: float) -> None:
         self.stats.idle_slot_seconds += self.Q * dt
         self.stats.seconds += dt
 
     def insert(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-               limits=None, partial: Optional[Finished] = None) -> SlotState:
-        """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`;
-        with `partial` (their harvested partial responses) they resume after re-prefilling
-        prompt + partial response. Counted as idle time in the wall bubble ratio. The first
-        insert of each kind (fresh, resumed) compiles every row bucket first (_warm_up)."""
-        if (partial is not None) not in self._warmed:
-            state = self._warm_up(params, state, key, partial is not None)
+               limits=None, partial: Optional[Finished] = None, version: int = 0) -> SlotState:
+        """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`,
+        prefilled with the weights of `version`; with `partial` (their harvested partial
+        responses) they resume after re-prefilling prompt + partial response. Its host time is
+        idle in the wall bubble ratio, its device prefill inside the next segment's interval.
+        The first insert of each kind (fresh, resumed) compiles every row bucket (warm_up)."""
+        state = self.warm_up(params, state, key, resume=partial is not None)
         return self._insert_rows(params, state, key, slots, prompts, lengths, request,
-                                 limits=limits, partial=partial)
+                                 limits=limits, partial=partial, version=version)
 
-    def _warm_up(self, params, state: SlotState, key, resume: bool) -> SlotState:
-        """Run the insert program once for every row bucket with every row aimed at the padding
-        slot Q (dropped: nothing is written), so that a run compiles each shape before its first
-        segment rather than in whichever later group first meets that bucket."""
+    def warm_up(self, params, state: SlotState, key, *, resume: bool) -> SlotState:
+        """Compile the insert of one kind (fresh or `resume`d requests) for every row bucket, once
+        per engine: its program runs for each bucket with every row aimed at the padding slot Q
+        (dropped: nothing is written), so that no bucket compiles in a later group, or a later
+        iteration. Only its compile time is counted (compile_seconds); the rest is not the run's
+        insert time. `insert` calls it; a scheduler that will resume calls it up front."""
+        if resume in self._warmed:
+            return state
         self._warmed.add(resume)
-        stats = dataclasses.replace(self.stats)
+        compiled = compile_clock.Since()
+        stats, device_s = dataclasses.replace(self.stats), self._device_s
         for nb in sorted({_bucket(n, self.Q, self.dp) for n in range(1, self.Q + 1)}):
             partial = None
             if resume:
@@ -329,12 +395,14 @@ class SlotEngine:
                                    lengths=ones, n_compressions=ones * 0, prompt_lengths=ones)
             state = self._insert_rows(params, state, key, [self.Q] * nb, np.zeros((nb, self.P), np.int32),
                                       np.ones((nb,), np.int32), np.zeros((nb,), np.int32), partial=partial)
-        self.stats = stats  # not the run's insert time
+        jax.block_until_ready(state.done)  # none of it in the next segment's interval
+        self.stats, self._device_s = stats, device_s
+        self._compiled(compiled)
         return state
 
     def _insert_rows(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-                     limits=None, partial: Optional[Finished] = None) -> SlotState:
-        tic = time.perf_counter()
+                     limits=None, partial: Optional[Finished] = None, version: int = 0) -> SlotState:
+        tic, compiled = time.perf_counter(), compile_clock.Since()
         n = len(slots)
         nb = _bucket(n, self.Q, self.dp)
         M = self.M
@@ -343,12 +411,12 @@ class SlotEngine:
         pad = lambda x, fill: np.concatenate([x, np.repeat(x[:1] * 0 + fill, nb - n, axis=0)]) if nb > n else x
         t0 = np.zeros((n,), np.int32)
         tokens = np.full((n, M), self.cfg.pad_token_id, np.int32)
-        logprobs, kept, version = np.zeros((n, M), np.float32), np.zeros((n, M), np.int32), np.zeros((n, M), np.int32)
+        logprobs, kept, versions = np.zeros((n, M), np.float32), np.zeros((n, M), np.int32), np.zeros((n, M), np.int32)
         n_comp = np.zeros((n,), np.int32)
         resume = partial is not None
         if resume:
             t0 = partial.lengths.astype(np.int32)
-            tokens, logprobs, kept, version = partial.tokens, partial.logprobs, partial.kept, partial.version
+            tokens, logprobs, kept, versions = partial.tokens, partial.logprobs, partial.kept, partial.version
             n_comp = partial.n_compressions
             width = self.P + M
             joined = np.full((n, width), self.cfg.pad_token_id, np.int32)
@@ -361,34 +429,30 @@ class SlotEngine:
         args = [np.asarray(slots, np.int32), prompts, lengths, np.asarray(request, np.int32), t0, limit]
         fills = [self.Q, 0, 1, 0, 0, M]
         args = [pad(a, f) for a, f in zip(args, fills)]
-        prefix = tuple(pad(np.asarray(a), 0) for a in (tokens, logprobs, kept, version, n_comp))
+        prefix = tuple(pad(np.asarray(a), 0) for a in (tokens, logprobs, kept, versions, n_comp))
         args, prefix = self._place((args, prefix)) if self.mesh is not None else (args, prefix)
-        state = self._insert(params, state, key, *args, prefix, resume=resume)
-        if self.sync:
-            jax.block_until_ready(state.done)
-        self._idle(time.perf_counter() - tic)
+        state = self._insert(params, state, key, *args, prefix, jnp.int32(version), resume=resume)
+        self._host_call(tic, compiled, state.done)
         return state
 
     def harvest_start(self, state: SlotState):
         """Dispatch a copy of every slot's response (all Q rows: one compiled shape); the slots
         may be inserted into at once. Read it with harvest_read."""
-        tic = time.perf_counter()
+        tic, compiled = time.perf_counter(), compile_clock.Since()
         if self._all_slots is None:
             idx = np.arange(self.Q, dtype=np.int32)
             self._all_slots = self._place(idx) if self.mesh is not None else jnp.asarray(idx)
         out = self._harvest(state, self._all_slots)
-        if self.sync:
-            jax.block_until_ready(out)
-        self._idle(time.perf_counter() - tic)
+        self._host_call(tic, compiled, out)
         return out
 
     def harvest_read(self, pending, slots, *, idle: bool = True) -> Finished:
-        """Host copies of the responses of `slots` in a harvest_start copy; `idle`: count the
-        wait as idle time (False while a segment is running, whose interval covers it)."""
-        tic = time.perf_counter()
+        """Host copies of the responses of `slots` in a harvest_start copy; `idle`: the wait is
+        idle time (False while a segment is running: its interval covers the wait)."""
+        tic, compiled = time.perf_counter(), compile_clock.Since()
         out = [np.asarray(x)[np.asarray(slots, np.int64)] for x in self._fetch(pending)]
         if idle:
-            self._idle(time.perf_counter() - tic)
+            self._idle(time.perf_counter() - tic - self._compiled(compiled) + self._take_device_s())
         return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
 
     def harvest(self, state: SlotState, slots) -> Finished:
@@ -397,7 +461,10 @@ class SlotEngine:
 
     def release_all(self, state: SlotState) -> SlotState:
         """Stop decoding in every slot (their occupants were harvested or dropped)."""
-        return self._release(state)
+        tic, compiled = time.perf_counter(), compile_clock.Since()
+        state = self._release(state)
+        self._host_call(tic, compiled, state.done)
+        return state
 
     def run(self, params, key, prompts, lengths, request_ids=None, *, limits=None,
             version: int = 0) -> Finished:
@@ -419,7 +486,8 @@ class SlotEngine:
                 take, queue = queue[:len(free)], queue[len(free):]
                 slots, free = free[:len(take)], free[len(take):]
                 state = self.insert(params, state, key, slots, np.asarray(prompts)[take],
-                                    np.asarray(lengths)[take], ids[take], limits=limits[take])
+                                    np.asarray(lengths)[take], ids[take], limits=limits[take],
+                                    version=version)
                 occupant.update(zip(slots, take))
             state, done, _ = self.segment(params, state, key, version)
             finished = [s for s in occupant if done[s]]

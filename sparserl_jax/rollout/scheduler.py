@@ -7,18 +7,23 @@ oversubscribed (the group holds more requests than its Q slots) and refilled as 
 an update batch is harvested as soon as b complete GRPO groups (all samples of a prompt) have
 finished, in completion order, so update batches come out sorted by length (short first).
 At a harvest the unharvested responses are treated by mode:
-  on_policy: dropped, their prompts' requests re-queued behind the prompts not yet started
-    (every trained token has the current weights' version; the dropped tokens are the
-    discarded-token fraction). A prompt dropped at a harvest has shown a long response, so it
-    waits for the group's last harvest, which takes every remaining prompt and drops nothing,
-    instead of being restarted first and dropped again (SortedRL's short-first order applied
-    to what a harvest has revealed about lengths);
+  on_policy: dropped (every trained token has the current weights' version; the dropped
+    tokens are the discarded-token fraction). A prompt dropped at a harvest has shown a long
+    response, so it is held back, not re-queued, as long as the untrained prompts never dropped
+    can fill the next harvest on their own. From the harvest where they cannot (the group's last
+    one at the latest), just enough held prompts are re-queued (first dropped first, all their
+    samples afresh) to make b prompts in flight: that harvest takes all b and drops nothing, and
+    so does every later harvest of the group. So a prompt is dropped at most once per group
+    (SortedRL's short-first order applied to what a harvest has revealed about lengths), at the
+    cost of slots left idle while the held prompts wait;
   partial: finished ones wait for their group to complete; unfinished ones keep their tokens
     and per-token sampler log-probs and resume under the new weights: by default
     (sorted.resume='cache') in their slot, with the KV cache the earlier weights wrote (no
     harvest, no re-prefill; an in-flight weight update), or (sorted.resume='prefill') after
     re-prefilling prompt + partial response under the new weights. Each token's ratio uses the
-    log-prob of the weights that sampled it: xi covers staleness, staleness < n updates.
+    log-prob of the weights that sampled it and its version is theirs (the engine's module doc:
+    the first token after an in-slot update came from the old weights' logits): xi covers
+    staleness, staleness < n updates.
 The decode loop keeps the device busy while the host books finished responses: a segment's
 finished slots are copied on the device (engine.harvest_start), refilled, and the next segment
 dispatched before the copy is read on the host (engine.harvest_read). Completion is decided
@@ -36,6 +41,7 @@ import jax
 import numpy as np
 
 from sparserl_jax.rollout.engine import Finished, SlotEngine
+from sparserl_jax.validate import check_at_least, check_in
 
 SORTED_MODES = ("on_policy", "partial")  # sorted.mode
 RESUMES = ("cache", "prefill")
@@ -62,18 +68,11 @@ class SortedConfig:
     resume: str = "cache"
 
     def __post_init__(self):
-        if self.mode not in SORTED_MODES:
-            raise ValueError(f"sorted.mode={self.mode!r}: expected one of {SORTED_MODES}")
-        if self.resume not in RESUMES:
-            raise ValueError(f"sorted.resume={self.resume!r}: expected one of {RESUMES}")
-        if self.slots < 0:
-            raise ValueError(f"sorted.slots={self.slots} must be >= 0 (0: rollout.prompts x samples)")
-        if self.group_batches < 1:
-            raise ValueError(
-                f"sorted.group_batches={self.group_batches}: a group must hold at least one "
-                "harvest (update batch of rollout.prompts prompts); use >= 1")
-        if self.segment_chunks < 1:
-            raise ValueError(f"sorted.segment_chunks={self.segment_chunks} must be >= 1")
+        check_in("sorted.mode", self.mode, SORTED_MODES)
+        check_in("sorted.resume", self.resume, RESUMES)
+        check_at_least("sorted.slots", self.slots, 0)  # 0: rollout.prompts x rollout.samples
+        check_at_least("sorted.group_batches", self.group_batches, 1)  # a group: >= 1 harvest
+        check_at_least("sorted.segment_chunks", self.segment_chunks, 1)
 
 
 @dataclasses.dataclass
@@ -99,6 +98,16 @@ class SortedScheduler:
 
     def __init__(self, engine: SlotEngine, cfg: SortedConfig, *, prompts_per_batch: int,
                  samples: int, pad_token_id: int = 0):
+        if not isinstance(engine, SlotEngine):
+            raise ValueError(f"engine={type(engine).__name__}: a SlotEngine is accepted")
+        if not isinstance(cfg, SortedConfig):
+            raise ValueError(f"cfg={type(cfg).__name__}: a SortedConfig is accepted")
+        check_at_least("rollout.prompts (prompts_per_batch)", prompts_per_batch, 1)
+        check_at_least("rollout.samples (samples)", samples, 1)
+        check_at_least("pad_token_id", pad_token_id, 0)
+        if cfg.slots and cfg.slots != engine.Q:
+            raise ValueError(f"sorted.slots={cfg.slots} but the engine has {engine.Q} slots: "
+                             "build the engine with sorted.slots slots (or set sorted.slots=0)")
         self.engine, self.cfg = engine, cfg
         self.b, self.n = prompts_per_batch, samples
         self.pad = pad_token_id
@@ -119,6 +128,8 @@ class SortedScheduler:
         self.pending: list = []  # (harvest_start copy, [(slot, Request)]) not read yet
         self.complete: list[int] = []  # prompts whose samples all finished, in completion order
         self.trained: set[int] = set()
+        self.held: list[int] = []  # on-policy: dropped prompts not re-queued yet, first dropped first
+        self.drops: collections.Counter = collections.Counter()  # prompt -> times dropped (<= 1)
         self.next_uid = 0
         self.limits = None
         self.key = None
@@ -134,16 +145,32 @@ class SortedScheduler:
         `limits` [prompts, samples] optionally forces response lengths (benchmarks, tests)."""
         if not self.at_group_boundary:
             raise RuntimeError("load_group before every prompt of the current group was trained on")
-        if len(examples) < self.b:
-            raise ValueError(f"a group of {len(examples)} prompts is smaller than one harvest "
-                             f"(rollout.prompts={self.b})")
+        G = self.cfg.group_batches * self.b
+        if len(examples) != G:
+            raise ValueError(f"a group of {len(examples)} prompts: a group holds sorted.group_batches "
+                             f"x rollout.prompts = {self.cfg.group_batches} x {self.b} = {G}")
+        prompt_tokens = np.asarray(prompt_tokens)
+        prompt_lengths = np.asarray(prompt_lengths)
+        P = self.engine.P
+        if prompt_tokens.shape != (G, P):
+            raise ValueError(f"prompt_tokens of shape {prompt_tokens.shape}: [{G} prompts, the "
+                             f"engine's prompt width {P}] is accepted (right-padded)")
+        if prompt_lengths.shape != (G,) or not ((prompt_lengths >= 1) & (prompt_lengths <= P)).all():
+            raise ValueError(f"prompt_lengths {prompt_lengths.tolist()}: {G} lengths in [1, {P}] "
+                             "are accepted")
+        if limits is not None:
+            limits = np.asarray(limits)
+            if limits.shape != (G, self.n) or not (limits >= 1).all():
+                low = limits.min() if limits.size else None
+                raise ValueError(f"limits of shape {limits.shape} (min {low}): [{G} prompts, "
+                                 f"{self.n} samples] forced lengths >= 1 are accepted")
         self._reset_group()
         self.group += 1
         self.examples = list(examples)
-        self.prompt_tokens = np.asarray(prompt_tokens, np.int32)
-        self.prompt_lengths = np.asarray(prompt_lengths, np.int32)
+        self.prompt_tokens = prompt_tokens.astype(np.int32)
+        self.prompt_lengths = prompt_lengths.astype(np.int32)
         self.key = key
-        self.limits = None if limits is None else np.asarray(limits, np.int32)
+        self.limits = None if limits is None else limits.astype(np.int32)
         for p in range(len(examples)):
             for s in range(self.n):
                 self.queue.append(self._fresh(p, s))
@@ -157,7 +184,10 @@ class SortedScheduler:
 
     # ------------------------------------------------------------------ the loop
 
-    def _fill(self, params) -> None:
+    def _fill(self, params, version: int) -> None:
+        if self.cfg.mode == "partial" and self.cfg.resume == "prefill":  # resumed inserts ahead:
+            # their buckets compile with the fresh ones, in the first iteration
+            self.state = self.engine.warm_up(params, self.state, self.key, resume=True)
         free = [q for q in range(self.engine.Q) if q not in self.occupant]
         take = []
         while free and self.queue:
@@ -172,7 +202,7 @@ class SortedScheduler:
             self.state = self.engine.insert(
                 params, self.state, self.key, slots, self.prompt_tokens[idx],
                 self.prompt_lengths[idx], [r.uid for r in reqs], limits=[r.limit for r in reqs],
-                partial=_cat([r.partial for r in reqs]) if resume else None)
+                partial=_cat([r.partial for r in reqs]) if resume else None, version=version)
             self.occupant.update(part)
 
     def next_batch(self, params, version: int):
@@ -181,7 +211,7 @@ class SortedScheduler:
         eng = self.engine
         stats0 = dataclasses.replace(eng.stats)
         while len(self.complete) < self.b:
-            self._fill(params)
+            self._fill(params, version)
             if not self.occupant:
                 raise RuntimeError("SortedRL: nothing left to decode before a harvest was complete")
             self.state, run = eng.segment_start(params, self.state, self.key, version)
@@ -231,14 +261,14 @@ class SortedScheduler:
             prompts = sorted({self.occupant[q].prompt for q in slots} | set(self.done) | set(self.complete))
             for p in prompts:
                 discarded += sum(int(f.lengths.sum()) for _, f in self.done.get(p, ()))
-            # re-queue every unharvested request of those prompts, in prompt order, behind the
-            # prompts not started yet (they have shown a long response)
-            requeue = [self._fresh(p, s) for p in prompts for s in range(self.n)]
-            self.queue = collections.deque([r for r in self.queue if r.prompt not in prompts] + requeue)
+            self.drops.update(prompts)
+            self.held.extend(prompts)  # every sample re-sampled on release, with fresh request ids
+            self.queue = collections.deque(r for r in self.queue if r.prompt not in prompts)
             self.done.clear()
             self.n_done.clear()
             self.complete = []
             self.occupant.clear()
+            self._release_held()
             return discarded
         resumed = [dataclasses.replace(self.occupant[q], partial=_row(partial, j))
                    for j, q in enumerate(slots)]
@@ -246,6 +276,15 @@ class SortedScheduler:
         self.queue = collections.deque(resumed + list(self.queue))
         self.occupant.clear()
         return 0
+
+    def _release_held(self) -> None:
+        """Queue just enough held prompts that the prompts in flight (queued or decoding) can
+        make the next harvest, once those never dropped cannot alone (module doc)."""
+        untrained = len(self.examples) - len(self.trained)
+        short = self.b - (untrained - len(self.held))
+        if short > 0:
+            release, self.held = self.held[:short], self.held[short:]
+            self.queue.extend(self._fresh(p, s) for p in release for s in range(self.n))
 
     def _metrics(self, out: Finished, version: int, stats, stats0, discarded: int, generated: int) -> dict:
         Q = self.engine.Q
@@ -268,4 +307,5 @@ class SortedScheduler:
             m[f"sorted/staleness_frac_{k}"] = float(np.mean(stale == k)) if stale.size else 0.0
         if self.cfg.mode == "on_policy":
             m["sorted/discarded_token_fraction"] = discarded / max(generated, 1)
+            m["sorted/held_prompts"] = float(len(self.held))
         return m
