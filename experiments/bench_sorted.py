@@ -5,15 +5,19 @@ so the comparison is exact) are decoded by
   - the static sampler: batches of Q rows, each decoded until its longest row ends, and
   - the slot engine: Q slots refilled as soon as a response ends (FIFO, no scheduling policy),
 with a dense and a sparse (snapkv) cache. Reported: generated tokens/s (wall, after a warm-up run
-that compiles everything), the slot-step bubble 1 - active slot-steps / (Q x steps) and, for the
-engine, SortedRL's wall-time bubble (Eq. 4, insert/harvest time idle). Target: when the static
-bubble is >= 60%, engine slot bubble <= 10% and tokens/s >= 1.8x.
+that compiles everything; any compile time left in a timed run, from sparserl_jax.compile_clock,
+is subtracted from both arms alike and its compilations counted: 0 expected), the slot-step bubble
+1 - active slot-steps / (Q x steps) and, for the engine, SortedRL's wall-time bubble (Eq. 4 as
+rollout/engine.py counts it: insert and harvest host time idle, their device work inside the next
+segment's interval, compile apart). Target: when the static bubble is >= 60%, engine slot bubble
+<= 10% and tokens/s >= 1.8x.
 
 The "trainer" rows put the same comparison inside training beside it: `Trainer.step` on the
 long-tailed task (experiments/configs/long_tail.yaml, from its warm start) with the batch
-scheduler (n x rollout.prompts prompts per rollout) and SortedRL on-policy and partial, measured
-as total rollout tokens / total rollout time with compile time excluded
-(experiments/profile_sorted.py has the per-part split).
+scheduler (n x rollout.prompts prompts per rollout) and SortedRL on-policy and partial, the same
+update batches each, timed as experiments/profile_sorted.py times them (step_timing: compile
+counted the same way in every arm): steady-state rollout tokens / rollout time and seconds per
+update batch with compile excluded, and the whole run's wall time with compile included.
 
     taskset -c 0 python experiments/bench_sorted.py
     taskset -c 0 python experiments/bench_sorted.py --requests 64 --slots 8 --max-new 64 --quick \
@@ -36,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparserl_jax import compile_clock
 from sparserl_jax import kvcache as kv
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
@@ -71,13 +76,15 @@ def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
         return eng.run(params, key, prompts, plens, limits=limits)
 
     static(), engine()  # compile (every insert/harvest bucket the run meets)
-    t0 = time.perf_counter()
+    since, t0 = compile_clock.Since(), time.perf_counter()
     static()
-    t_static = time.perf_counter() - t0
+    t_static = time.perf_counter() - t0 - since.seconds
+    static_compiles = since.compiles
     eng.stats = type(eng.stats)()
-    t0 = time.perf_counter()
+    since, t0 = compile_clock.Since(), time.perf_counter()
     out = engine()
-    t_engine = time.perf_counter() - t0
+    t_engine = time.perf_counter() - t0 - since.seconds
+    engine_compiles = since.compiles
     assert (out.lengths == limits).all()
     tokens = int(limits.sum())
     static_bubble = float(np.mean([
@@ -91,26 +98,35 @@ def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
         "engine_bubble_slots_until_drain": eng.stats_at_drain.bubble_slots(),
         "engine_bubble_wall_until_drain": eng.stats_at_drain.bubble_wall(Q),
         "static_s": t_static, "engine_s": t_engine,
+        "static_compiles": static_compiles, "engine_compiles": engine_compiles,
     }
 
 
-def trainer_bench(iterations: int) -> list[dict]:
-    """The trainer rows: profile_sorted's arms through Trainer.step, one process."""
+def trainer_bench(iterations: int, smoke: bool = False, runs_dir: str | None = None) -> list[dict]:
+    """The trainer rows: profile_sorted's arms through Trainer.step, one process, the same update
+    batches each (`iterations`, whole groups of n); `smoke`: figlib's seconds-long settings."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import figlib
     import profile_sorted as prof
 
-    study = figlib.Study(os.path.join(figlib.HERE, "configs", "long_tail.yaml"), [],
-                         os.path.join(figlib.REPO, "runs", "profile"), log=lambda *a: None)
+    config = os.path.join(figlib.HERE, "configs", "long_tail.yaml")
+    overrides = figlib.smoke_overrides(config) if smoke else []
+    study = figlib.Study(config, overrides,
+                         runs_dir or os.path.join(figlib.REPO, "runs", "profile"), log=lambda *a: None)
     rec = prof.Recorder()
     prof.instrument(rec)
     got = {arm: prof.summary(prof.run_arm(arm, study, rec, iterations)) for arm in prof.ARMS}
     base = got.pop("batch")
-    key = "tokens_per_s_after_first_group"
+    key = "tokens_per_s_steady"
     return [{"arm": arm.removeprefix("sorted_"), "static_tokens_per_s": base[key],
              "engine_tokens_per_s": s[key], "speedup": s[key] / base[key],
              "static_bubble": base["bubble_slots"], "engine_bubble_slots": s["bubble_slots"],
-             "engine_bubble_wall": s["bubble_wall"], "batch": base, "sorted": s} for arm, s in got.items()]
+             "engine_bubble_wall": s["bubble_wall"],
+             "batch_s_per_update_batch": base["steady_s_per_batch"],
+             "sorted_s_per_update_batch": s["steady_s_per_batch"],
+             "batch_wall_s": base["wall_s"], "sorted_wall_s": s["wall_s"],
+             "update_batches": s["update_batches"], "batch": base, "sorted": s}
+            for arm, s in got.items()]
 
 
 def main(argv=None):
@@ -126,7 +142,10 @@ def main(argv=None):
     p.add_argument("--policies", nargs="+", default=["none", "snapkv"])
     p.add_argument("--quick", action="store_true", help="small model (d_model 64) for a smoke run")
     p.add_argument("--trainer-iterations", type=int, default=16,
-                   help="update batches per sorted arm in the trainer rows (0: none)")
+                   help="update batches per arm in the trainer rows, whole groups of 4 (0: none)")
+    p.add_argument("--trainer-smoke", action="store_true",
+                   help="the trainer rows with figlib's smoke settings (seconds-long runs)")
+    p.add_argument("--runs-dir", default=None, help="the trainer rows' warm start (default runs/profile)")
     p.add_argument("--out", default="experiments/results/bench_sorted")
     args = p.parse_args(argv)
     dims = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128) if args.quick else \
@@ -141,7 +160,8 @@ def main(argv=None):
     prompts[np.arange(P)[None] >= plens[:, None]] = 0
     t0 = time.time()
     rows = [bench(pol, args, model_cfg, params, prompts, plens, limits) for pol in args.policies]
-    trainer_rows = trainer_bench(args.trainer_iterations) if args.trainer_iterations else []
+    trainer_rows = (trainer_bench(args.trainer_iterations, args.trainer_smoke, args.runs_dir)
+                    if args.trainer_iterations else [])
     cmd = " ".join(["python"] + [shlex.quote(a) for a in sys.argv])
     meta = {"command": cmd, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": jax.devices()[0].device_kind, "jax": jax.__version__, "args": vars(args),
@@ -178,19 +198,37 @@ def write_markdown(out: str, data: dict) -> str:
                      f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} "
                      f"({r['engine_bubble_slots_until_drain']:.1%}) | {r['engine_bubble_wall']:.1%} "
                      f"({r['engine_bubble_wall_until_drain']:.1%}) |")
+    if "engine_compiles" in rows[0]:
+        lines += ["", "XLA compilations inside the timed runs (their time is subtracted from both arms): "
+                  + ", ".join(f"{r['policy']}: static {r['static_compiles']}, engine {r['engine_compiles']}"
+                              for r in rows) + "."]
     if trainer_rows:
+        if "batch_wall_s" not in trainer_rows[0]:
+            lines += ["", "Trainer rows recorded with the earlier accounting (compile time not counted "
+                      "alike in every arm): not shown; rerun with --trainer-iterations."]
+            trainer_rows = []
+    if trainer_rows:
+        n = trainer_rows[0]["update_batches"]
+        shape = ("figlib's smoke settings: 2 prompts x 4 samples" if getattr(args, "trainer_smoke", False)
+                 else "Q = 64 slots, groups of 4 x 8 prompts x 8 samples")
         lines += ["", "Trainer rows: `Trainer.step` on experiments/configs/long_tail.yaml (dense KV, "
-                  f"{args.trainer_iterations} update batches per sorted arm, the batch arm "
-                  f"{max(args.trainer_iterations // 4, 1)} iterations of 4 update batches; Q = 64 slots, "
-                  "groups of 4 x 8 prompts x 8 samples; every engine call blocked on, as in "
-                  "profile_sorted); tokens/s = rollout tokens / rollout time of the update batches "
-                  "after the first group (which compiles); bubbles are per-iteration means.", "",
-                  "| trainer arm | batch tok/s | sorted tok/s | speedup | batch bubble | sorted bubble (slot-steps) | sorted bubble (wall, Eq. 4) |",
-                  "|---|---|---|---|---|---|---|"]
+                  f"{n} update batches per arm: the batch arm in {n // 4} iterations of 4 update "
+                  f"batches; {shape}; every engine call blocked on, as in profile_sorted), every "
+                  "arm timed the same way (step_timing: "
+                  "compile time from jax.monitoring). Steady state: the update batches after the "
+                  "first group (4), compile excluded: tokens/s = their rollout tokens / rollout time, "
+                  "s / batch = a whole step per update batch; wall s = the whole run's steps with "
+                  "compile (every arm compiles once); bubbles are per-iteration means.", "",
+                  "| trainer arm | batch tok/s | sorted tok/s | speedup | batch s / batch | sorted s / batch | "
+                  "batch wall s | sorted wall s | batch bubble | sorted bubble (slot-steps) | "
+                  "sorted bubble (wall, Eq. 4) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in trainer_rows:
             lines.append(f"| trainer {r['arm']} | {r['static_tokens_per_s']:.0f} | {r['engine_tokens_per_s']:.0f} | "
-                         f"{r['speedup']:.2f}x | {r['static_bubble']:.1%} | {r['engine_bubble_slots']:.1%} | "
-                         f"{r['engine_bubble_wall']:.1%} |")
+                         f"{r['speedup']:.2f}x | {r['batch_s_per_update_batch']:.3f} | "
+                         f"{r['sorted_s_per_update_batch']:.3f} | {r['batch_wall_s']:.1f} | "
+                         f"{r['sorted_wall_s']:.1f} | {r['static_bubble']:.1%} | "
+                         f"{r['engine_bubble_slots']:.1%} | {r['engine_bubble_wall']:.1%} |")
     text = "\n".join(lines) + "\n"
     with open(out + ".md", "w") as f:
         f.write(text)

@@ -9,16 +9,22 @@ int8 weights + sorted partial rollouts), beside the paper's bubble and throughpu
 
 The default workload is experiments/configs/long_tail.yaml: cycle_walk with long-tailed lengths
 (most responses ~30 tokens, ~9% at the 124-token cap), where a static batch waits for its longest
-row. Every variant starts from the same warm start and sees the same number of samples: the baseline
-runs iterations / n iterations of n x rollout.prompts prompts (its update batch is split into
-n x the minibatches), the sorted arms `iterations` harvests of rollout.prompts prompts with groups
-of n = sorted.group_batches update batches. The partial and stacked arms use rl.mode=sparse_rl,
-whose xi = pi_old / pi_sampler covers the staleness of resumed tokens (and the sparse KV and int8
-weights in the stacked arm); baseline and on-policy use rl.mode=dense with dense KV. Rollout
-throughput is total-time: the rollout tokens of the update batches after the first group divided
-by their total rollout time (the first group holds the compilation; the baseline's group is one
-iteration of n update batches); the bubble ratios are those iterations' means weighted by rollout
-time (Eq. 4 over the whole rollout time). Figure: throughput and wall bubble bars with the
+row. Every variant starts from the same warm start and trains the same number of update batches
+(train.iterations, rounded up to whole groups of n): the baseline in iterations / n iterations of
+n x rollout.prompts prompts (its update batch is split into n x the minibatches), the sorted arms
+in `iterations` harvests of rollout.prompts prompts with groups of n = sorted.group_batches update
+batches. The partial and stacked arms use rl.mode=sparse_rl, whose xi = pi_old / pi_sampler covers
+the staleness of resumed tokens (and the sparse KV and int8 weights in the stacked arm); baseline
+and on-policy use rl.mode=dense with dense KV.
+
+Time is counted the same way in every arm (experiments/step_timing.py): each iteration's wall time
+and the compile time inside it (jax.monitoring compile spans, each second once). The whole run's
+wall time includes compile (every arm compiles its programs once) and is also given without it;
+the steady state is the update batches after the first group (the baseline's first iteration,
+the sorted arms' first n), per update batch with compile excluded. Rollout throughput is
+total-time over that steady state: its rollout tokens / its rollout time without compile; the
+bubble ratios are those iterations' means weighted by rollout time (Eq. 4 over the whole rollout
+time). Figure: throughput and wall bubble bars with the
 paper's numbers marked, and cumulative rollout time and train reward against cumulative rollout
 tokens after the first group, every arm on one axis (the paper's throughput gains drawn as
 slopes from the baseline's).
@@ -30,6 +36,7 @@ import os
 
 import figlib
 import numpy as np
+import step_timing
 from figlib import fmt
 from matplotlib import pyplot as plt
 
@@ -59,31 +66,27 @@ def _after_first_group(h: list[dict]) -> list[dict]:
 def row(run) -> dict:
     h = run.history
     later = _after_first_group(h)
-    t = np.array([r["time/rollout_s"] for r in later])
+    # rollout time of the steady state, compile excluded (none is expected there)
+    t = np.array([r["time/rollout_wall_s"] - r["time/rollout_compile_s"] for r in later])
     weighted = lambda k: float(np.sum(t * [r[k] for r in later]) / max(t.sum(), 1e-12))  # noqa: E731
+    timing = step_timing.account(h, 1 if run.cfg.rollout.scheduler == "sorted" else N_GROUP, N_GROUP)
     return {
         "dense_acc": run.evaluate({"policy": "none"})["accuracy"],
-        # total tokens / total rollout time after the first group (compilation), and Eq. 4 over
-        # that rollout time
+        # total tokens / total rollout time after the first group, and Eq. 4 over that time
         "bubble_wall": weighted("rollout/bubble_wall"),
         "bubble_slots": weighted("rollout/bubble_slots"),
         "rollout_tokens_per_s": float(sum(_tokens(run, r) for r in later) / max(t.sum(), 1e-12)),
         "rollout_s": float(t.sum()),
-        # a baseline iteration is n update batches
-        "wall_s_per_batch": float(np.mean([_iter_seconds(r) for r in later]))
-        / (1 if run.cfg.rollout.scheduler == "sorted" else N_GROUP),
+        # the steady state per update batch (a baseline iteration is n of them), compile excluded
+        "wall_s_per_batch": timing["steady_s_per_batch"],
         # the curves: cumulative over the update batches after the first group
         "tokens_cum": np.cumsum([_tokens(run, r) for r in later]).tolist(),
         "rollout_s_cum": np.cumsum(t).tolist(),
         "staleness_mean": figlib.run_mean(h, "sorted/staleness_mean"),
         "discarded_token_fraction": figlib.run_mean(h, "sorted/discarded_token_fraction"),
-        "wall_s": float(sum(_iter_seconds(r) for r in h)),
+        **timing,  # wall_s: the whole run with compile, wall_s_no_compile, compile_s, ...
         **figlib.summarize(run),
     }
-
-
-def _iter_seconds(r: dict) -> float:
-    return r.get("time/rollout_s", 0.0) + r.get("time/score_s", 0.0) + r.get("time/update_s", 0.0)
 
 
 def main(argv=None) -> dict:
@@ -94,16 +97,19 @@ def main(argv=None) -> dict:
     out = args.out or figlib.default_out("fig_sortedrl", args.config, LONG_TAIL_CONFIG)
     b = study.base
     sparse = b.kv.policy if b.kv.policy != "none" else "snapkv"
-    iters = b.train.iterations
+    iters = N_GROUP * max(-(-b.train.iterations // N_GROUP), 1)  # update batches: whole groups
 
     def arm_of(name):
         mode, is_sparse, extra, _, _ = VARIANTS[name]
         if name == "baseline":  # n update batches per rollout, the same samples in all
             extra = (f"rollout.prompts={N_GROUP * b.rollout.prompts}",
-                     f"train.iterations={max(iters // N_GROUP, 1)}")
+                     f"train.iterations={iters // N_GROUP}")
+        else:
+            extra = (*extra, f"train.iterations={iters}")
         return mode, sparse if is_sparse else "none", tuple(extra)
 
-    results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of, row)
+    with step_timing.timed_workers(figlib):  # every arm's steps timed the same way
+        results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of, row)
 
     lines = [
         f"{iters} update batches of {b.rollout.prompts} prompts x {b.rollout.samples} samples; seeds "
@@ -111,15 +117,21 @@ def main(argv=None) -> dict:
         f"arm: {sparse} budget {b.kv.budget} + buffer {b.kv.buffer}, int8 W8A8 rollouts. Paper: bubble "
         "74% -> 5.8% (on-policy) / 3.4% (partial), rollout throughput +7.6% / +39.5%.",
         "",
-        "Rollout tokens/s is total-time throughput: the rollout tokens of every update batch after "
-        "the first group (which compiles) / their total rollout time; bubbles are those iterations' "
-        "means weighted by rollout time; wall s / batch is rollout + score + update per update "
-        "batch after the first group (a baseline iteration is n of them); wall s is the whole run's.",
+        "Time is counted the same way in every arm: each training step's wall time and the compile "
+        "time inside it (jax.monitoring compile spans). Steady state: the update batches after the "
+        "first group (the first n; the baseline's first iteration; a run of one group, as with "
+        "--smoke: all of it). Rollout tokens/s: the steady "
+        "state's rollout tokens / its rollout time, compile excluded; bubbles: those iterations' "
+        "means weighted by rollout time; wall s / batch: a steady-state update batch's whole step "
+        "(rollout, rewards, scoring, update), compile excluded (a baseline iteration is n batches); "
+        "wall s: the whole run's steps, compile included (every arm compiles once), then without "
+        "it; compiles: XLA compilations in the steady state (0 expected).",
         "",
         "| variant | mode | accuracy | train reward (last 25%) | bubble (wall, Eq. 4) | bubble (slot-steps) | "
-        "rollout tokens/s | vs baseline | staleness | discarded tokens | wall s / batch | wall s | "
+        "rollout tokens/s | vs baseline | staleness | discarded tokens | wall s / batch | "
+        "wall s (with compile) | wall s (no compile) | compiles after 1st group | "
         "paper bubble | paper throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base_tps = (np.mean([r["rollout_tokens_per_s"] for r in results["baseline"]])
                 if "baseline" in results else None)
@@ -131,7 +143,8 @@ def main(argv=None) -> dict:
             f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | {fmt(col('train_reward_last25'))} | "
             f"{fmt(col('bubble_wall'))} | {fmt(col('bubble_slots'))} | {fmt(col('rollout_tokens_per_s'), '.0f')} | {gain} | "
             f"{fmt(col('staleness_mean'))} | {fmt(col('discarded_token_fraction'))} | "
-            f"{fmt(col('wall_s_per_batch'), '.2f')} | {fmt(col('wall_s'), '.0f')} | "
+            f"{fmt(col('wall_s_per_batch'), '.3f')} | {fmt(col('wall_s'), '.1f')} | "
+            f"{fmt(col('wall_s_no_compile'), '.1f')} | {fmt(col('steady_compiles'), '.0f')} | "
             f"{'—' if paper is None else f'{paper:.1%}'} | "
             f"{'—' if paper_gain is None else f'+{paper_gain:.1%}'} |")
 
