@@ -1,6 +1,7 @@
 """Properties of the correction module: xi, r, SARS, IBR, TIS, ACR and the mismatch metrics."""
 
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,9 @@ from sparserl_jax.config_io import from_dict
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import corrections
 from sparserl_jax.rl import loss as loss_lib
+from sparserl_jax.rl.corrections import CORRECTIONS, Correction
+from sparserl_jax.rl.corrections.ibr import IBR_MODES
+from sparserl_jax.rl.corrections.xi import LEVELS
 
 B, T = 8, 10
 # tests here share compiled functions: keep them on one xdist worker (--dist loadgroup)
@@ -63,9 +67,9 @@ ALL_MODE_CFGS = tuple(
     C.RLConfig(
         mode=m,
         acr=C.AcrConfig(enabled=True),
-        sars=C.SarsConfig(token_level=C.LEVELS[i % 3], veto_level=C.LEVELS[(i + 1) % 3]),
+        sars=C.SarsConfig(token_level=LEVELS[i % 3], veto_level=LEVELS[(i + 1) % 3]),
     )
-    for i, m in enumerate(list(C.MODES) + ["sparse_rl", "sparse_rl"])
+    for i, m in enumerate(list(C.RL_MODES) + ["sparse_rl", "sparse_rl"])
 )
 # one config with every correction on, for the metrics
 FULL = C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True, c=1.2))
@@ -120,7 +124,7 @@ def test_log_ratios_clamped_and_padding_ignored():
         np.testing.assert_allclose(np_(c.kl_q)[m], -20.0)  # clamped to log_ratio_clamp: exact
 
 
-@pytest.mark.parametrize("level", C.LEVELS)
+@pytest.mark.parametrize("level", LEVELS)
 def test_veto_fires_exactly_below_threshold(level):
     thr = 1e-4
     cfg = C.RLConfig(mode="sars_only", sars=C.SarsConfig(token_rule=False, veto_level=level))
@@ -158,7 +162,7 @@ def test_veto_fires_exactly_below_threshold(level):
         np.testing.assert_array_equal(np_(c.accept), mask & ~want[:, None])
 
 
-@pytest.mark.parametrize("level", C.LEVELS)
+@pytest.mark.parametrize("level", LEVELS)
 def test_token_band(level):
     cfg = C.RLConfig(mode="sars_only", sars=C.SarsConfig(veto=False, token_level=level))
     inp = inputs(3, scale={"token": 0.4, "sequence": 0.3, "geometric": 1.0}[level])
@@ -178,7 +182,7 @@ def test_token_band(level):
         assert np.all(want.any(1) == (want.sum(1) == mask.sum(1)))
 
 
-@pytest.mark.parametrize("ibr_mode", C.IBR_MODES)
+@pytest.mark.parametrize("ibr_mode", IBR_MODES)
 def test_ibr_weights_and_normalisation(ibr_mode):
     inp = inputs(4, scale=0.5)
     mask = np_(inp["mask"])
@@ -366,8 +370,8 @@ def test_config_validation_names_the_setting():
         C.RLConfig, {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}, "rl"
     )
     assert cfg.acr.c == 3.0 and cfg.loss.aggregation == "token_mean" and cfg.sars == C.SarsConfig()
-    assert cfg.spec == C.ModeSpec(tis=True, acr=True)
-    assert C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).spec.acr
+    assert cfg.corrections == ("tis", "acr")
+    assert "acr" in C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).corrections
     with pytest.raises(ValueError, match=r"rl\.sars\.lo: unknown setting"):
         from_dict(C.RLConfig, {"sars": {"lo": 0.1}}, "rl")
 
@@ -389,3 +393,59 @@ def test_training_sampling_must_match_the_scorer():
     with pytest.raises(ValueError, match=r"rollout\.temperature=0\.7 differs"):
         load_config([], ["rollout.temperature=0.7"])
     assert load_config([], ["rollout.temperature=0.7", "rl.update.temperature=0.7"])
+
+
+# ----------------------------------------------------------------------------- the registry
+
+
+def test_every_correction_has_its_rl_config_section():
+    """A registered correction is configured as rl.<name>: an RLConfig field of its settings
+    class, whose default is that class's default."""
+    hints = typing.get_type_hints(C.RLConfig)
+    for name, c in CORRECTIONS.items():
+        assert c.name == name
+        assert hints.get(name) is c.settings, (name, hints.get(name))
+        assert getattr(C.RLConfig(), name) == c.settings()
+
+
+def _docstring_mode_table() -> dict[str, tuple[str, ...]]:
+    """rl/config.py's mode table as {mode: corrections marked x}, its columns checked against
+    the registry."""
+    lines = C.__doc__.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])
+    header = lines[start].split()
+    assert header[0] == "mode" and header[-3:] == ["what", "it", "is"], header
+    columns = header[1:-3]
+    assert columns == list(CORRECTIONS), (columns, list(CORRECTIONS))
+    table = {}
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        mode, *marks = line.split()[: 1 + len(columns)]
+        assert set(marks) <= {"x", "-"}, line
+        table[mode] = tuple(name for name, mark in zip(columns, marks) if mark == "x")
+    return table
+
+
+def test_mode_table_in_the_docstring_is_the_registry():
+    table = _docstring_mode_table()
+    assert list(table) == list(C.RL_MODES)
+    for mode, names in C.RL_MODES.items():
+        assert set(table[mode]) == set(names), mode
+        assert C.RLConfig(mode=mode).corrections == names
+
+
+def test_composition_rules(monkeypatch):
+    # acr.enabled adds ACR to any mode, once
+    assert C.RLConfig(mode="dense", acr=C.AcrConfig(enabled=True)).corrections == ("acr",)
+    assert C.RLConfig(mode="qurl", acr=C.AcrConfig(enabled=True)).corrections == ("tis", "acr")
+    # at most one weighting correction; only registered names
+    monkeypatch.setitem(C.RL_MODES, "ibr_and_tis", ("ibr", "tis"))
+    with pytest.raises(ValueError, match=r"rl\.mode='ibr_and_tis' weights tokens by ibr and tis"):
+        C.RLConfig(mode="ibr_and_tis")
+    monkeypatch.setitem(C.RL_MODES, "typo", ("sars", "ibrr"))
+    with pytest.raises(ValueError, match=r"rl\.mode='typo' names unregistered correction\(s\) "
+                                         r"ibrr"):
+        C.RLConfig(mode="typo")
+    with pytest.raises(ValueError, match=r"correction 'noop' contributes nothing"):
+        Correction(name="noop", settings=C.TisConfig)

@@ -14,6 +14,8 @@ from float_tol import sum_tol
 from sparserl_jax.rl import advantages as adv_lib
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import corrections, loss
+from sparserl_jax.rl.corrections.ibr import IBR_MODES
+from sparserl_jax.rl.corrections.xi import LEVELS
 
 B, T = 6, 12
 # tests here share compiled functions: keep them on one xdist worker (--dist loadgroup)
@@ -191,15 +193,15 @@ def _cfg(mode, agg="seq_mean", **kw):
 
 
 CASES = (
-    [_cfg(m, agg) for m in C.MODES for agg in C.AGGREGATIONS]
+    [_cfg(m, agg) for m in C.RL_MODES for agg in C.AGGREGATIONS]
     + [
         _cfg("sparse_rl", C.AGGREGATIONS[i % 2], sars=C.SarsConfig(token_level=tl, veto_level=vl))
-        for i, (tl, vl) in enumerate((tl, vl) for tl in C.LEVELS for vl in C.LEVELS)
+        for i, (tl, vl) in enumerate((tl, vl) for tl in LEVELS for vl in LEVELS)
         if (tl, vl) != ("token", "token")
     ]
     + [
         _cfg("ibr_only", "token_mean", ibr=C.IbrConfig(mode=im, normalisation=nm))
-        for im in C.IBR_MODES
+        for im in IBR_MODES
         for nm in ("micro_batch", "none")
     ]
     + [
@@ -219,7 +221,7 @@ def _case_id(cfg):
     ib = cfg.ibr
     return (f"{cfg.mode}-{cfg.loss.aggregation}-{s.token_level}-{s.veto_level}-{ib.mode}-"
             f"{ib.normalisation}-{ib.normalise_over}-{ib.mask_rejects}-{cfg.ratio_against}-"
-            f"acr{int(cfg.spec.acr)}")
+            f"acr{int('acr' in cfg.corrections)}")
 
 
 SEEDS = (0, 1, 2)
@@ -270,7 +272,7 @@ def test_sampler_equal_old_gives_plain_grpo():
     inp["sampler"] = inp["old"]
     cfgs = [
         _cfg(mode, C.AGGREGATIONS[i % 2], acr=C.AcrConfig(enabled=True))
-        for i, mode in enumerate(C.MODES)
+        for i, mode in enumerate(C.RL_MODES)
     ] + [
         _cfg("sparse_rl", agg, sars=C.SarsConfig(token_level=lvl, veto_level=lvl))
         for agg, lvl in zip(C.AGGREGATIONS, ("sequence", "geometric"))

@@ -7,18 +7,23 @@ re-exported here) the learner step that ties them together for the trainer."""
 from sparserl_jax.rl.advantages import grpo_advantages, token_advantages
 from sparserl_jax.rl.batch import BATCH_KEYS, assemble, response_mask_from_lengths
 from sparserl_jax.rl.config import (
-    MODES,
+    RL_MODES,
     AcrConfig,
     IbrConfig,
     LossConfig,
-    ModeSpec,
     OptimConfig,
     RLConfig,
     SarsConfig,
     TisConfig,
     UpdateConfig,
 )
-from sparserl_jax.rl.corrections import Corrections, compute_corrections, mismatch_metrics
+from sparserl_jax.rl.corrections import (
+    CORRECTIONS,
+    Correction,
+    Corrections,
+    compute_corrections,
+    mismatch_metrics,
+)
 from sparserl_jax.rl.diagnostics import DIAGNOSTIC_KEYS, rollout_diagnostics
 from sparserl_jax.rl.loss import policy_loss
 from sparserl_jax.rl.optim import make_optimizer, make_schedule

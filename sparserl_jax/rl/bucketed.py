@@ -38,7 +38,7 @@ from sparserl_jax.model import sharding, transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.config import RLConfig
-from sparserl_jax.rl.corrections import mismatch_metrics, row_ibr_normalisers
+from sparserl_jax.rl.corrections import mismatch_metrics, row_ibr_normalisers, weight_normalisation
 from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss_and_logp, reduce_steps
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
@@ -84,13 +84,13 @@ class BucketedUpdate:
         """Is log pi_old this batch's first learner forward (update.reuse_old_forward)?"""
         cfg, u = self.cfg, self.cfg.update
         return (u.reuse_old_forward and u.epochs == 1 and rows == u.minibatch_size
-                and not (cfg.spec.ibr and cfg.ibr.normalisation == "global"))
+                and weight_normalisation(cfg) != "global")
 
     def grouped(self, fused: bool) -> bool:
         """May a minibatch's rows be regrouped by length? Not where the IBR normaliser is each
         micro-batch's own and pi_old is only known inside the micro-batch's program."""
         cfg = self.cfg
-        norm_inside = fused and cfg.spec.ibr and cfg.ibr.normalisation == "micro_batch"
+        norm_inside = fused and weight_normalisation(cfg) == "micro_batch"
         return cfg.update.group_by_length and not norm_inside
 
     def widths(self, T: int) -> tuple[int, ...]:
@@ -195,7 +195,7 @@ class BucketedUpdate:
             full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
             norms_B = np.asarray(distributed.to_host(self._row_norms(
                 full["old_logp"], full["sampler_logp"], full["response_mask"])))
-            if cfg.spec.ibr and cfg.ibr.normalisation == "global":
+            if weight_normalisation(cfg) == "global":
                 metrics["ibr/normaliser"] = float(norms_B[0])
         group, positions = self.grouped(fused), 0
         old_parts, steps = [], []

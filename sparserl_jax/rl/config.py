@@ -1,10 +1,12 @@
-"""Settings of the RL update: corrections (SARS, IBR, TIS, ACR), the GRPO loss, the optimizer and
-the update loop. Defaults are the Sparse-RL authors' code settings (methods.md 1.2-1.4); QuRL's C
-is not published (2.0 is the common choice).
+"""Settings of the RL update: the mode (which behaviour-policy corrections apply), the GRPO loss,
+the optimizer and the update loop. Each correction's section (SarsConfig, IbrConfig, TisConfig,
+AcrConfig) sits beside its code in rl/corrections/ and is a field of RLConfig under the
+correction's name. Defaults are the Sparse-RL authors' code settings (methods.md 1.2-1.4); QuRL's
+C is not published (2.0 is the common choice).
 
-A `mode` picks which corrections apply, from the MODES registry:
+`rl.mode` names a combination of registered corrections, a row of RL_MODES:
 
-  mode          SARS  IBR  TIS  ACR   what it is
+  mode          sars  ibr  tis  acr   what it is
   dense          -     -    -    -    dense rollouts: the sampler is pi_old
   naive_sparse   -     -    -    -    sparse rollouts trained as on-policy (ratio against pi_old only)
   sparse_rl      x     x    -    -    Sparse-RL: rejection sampling + importance reweighting
@@ -13,13 +15,20 @@ A `mode` picks which corrections apply, from the MODES registry:
   tis            -     -    x    -    QuRL's FlashRL baseline: w = min(rho, C)
   qurl           -     -    x    x    QuRL: TIS weights + adaptive clipping range
 
-`acr.enabled=True` adds ACR to any mode (to stack quantized and sparse rollouts).
+`acr.enabled=True` adds ACR to any mode (to stack quantized and sparse rollouts). The table is
+checked against RL_MODES and the registry by tests/test_rl_corrections.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from sparserl_jax.rl.corrections import CORRECTIONS
+from sparserl_jax.rl.corrections.acr import AcrConfig
+from sparserl_jax.rl.corrections.compose import check_combination
+from sparserl_jax.rl.corrections.ibr import IbrConfig
+from sparserl_jax.rl.corrections.sars import SarsConfig
+from sparserl_jax.rl.corrections.tis import TisConfig
 from sparserl_jax.validate import (
     check_at_least,
     check_between,
@@ -29,131 +38,20 @@ from sparserl_jax.validate import (
     check_positive,
 )
 
-LEVELS = ("token", "sequence", "geometric")
-IBR_MODES = ("truncate", "clip", "mask")
-IBR_NORMALISATIONS = ("global", "micro_batch", "none")
-IBR_NORMALISE_OVER = ("valid", "accepted")
 RATIO_AGAINST = ("old", "sampler")
 AGGREGATIONS = ("seq_mean", "token_mean")
 SCHEDULES = ("constant", "warmup", "cosine")
 
-
-@dataclasses.dataclass(frozen=True)
-class ModeSpec:
-    """Which corrections a mode applies."""
-
-    sars: bool = False  # Sparse-RL rejection sampling (token band + sequence veto)
-    ibr: bool = False  # Sparse-RL importance-based reweighting
-    tis: bool = False  # truncated importance sampling, w = min(rho, C) (QuRL baseline)
-    acr: bool = False  # QuRL adaptive clipping range
-
-    def __post_init__(self):
-        if self.ibr and self.tis:
-            raise ValueError("a mode can weight tokens by IBR or by TIS, not both")
-
-
-MODES: dict[str, ModeSpec] = {
-    "dense": ModeSpec(),
-    "naive_sparse": ModeSpec(),
-    "sparse_rl": ModeSpec(sars=True, ibr=True),
-    "sars_only": ModeSpec(sars=True),
-    "ibr_only": ModeSpec(ibr=True),
-    "tis": ModeSpec(tis=True),
-    "qurl": ModeSpec(tis=True, acr=True),
+# mode -> the registered corrections (rl/corrections/) it applies, in the order they apply
+RL_MODES: dict[str, tuple[str, ...]] = {
+    "dense": (),
+    "naive_sparse": (),
+    "sparse_rl": ("sars", "ibr"),
+    "sars_only": ("sars",),
+    "ibr_only": ("ibr",),
+    "tis": ("tis",),
+    "qurl": ("tis", "acr"),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class SarsConfig:
-    """Sparsity-Aware Rejection Sampling on xi = pi_old / pi_sparse (methods.md 1.2).
-
-    Token rule: reject where the ratio at `token_level` is outside [token_lo, token_hi] (at
-    "sequence"/"geometric" level the whole response is rejected). Sequence veto: reject the whole
-    response when the ratio at `veto_level` is below `veto_threshold` ("token": min_t xi_t)."""
-
-    token_rule: bool = True
-    token_lo: float = 0.5
-    token_hi: float = 1.5
-    token_level: str = "token"
-    veto: bool = True
-    veto_threshold: float = 1e-4
-    veto_level: str = "token"
-
-    def __post_init__(self):
-        check_bool("sars.token_rule", self.token_rule)
-        check_bool("sars.veto", self.veto)
-        check_in("sars.token_level", self.token_level, LEVELS)
-        check_in("sars.veto_level", self.veto_level, LEVELS)
-        check_at_least("sars.token_lo", self.token_lo, 0, integer=False)
-        check_number("sars.token_hi", self.token_hi)
-        if not self.token_hi > self.token_lo:
-            raise ValueError(
-                f"sars.token_hi={self.token_hi} must be > sars.token_lo={self.token_lo}"
-            )
-        check_positive("sars.veto_threshold", self.veto_threshold)
-
-
-@dataclasses.dataclass(frozen=True)
-class IbrConfig:
-    """Importance-Based Reweighting w_t from xi_t (methods.md 1.3), a constant (stop-gradient).
-    Source: the authors' slime fork, examples/train_infer_mismatch_helper/mis.py
-    compute_mis_weights (tis_mode, tis_upper_bound / tis_lower_bound, tis_batch_normalize).
-
-    mode: "truncate" w = min(xi, cap); "clip" w = clip(xi, lo, hi); "mask" w = xi and tokens
-    outside [lo, hi] are rejected (see mask_rejects).
-    normalisation: divide w by its mean over the whole rollout batch ("global"), over each
-    micro-batch ("micro_batch", the authors' code: compute_mis_weights runs per micro-batch) or
-    not at all ("none"). The authors skip it when the mean is <= 1e-8; so do we.
-    normalise_over: the tokens that mean is taken over. "valid" (authors: the original loss
-    masks, so every response token, SARS-rejected and vetoed ones included, with its w =
-    min(xi, cap) before rejection); "accepted": only the tokens that enter the loss, which
-    makes the accepted weights average exactly 1 (our earlier reading; with heavy rejection it
-    differs most, since rejected tokens have xi outside the SARS band).
-    mask_rejects (mode "mask" only): True (authors: mis.py mask() returns a modified loss mask)
-    drops out-of-range tokens from the loss numerator and denominator, and w = xi elsewhere;
-    False keeps them in the denominator with w = 0 (our earlier reading)."""
-
-    mode: str = "truncate"
-    cap: float = 1.5
-    lo: float = 0.5
-    hi: float = 1.5
-    normalisation: str = "micro_batch"
-    normalise_over: str = "valid"
-    mask_rejects: bool = True
-
-    def __post_init__(self):
-        check_in("ibr.mode", self.mode, IBR_MODES)
-        check_in("ibr.normalisation", self.normalisation, IBR_NORMALISATIONS)
-        check_in("ibr.normalise_over", self.normalise_over, IBR_NORMALISE_OVER)
-        check_bool("ibr.mask_rejects", self.mask_rejects)
-        check_positive("ibr.cap", self.cap)
-        check_at_least("ibr.lo", self.lo, 0, integer=False)
-        check_number("ibr.hi", self.hi)
-        if not self.hi > self.lo:
-            raise ValueError(f"ibr.hi={self.hi} must be > ibr.lo={self.lo}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TisConfig:
-    """QuRL truncated importance sampling: w = min(rho, cap), rho = pi_prox / pi_behav (= xi)."""
-
-    cap: float = 2.0
-
-    def __post_init__(self):
-        check_positive("tis.cap", self.cap)
-
-
-@dataclasses.dataclass(frozen=True)
-class AcrConfig:
-    """QuRL Adaptive Clipping Range: r_acr = min(1, C / rho); the PPO upper clip bound becomes
-    (1 + eps_high) / r_acr, so it moves only where rho > C. QuRL uses the same C as TIS (open)."""
-
-    enabled: bool = False
-    c: float = 2.0
-
-    def __post_init__(self):
-        check_bool("acr.enabled", self.enabled)
-        check_positive("acr.c", self.c)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +214,7 @@ class RLConfig:
     mode: str = "sparse_rl"
     log_ratio_clamp: float = 20.0
     ratio_against: str = "old"
+    # one section per registered correction (rl/corrections/), under its name
     sars: SarsConfig = SarsConfig()
     ibr: IbrConfig = IbrConfig()
     tis: TisConfig = TisConfig()
@@ -325,12 +224,18 @@ class RLConfig:
     update: UpdateConfig = UpdateConfig()
 
     def __post_init__(self):
-        check_in("rl.mode", self.mode, MODES)
+        check_in("rl.mode", self.mode, RL_MODES)
         check_in("rl.ratio_against", self.ratio_against, RATIO_AGAINST)
         check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
+        added = self.corrections[len(RL_MODES[self.mode]):]
+        check_combination(f"rl.mode={self.mode!r}" + "".join(f" + rl.{n}.enabled" for n in added),
+                          self.corrections)
 
     @property
-    def spec(self) -> ModeSpec:
-        """The corrections in force: the mode's row of MODES, plus ACR when acr.enabled."""
-        s = MODES[self.mode]
-        return dataclasses.replace(s, acr=s.acr or self.acr.enabled)
+    def corrections(self) -> tuple[str, ...]:
+        """The corrections in force: the mode's row of RL_MODES, then every registered one whose
+        section has `enabled=True` (rl.acr.enabled adds ACR to any mode)."""
+        named = RL_MODES[self.mode]
+        enabled = tuple(name for name in CORRECTIONS if name not in named
+                        and getattr(getattr(self, name, None), "enabled", False))
+        return named + enabled

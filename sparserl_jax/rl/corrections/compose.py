@@ -1,0 +1,268 @@
+"""The corrections a run applies, combined (methods.md 1.1-1.4, 2, 4).
+
+Four per-token log-probs of the sampled tokens, all [B, T] and aligned the same way (see
+sparserl_jax/rl/batch.py): the learner pi_theta, the dense old policy pi_old, the reference
+pi_ref and the sampler pi_sparse (KV-evicted, quantized, or stale weights). From them:
+
+  xi   = pi_old / pi_sparse     sparsity consistency ratio (QuRL's rho); constant
+  r    = pi_theta / pi_old      PPO ratio (staleness); carries the gradient
+  q    = log pi_ref - log pi_theta (guarded at +-log_ratio_clamp), for the k3 KL of the loss
+
+and from xi, for the corrections in force (`RLConfig.corrections`: the mode's, see RL_MODES):
+accept = the response mask AND every correction's keep mask; w = the one weighting
+correction's weight (1 without one), normalised if it asks; r_acr = the product of the clip
+scales (1 without one). Everything computed from xi depends on pi_old and pi_sampler only, so it
+is fixed for a rollout batch; only r and q change during the update. At default settings this
+reproduces the authors' slime code (examples/train_infer_mismatch_helper/mis.py
+compute_mis_weights with mis.yaml); tests/test_authors_reference.py checks it against a NumPy
+transcription of that code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jaxtyping import Array, Bool, Float
+
+from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles
+from sparserl_jax.rl.corrections.xi import mismatch
+
+if TYPE_CHECKING:
+    from sparserl_jax.rl.config import RLConfig
+
+XI_QUANTILES = (0.05, 0.5, 0.95)
+
+
+@struct.dataclass
+class Corrections:
+    """Per-token ratios, masks and weights for the loss, plus scalar metrics."""
+
+    xi: Float[Array, "B T"]  # pi_old / pi_sparse (log clamped); 1 outside the response mask
+    r: Float[Array, "B T"]  # pi_theta / pi_old (log clamped); differentiable
+    kl_q: Float[Array, "B T"]  # log pi_ref - log pi_theta (guard +-log_ratio_clamp); differentiable
+    accept: Bool[Array, "B T"]  # response tokens every correction keeps: they enter the loss
+    sars_veto: Bool[Array, "B"]  # responses removed whole (the SARS sequence veto)
+    weight: Float[Array, "B T"]  # w_t (IBR or TIS), normalised, stop-gradient; 0 outside accept
+    r_acr: Float[Array, "B T"]  # the product of the clip scales (ACR: min(1, C / rho)), else 1
+    metrics: dict
+
+
+def active(cfg: RLConfig) -> list[tuple[Correction, Any]]:
+    """(correction, its settings section of cfg) for every correction in force, in order."""
+    from sparserl_jax.rl.corrections import CORRECTIONS  # the registry imports this module
+
+    return [(CORRECTIONS[name], getattr(cfg, name)) for name in cfg.corrections]
+
+
+def check_combination(setting: str, names: tuple[str, ...]) -> None:
+    """The corrections a run applies: registered, and at most one of them weights tokens."""
+    from sparserl_jax.rl.corrections import CORRECTIONS
+
+    unknown = [n for n in names if n not in CORRECTIONS]
+    if unknown:
+        raise ValueError(f"{setting} names unregistered correction(s) {', '.join(unknown)}; "
+                         f"registered: {', '.join(CORRECTIONS)}")
+    weighting = [n for n in names if CORRECTIONS[n].weight is not None]
+    if len(weighting) > 1:
+        raise ValueError(f"{setting} weights tokens by {' and '.join(weighting)}: a run applies "
+                         "at most one weighting correction")
+
+
+def _weighting(cfg: RLConfig) -> tuple[Correction, Any] | None:
+    """The one weighting correction in force (RLConfig allows at most one), or None."""
+    return next(((c, s) for c, s in active(cfg) if c.weight is not None), None)
+
+
+def _normalisation(cfg: RLConfig) -> tuple[str, str]:
+    w = _weighting(cfg)
+    if w is None or w[0].normalise is None:
+        return "none", "valid"
+    return w[0].normalise(w[1])
+
+
+def weight_normalisation(cfg: RLConfig) -> str:
+    """How the weights are normalised to mean 1: "global" (over the rollout batch),
+    "micro_batch" or "none" (also without a weighting correction). IBR's ibr.normalisation."""
+    return _normalisation(cfg)[0]
+
+
+def _behaviour(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> tuple[Mismatch, Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
+    mask = mask.astype(bool)
+    m = mismatch(old_logp, sampler_logp, mask, cfg.log_ratio_clamp)
+    on = active(cfg)
+    accept, veto_B = mask, None
+    for c, s in on:
+        if c.accept is not None:
+            keep, veto = c.accept(m, s)
+            if keep is not None:
+                accept = accept & keep
+            if veto is not None:
+                veto_B = veto if veto_B is None else veto_B | veto
+    if veto_B is None:
+        veto_B = jnp.zeros(mask.shape[:1], bool)
+    weighting = _weighting(cfg)
+    w = jnp.ones_like(m.xi) if weighting is None else weighting[0].weight(m, weighting[1])
+    return m, accept, veto_B, jnp.where(mask, w, 0.0)
+
+
+def behaviour_terms(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
+    """The theta-independent part: (xi, accept, sars_veto, raw weight before normalisation).
+    The raw weight is set on every response token, rejected ones included (the authors
+    normalise over those too), and 0 outside the response mask."""
+    m, accept, veto_B, w = _behaviour(old_logp, sampler_logp, mask, cfg)
+    return m.xi, accept, veto_B, w
+
+
+def _normaliser_tokens(
+    mask: Bool[Array, "B T"], accept: Bool[Array, "B T"], over: str
+) -> Bool[Array, "B T"]:
+    return accept if over == "accepted" else mask
+
+
+def _mean_weight(over: Bool[Array, "B T"], w: Float[Array, "B T"]) -> Float[Array, ""]:
+    """mis.py: weights_mean = sum(w) / clamp_min(count, 1); used only when > 1e-8."""
+    mean = jnp.sum(jnp.where(over, w, 0.0)) / jnp.maximum(jnp.sum(over), 1)
+    return jnp.where(mean > 1e-8, mean, 1.0)
+
+
+def ibr_normaliser(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> Float[Array, ""]:
+    """Mean raw weight over this batch's valid (or accepted, see ibr.normalise_over) tokens;
+    1 without a normalised weighting correction (IBR off, or normalisation "none") or when the
+    mean is <= 1e-8."""
+    how, over = _normalisation(cfg)
+    if how == "none":
+        return jnp.float32(1.0)
+    mask = mask.astype(bool)
+    _, accept, _, w = behaviour_terms(old_logp, sampler_logp, mask, cfg)
+    return _mean_weight(_normaliser_tokens(mask, accept, over), w)
+
+
+def row_ibr_normalisers(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> Float[Array, "B"]:
+    """Each row's weight normaliser as the update applies it: the rollout batch's ("global"), or
+    that of the row's micro-batch of update.micro_batch_size consecutive rows ("micro_batch");
+    1 without normalisation. Rows may then be regrouped freely (length buckets)."""
+    B, T = mask.shape
+    how = weight_normalisation(cfg)
+    if how == "none":
+        return jnp.ones((B,), jnp.float32)
+    if how == "global":
+        return jnp.broadcast_to(ibr_normaliser(old_logp, sampler_logp, mask, cfg), (B,))
+    m = cfg.update.micro_batch_size
+    split = lambda x: x.reshape(B // m, m, T)  # noqa: E731
+    per_micro = jax.vmap(lambda o, s, k: ibr_normaliser(o, s, k, cfg))(
+        split(old_logp), split(sampler_logp), split(mask))
+    return jnp.repeat(per_micro, m)
+
+
+def compute_corrections(
+    learner_logp: Float[Array, "B T"],
+    old_logp: Float[Array, "B T"],
+    ref_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+    *,
+    ibr_norm: Float[Array, ""] | None = None,
+    with_metrics: bool = True,
+) -> Corrections:
+    """All corrections for one (micro-)batch. `ibr_norm` is the weight normaliser, a scalar or
+    one value per row; None computes it from this batch (the "micro_batch" normalisation when
+    called per micro-batch).
+    `with_metrics=False` leaves `metrics` empty (the update step computes them once per rollout
+    batch with `mismatch_metrics`)."""
+    mask = mask.astype(bool)
+    clamp = cfg.log_ratio_clamp
+    m, accept, veto_B, w_raw = _behaviour(old_logp, sampler_logp, mask, cfg)
+    how, over = _normalisation(cfg)
+    w = w_raw
+    if how != "none":
+        if ibr_norm is None:
+            ibr_norm = _mean_weight(_normaliser_tokens(mask, accept, over), w_raw)
+        w = w / (ibr_norm[:, None] if jnp.ndim(ibr_norm) == 1 else ibr_norm)
+    w = jax.lax.stop_gradient(jnp.where(accept, w, 0.0))
+    m = dataclasses.replace(m, xi=jax.lax.stop_gradient(m.xi))
+    xi = m.xi
+    r_acr = None
+    for c, s in active(cfg):
+        if c.clip_scale is not None:
+            scale = c.clip_scale(m, s)
+            r_acr = scale if r_acr is None else r_acr * scale
+    r_acr = jnp.ones_like(xi) if r_acr is None else r_acr
+    r_acr = jnp.where(mask, r_acr, 1.0)
+
+    behaviour_logp = sampler_logp if cfg.ratio_against == "sampler" else old_logp
+    log_r = jnp.where(
+        mask, learner_logp.astype(jnp.float32) - behaviour_logp.astype(jnp.float32), 0.0
+    )
+    r = jnp.exp(jnp.clip(log_r, -clamp, clamp))
+    q = jnp.where(mask, ref_logp.astype(jnp.float32) - learner_logp.astype(jnp.float32), 0.0)
+    kl_q = jnp.clip(q, -clamp, clamp)  # overflow guard only; the loss clamps the k3 value
+
+    metrics = _metrics(m, accept, veto_B, w_raw, cfg) if with_metrics else {}
+    return Corrections(
+        xi=xi, r=r, kl_q=kl_q, accept=accept, sars_veto=veto_B, weight=w, r_acr=r_acr,
+        metrics=metrics,
+    )
+
+
+def mismatch_metrics(
+    old_logp: Float[Array, "B T"],
+    sampler_logp: Float[Array, "B T"],
+    mask: Bool[Array, "B T"],
+    cfg: RLConfig,
+) -> dict[str, Float[Array, ""]]:
+    """Sampler-vs-dense-old diagnostics over the response tokens (theta-independent):
+    KL(pi_sparse || pi_old) by the k1 and k3 estimators, |delta log-prob|, xi quantiles,
+    rejection rates, weight truncation, and each correction's own metrics (ACR activity)."""
+    return _metrics(*_behaviour(old_logp, sampler_logp, mask, cfg), cfg)
+
+
+def _metrics(m: Mismatch, accept, veto_B, w, cfg: RLConfig) -> dict[str, Float[Array, ""]]:
+    raw, xi, mask = m.log_xi, m.xi, m.mask
+    log_xi = jnp.log(xi)
+    has_tokens_B = jnp.any(mask, axis=-1)
+    n_seq = jnp.maximum(jnp.sum(has_tokens_B), 1)
+    out = {
+        "mismatch/kl_k1": masked_mean(-raw, mask),
+        "mismatch/kl_k3": masked_mean(xi - log_xi - 1.0, mask),
+        "mismatch/abs_dlogp_mean": masked_mean(jnp.abs(raw), mask),
+        "mismatch/abs_dlogp_max": jnp.max(jnp.where(mask, jnp.abs(raw), 0.0)),
+        # the accept mask of every correction together (named after SARS, the first of them)
+        "sars/token_reject_rate": 1.0 - jnp.sum(accept) / jnp.maximum(jnp.sum(mask), 1),
+        "sars/seq_reject_rate": jnp.sum(has_tokens_B & ~jnp.any(accept, axis=-1)) / n_seq,
+        "sars/veto_rate": jnp.sum(veto_B & has_tokens_B) / n_seq,
+    }
+    for p, v in zip(XI_QUANTILES, masked_quantiles(xi, mask, XI_QUANTILES)):
+        out[f"xi/p{round(100 * p)}"] = v
+    if _weighting(cfg) is not None:
+        # fraction of accepted tokens whose weight is not xi itself (truncated, clipped, masked)
+        out["weights/trunc_frac"] = masked_mean((w != xi).astype(jnp.float32), accept)
+        out["weights/raw_mean"] = masked_mean(w, accept)
+    for c, s in active(cfg):
+        if c.metrics is not None:
+            out.update(c.metrics(m, s))
+    return out
