@@ -12,6 +12,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from compile_cache import compile_cache_env
 
 REPO = Path(__file__).parent.parent
 EXPERIMENTS = REPO / "experiments"
@@ -50,7 +51,9 @@ def _python_cmd(emulated: bool) -> tuple[list[str], dict]:
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if not emulated:
         return [sys.executable], env
-    # qemu-user runs the interpreter itself: the virtual environment's packages come by PYTHONPATH
+    # qemu-user runs the interpreter itself: the virtual environment's packages come by PYTHONPATH;
+    # no compilation cache (its entries hold this host's instruction set, not the emulated one's)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env["PYTHONPATH"] = os.pathsep.join([sysconfig.get_paths()["purelib"], str(REPO)])
     return [QEMU, "-cpu", EMULATED_CPU, sys.executable], env
 
@@ -105,21 +108,25 @@ def test_large_dots_equal_on_an_emulated_avx2_cpu():
     assert _probe("portable", "large", emulated=False) == _probe("portable", "large", emulated=True)
 
 
-def _fingerprint(path: Path, **env) -> tuple[dict, str]:
-    """experiments/fingerprint.py in a fresh process (the workers' settings, plus `env`)."""
+def _fingerprint(path: Path, tmp_path_factory, **env) -> tuple[dict, str]:
+    """experiments/fingerprint.py in a fresh process (the workers' settings, plus `env`), with the
+    session's compilation cache: the second run loads what the first compiled where their XLA
+    flags agree (this host, both capped at AVX2 for XLA; oneDNN's cap acts when it runs)."""
     cmd, base = _python_cmd(emulated=False)
     proc = subprocess.run(cmd + ["fingerprint.py", "--json", str(path)], capture_output=True,
-                          text=True, env={**base, **env}, timeout=600, cwd=EXPERIMENTS)
+                          text=True, env=compile_cache_env(tmp_path_factory, {**base, **env}),
+                          timeout=600, cwd=EXPERIMENTS)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: differs from the committed one
     return json.loads(path.read_text()), proc.stdout
 
 
 @pytest.fixture(scope="module")
 def host_fingerprint(tmp_path_factory):
-    return _fingerprint(tmp_path_factory.mktemp("fp") / "host.json")
+    return _fingerprint(tmp_path_factory.mktemp("fp") / "host.json", tmp_path_factory)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("fingerprint")  # one worker computes host_fingerprint for both tests
 def test_fingerprint_matches_the_committed_one(host_fingerprint):
     """`python experiments/fingerprint.py` on this machine: the default experiment at smoke size
     reproduces the committed fingerprint (same jax version), bit for bit."""
@@ -133,13 +140,15 @@ def test_fingerprint_matches_the_committed_one(host_fingerprint):
 
 
 @pytest.mark.slow
-def test_default_smoke_is_the_same_under_an_explicit_avx2_cap(host_fingerprint, tmp_path):
+@pytest.mark.xdist_group("fingerprint")
+def test_default_smoke_is_the_same_under_an_explicit_avx2_cap(host_fingerprint, tmp_path,
+                                                              tmp_path_factory):
     """The default experiment at smoke size gives identical hashes (warm start, first rollout,
     metrics) with the host's ISA left to the workers and with XLA and oneDNN capped at AVX2 by
     hand: what an AVX2-only machine runs. Before the portable settings an AVX-512 host differed
     (and still does with `--xla_cpu_max_isa=AVX512`: the cap is what makes it portable)."""
-    capped, out = _fingerprint(tmp_path / "avx2.json", XLA_FLAGS="--xla_cpu_max_isa=AVX2",
-                               ONEDNN_MAX_CPU_ISA="AVX2")
+    capped, out = _fingerprint(tmp_path / "avx2.json", tmp_path_factory,
+                               XLA_FLAGS="--xla_cpu_max_isa=AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
     mine, _ = host_fingerprint
     hashes = ("warm_start_params", "first_rollout_tokens", "first_rollout_logprobs",
               "first_rollout_kept", "metrics")
