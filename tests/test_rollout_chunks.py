@@ -9,7 +9,6 @@ from float_tol import logprob_tol
 
 from sparserl_jax import distributed
 from sparserl_jax.config import load_config
-from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.rollout.sampler import Rollout, generate_jit
 from sparserl_jax.rollout.source import concat_rollouts
 from sparserl_jax.train import Trainer
@@ -23,8 +22,8 @@ def _cfg(out, *overrides):  # smoke: 4 prompts x 4 samples = 16 rows
                                  "train.iterations=1", *overrides])
 
 
-def _metrics(out):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in read_metrics(out)]
+def _untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith(TIMING)}
 
 
 @pytest.mark.parametrize("bad", [3, 5, 32, -4])
@@ -33,23 +32,34 @@ def test_rows_per_call_must_divide_the_rows(tmp_path, bad):
         _cfg(tmp_path, f"rollout.rows_per_call={bad}")
 
 
-def test_one_call_of_every_row_is_the_unchunked_run(tmp_path):
-    """rows_per_call = all rows is one call with the iteration key itself: the same run as 0."""
-    for name, rows in (("whole", 0), ("one_call", 16)):
-        Trainer(_cfg(tmp_path / name, f"rollout.rows_per_call={rows}")).run()
-    a, b = _metrics(tmp_path / "whole"), _metrics(tmp_path / "one_call")
-    assert len(a) == len(b) == 1 and a[0].keys() == b[0].keys()
-    for k in a[0]:  # the same compiled programs on the same inputs: bit-exact
-        assert a[0][k] == b[0][k], (k, a[0][k], b[0][k])
-
-
-def test_chunked_rollout_batch_shapes_and_keys(tmp_path):
-    whole = Trainer(_cfg(tmp_path / "whole"))
-    chunked = Trainer(_cfg(tmp_path / "chunked", "rollout.rows_per_call=4"))
-    assert chunked.call_rows == 4 and whole.call_rows == 16
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    """The rollout batch of one key from trainers with rows_per_call 0 (unchunked), 16 (chunks of
+    all 16 rows: one call) and 4, built once for the tests below."""
+    tmp = tmp_path_factory.mktemp("chunks")
+    trainers = {rows: Trainer(_cfg(tmp / str(rows), f"rollout.rows_per_call={rows}")) for rows in (0, 16, 4)}
     key = jax.random.key(7)
-    batch_w, metrics_w, texts_w = whole.rollout_batch(key)
-    batch_c, metrics_c, texts_c = chunked.rollout_batch(key)
+    return trainers, key, {rows: t.rollout_batch(key) for rows, t in trainers.items()}
+
+
+def test_one_call_of_every_row_is_the_unchunked_rollout(rollouts):
+    """rows_per_call = all rows is one call with the iteration key itself: the same rollout batch,
+    metrics and texts as 0, bit for bit (the same compiled program on the same inputs). Only
+    sampling reads rows_per_call (and the evaluation: the last test)."""
+    trainers, _, batches = rollouts
+    assert trainers[16].call_rows == trainers[0].call_rows == 16
+    (batch_w, metrics_w, texts_w), (batch_o, metrics_o, texts_o) = batches[0], batches[16]
+    assert batch_o.keys() == batch_w.keys() and metrics_o.keys() == metrics_w.keys()
+    for k in batch_w:
+        np.testing.assert_array_equal(np.asarray(batch_o[k]), np.asarray(batch_w[k]), err_msg=k)
+    assert _untimed(metrics_o) == _untimed(metrics_w) and texts_o == texts_w
+
+
+def test_chunked_rollout_batch_shapes_and_keys(rollouts):
+    trainers, key, batches = rollouts
+    whole, chunked = trainers[0], trainers[4]
+    assert chunked.call_rows == 4 and whole.call_rows == 16
+    (batch_w, metrics_w, texts_w), (batch_c, metrics_c, texts_c) = batches[0], batches[4]
     assert batch_c.keys() == batch_w.keys()
     for k in batch_w:
         assert batch_c[k].shape == batch_w[k].shape and batch_c[k].dtype == batch_w[k].dtype, k
