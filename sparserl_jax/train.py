@@ -87,7 +87,7 @@ class Trainer:
         if q.invariant_scaling:  # once, before pi_ref and the optimizer state (checkpoints hold it)
             self._reset_policy(quant.invariant_scale(self.params, q.invariant_s))
         # pi_ref gets its own buffers: the update step donates (deletes) those of self.params
-        self.ref_params = jax.tree.map(jnp.copy, self.params)
+        self.ref_params = self.learner.place(jax.tree.map(jnp.copy, self.params))
         self.state.save_reference(self.ref_params)
 
     def _reset_policy(self, params) -> None:

@@ -73,7 +73,7 @@ class BucketedUpdate:
         # the accumulator is not donated to the step: no output has its place (a warning)
         self._apply = jax.jit(functools.partial(_apply, optimizer),
                               donate_argnums=(0, 1) if donate else ())
-        self._zeros = jax.jit(lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p))
+        self._zeros_fns: dict = {}  # (params' tree, shardings) -> jitted float32 zeros like them
         self._mismatch = jax.jit(functools.partial(mismatch_metrics, cfg=cfg))
         self._row_norms = jax.jit(functools.partial(row_ibr_normalisers, cfg=cfg))
         self._warmed: set = set()
@@ -140,12 +140,39 @@ class BucketedUpdate:
             mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
             ref = ref_params if fused and with_ref else None
             self._micro.lower(params, ref, acc, mb, norm, fused=fused).compile()
-        scalar = self._micro_sum([jnp.float32(0.0)])
+        scalar = self._scalar(0.0)  # placed as the micro-batch programs return their scalars
         self._apply.lower(params, opt_state, acc, scalar, scalar).compile()
         full = self._place(zeros(B, T))
         self._mismatch.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
         if not fused:
             self._row_norms.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
+
+    def _committed(self, tree):
+        """Uncommitted leaves (fresh arrays: optax's step counts, a copy of the weights) committed
+        to the device, as the update step returns them: a jit's cache key holds each input's
+        placement, so a first update on uncommitted leaves would compile every program again for
+        the second (committed leaves pass through untouched)."""
+        if self.mesh is not None:
+            return tree
+        device = jax.devices()[0]
+        return jax.tree.map(lambda x: x if getattr(x, "committed", True) else jax.device_put(x, device), tree)
+
+    def _zeros(self, params):
+        """A float32 gradient accumulator laid out like `params` (an output that reads no input
+        would otherwise be left uncommitted, and the first micro-batch would compile again)."""
+        shardings = jax.tree.map(lambda x: x.sharding, params)
+        key = (jax.tree.structure(params), tuple(jax.tree.leaves(shardings)))
+        if key not in self._zeros_fns:
+            self._zeros_fns[key] = jax.jit(
+                lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
+                out_shardings=shardings)
+        return self._zeros_fns[key](params)
+
+    def _scalar(self, x: float):
+        """A float32 scalar committed to the device (replicated on a mesh)."""
+        if self.mesh is None:
+            return jax.device_put(np.float32(x), jax.devices()[0])
+        return sharding.place(np.float32(x), NamedSharding(self.mesh, PartitionSpec()))
 
     @staticmethod
     def _micro_sum(xs):
@@ -180,6 +207,7 @@ class BucketedUpdate:
                              f"update.minibatch_size={u.minibatch_size}")
         T = max(T_batch, self.max_len or 0)
         fused, with_ref = self.fused(B), cfg.loss.beta > 0
+        params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
         self.warm_up(params, ref_params, opt_state, B, T)
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
@@ -215,7 +243,7 @@ class BucketedUpdate:
                     if fused:
                         old_parts.append((mb, logp))
                 tokens = self._micro_sum([p["tokens"] for p in parts])
-                denom = tokens if cfg.loss.aggregation == "token_mean" else jnp.float32(u.minibatch_size)
+                denom = tokens if cfg.loss.aggregation == "token_mean" else self._scalar(u.minibatch_size)
                 loss = self._micro_sum(nums)
                 params, opt_state, applied = self._apply(params, opt_state, acc, loss, denom)
                 steps.append((parts, applied))

@@ -51,15 +51,20 @@ class Learner:
                                      donate=rl.update.donate)
 
     def place(self, params):
-        """Params split over the mesh by the partition rules (a no-op layout on one device)."""
-        return sharding.shard_params(params, self.mesh) if self.mesh.size > 1 else params
+        """Params split over the mesh by the partition rules (committed to the one device
+        otherwise, as the update returns them)."""
+        if self.mesh.size > 1:
+            return sharding.shard_params(params, self.mesh)
+        return self.update._committed(params)
 
     def init_opt_state(self, params):
-        """optimizer.init, its scalars (step counts) replicated on the mesh as the update step
-        returns them, so that the second update does not compile again for other input shardings."""
+        """optimizer.init, its scalars (step counts) placed as the update step returns them
+        (committed to the device; replicated on a mesh): a jit's cache key holds each input's
+        placement, so otherwise the second update would compile again."""
         state = self.optimizer.init(params)
         if self.mesh.size == 1:
-            return state
+            device = jax.devices()[0]
+            return jax.tree.map(lambda x: x if x.ndim else jax.device_put(x, device), state)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
 
