@@ -160,10 +160,10 @@ def main() -> None:
     assert params["embed"].sharding.spec == P("tensor", "fsdp")
     assert params["embed"].addressable_shards[0].data.shape == (V // 2, D // 2)
 
-    # init_sharded_params draws straight into the shards (no layers: compiling init_params'
+    # init_sharded_params draws straight into the shards (one layer: compiling init_params'
     # many random draws would dominate this script; the layers use the same rules as above).
     direct = shd.init_sharded_params(
-        dataclasses.replace(cfg, n_layers=0, tie_embeddings=False), jax.random.key(1), mesh
+        dataclasses.replace(cfg, n_layers=1, tie_embeddings=False), jax.random.key(1), mesh
     )
     assert direct["lm_head"].sharding.spec == P("fsdp", "tensor")
     assert direct["lm_head"].addressable_shards[0].data.shape == (D // 2, V // 2)
