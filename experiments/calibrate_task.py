@@ -78,9 +78,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
 
 FIGURE = figlib.Figure("calibration", __doc__, run, render, arguments, seeds=None, eval_prompts=False)
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 paper's regime (long responses whose answer needs state written far back), over warm starts and
 RL seeds.
 
-  python experiments/default.py            # see DEFAULT_WARM_STARTS / DEFAULT_SEEDS and the README
+  python experiments/default.py            # 1 warm start x 5 RL seeds (DEFAULT_WARM_STARTS, DEFAULT_SEEDS)
   python experiments/default.py --smoke    # seconds, for tests
   python experiments/default.py --warm-starts 0 1 2 --seeds 0 1
   python experiments/default.py --config experiments/configs/default.yaml \
@@ -171,9 +171,7 @@ FIGURE = figlib.Figure("default", __doc__, lambda args, study: experiment(study,
                        render, seeds=DEFAULT_SEEDS, warm_starts=DEFAULT_WARM_STARTS, eval_prompts=False,
                        default_config=CONFIG, fresh_runs=True)
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

@@ -225,15 +225,16 @@ def _metric_panel(ax, histories: dict, colours: dict, key: str, title: str, ylab
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: dict) -> None:
-    """Held-out accuracy logged during training under each arm's own rollout KV, the warm start
-    (stars) and the final weights under the same inference (diamonds)."""
+def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: dict, dense_eval: bool) -> None:
+    """Held-out accuracy logged during training (under each arm's own rollout KV, or dense
+    inference with train.eval_kv=dense), the warm start (stars) and the final weights under the
+    same inference (diamonds)."""
     last = max(len(h) for hs in histories.values() for h in hs)
     for i, (arm, hs) in enumerate(histories.items()):
         x, m, s = figlib.sparse_curve(hs, EVAL_KEY)
         ax.plot(x, m, "-o", ms=3, color=colours[arm], lw=1.2)
         figlib.band(ax, x, m, s, colours[arm], 0.0, 1.0)
-        key = "sparse_acc" if ARMS.get(arm, ("", False))[1] else "dense_acc"  # the arm's own KV
+        key = "sparse_acc" if ARMS.get(arm, ("", False))[1] and not dense_eval else "dense_acc"
         fm, fs = figlib.mean_std(r[key] for r in per_seed[arm])
         ax.errorbar(last + max(last, 4) * 0.03 * (i + 1), fm, yerr=[[min(fs, fm)], [min(fs, 1 - fm)]],
                     fmt="D", ms=4, color=colours[arm], capsize=2)
@@ -242,7 +243,8 @@ def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: d
         if all("sparse_acc" in w for w in warms.values()):
             ax.plot(0, np.mean([w["sparse_acc"] for w in warms.values()]), "*", ms=9, color="k", mfc="white")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("held-out accuracy (the arm's rollout KV)", fontsize=9)
+    ax.set_title("held-out accuracy (" + ("dense inference)" if dense_eval else "the arm's rollout KV)"),
+                 fontsize=9)
     ax.set_ylabel("accuracy (avg@1)")
     ax.set_xlabel("iteration")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -259,7 +261,7 @@ def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: in
         _metric_panel(ax, histories, colours, key, *CURVES[key])
     has_eval = all(len(figlib.sparse_curve(hs, EVAL_KEY)[0]) for hs in histories.values())
     if has_eval:
-        _held_out_panel(axes[1], histories, colours, warms, per_seed)
+        _held_out_panel(axes[1], histories, colours, warms, per_seed, dense_eval(base))
     else:
         _metric_panel(axes[1], histories, colours, "loss/entropy", "policy entropy", "nats per token", 0.0, None)
     final_accuracy_panel(axes[2], per_seed, warms, colours, n_eval)
@@ -352,12 +354,18 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     return figlib.Rendered("Figure a: training curves", "\n".join(lines), figures, caption)
 
 
+def dense_eval(base) -> bool:
+    """Whether the runs logged their held-out accuracy under dense inference (train.eval_kv)."""
+    return getattr(base.train, "eval_kv", "rollout") == "dense"
+
+
 def curves_caption(has_eval: bool, base, n_eval: int) -> str:
     """What curves.png's marks mean (figure a and the default experiment)."""
+    under = ("under dense inference (train.eval_kv=dense)" if dense_eval(base) else
+             "under the arm's own rollout KV settings (dense for the dense arm, sparse for the sparse arms)")
     held_out = (
         "Held-out accuracy panel: lines with dots, held-out accuracy logged during training (avg@1 on "
-        f"{base.train.eval_prompts} prompts every train.eval_every iterations) under the arm's own "
-        "rollout KV settings (dense for the dense arm, sparse for the sparse arms); stars at iteration "
+        f"{base.train.eval_prompts} prompts every train.eval_every iterations) {under}; stars at iteration "
         "0, the warm start (filled: dense, open: sparse inference); diamonds after the last iteration, "
         f"the final weights under the same inference as the line (avg@1 on {n_eval} prompts, mean ± "
         "std over runs). " if has_eval else
@@ -374,9 +382,7 @@ def curves_caption(has_eval: bool, base, n_eval: int) -> str:
 FIGURE = figlib.Figure("fig_a_curves", __doc__, run, render, arguments, seeds=(0, 1, 2, 3, 4),
                        warm_starts=(0,))
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

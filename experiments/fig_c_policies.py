@@ -132,9 +132,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
 
 FIGURE = figlib.Figure("fig_c_policies", __doc__, run, render, arguments, seeds=(0,))
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

@@ -100,9 +100,7 @@ FIGURE = figlib.Figure("fig_d_corrections", __doc__, run, render, seeds=(0, 1, 2
                        arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
                                                           choices=list(VARIANTS)))
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

@@ -101,9 +101,7 @@ def render(data: dict, _base, _command: str) -> figlib.Rendered:
 
 FIGURE = figlib.Figure("fig_f_throughput", __doc__, run, render, arguments, seeds=None, trains=False)
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

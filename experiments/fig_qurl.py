@@ -123,9 +123,7 @@ FIGURE = figlib.Figure("fig_qurl", __doc__, run, render, seeds=(0, 1, 2),
                        arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
                                                           choices=list(VARIANTS)))
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":

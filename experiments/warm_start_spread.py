@@ -71,9 +71,7 @@ FIGURE = figlib.Figure("warm_start_spread", __doc__, run, render, arguments, see
                        seeds_help="SFT seeds (train.seed) of the warm starts", eval_prompts=False,
                        default_config=os.path.join(HERE, "configs", "walk_key_rkv.yaml"))
 
-
-def main(argv=None) -> dict:
-    return FIGURE.main(argv)
+main = FIGURE.main
 
 
 if __name__ == "__main__":
