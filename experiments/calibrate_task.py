@@ -2,7 +2,7 @@
 cache, and how much worse with eviction? (Run this before spending CPU on figures a-e.)
 
   python experiments/calibrate_task.py --config experiments/configs/walk_recall.yaml
-  python experiments/calibrate_task.py --config X.yaml --policies snapkv rkv --budgets 32 64 sft.steps=800
+  python experiments/calibrate_task.py --config X.yaml sft.steps=800 --policies snapkv rkv --budgets 32 64
 
 The shared warm start of the config (figlib.Study, cached in runs/figures like every figure's) is
 evaluated under dense inference and under each policy@budget (accuracy, KV saving, response
