@@ -15,7 +15,7 @@ from sparserl_jax import rl
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl import update as update_lib
-from sparserl_jax.rl.bucketed import BucketedUpdate
+from sparserl_jax.rl.bucketed import BucketedUpdate, Path
 from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
 
 MC = ModelConfig.tiny()
@@ -52,19 +52,19 @@ def _cfg(mode="sparse_rl", *, normalisation="micro_batch", aggregation="seq_mean
                                temperature=0.9, chunk_tokens=16, score_batch_size=3, **update))
 
 
-CASES = {  # name -> (config, the path the bucketed learner must take)
-    "sparse_rl fused, IBR per micro-batch (composition kept)": (_cfg(), (True, False)),
+P = Path
+CASES = {  # name -> (config, the exact paths it allows; the test runs each)
+    "sparse_rl, IBR per micro-batch: fused keeping the rows, or scored and regrouped": (
+        _cfg(), [P(True, False, True), P(False, True, True)]),
     "sparse_rl fused, no pi_ref (beta 0), regrouped, token mean": (
-        _cfg(normalisation="none", beta=0.0, aggregation="token_mean"), (True, True)),
-    "dense fused, regrouped": (_cfg("dense"), (True, True)),
+        _cfg(normalisation="none", beta=0.0, aggregation="token_mean"), [P(True, True, False)]),
+    "dense fused, regrouped": (_cfg("dense"), [P(True, True, True)]),
     "sparse_rl scored, global IBR, 2 minibatches, token mean": (
-        _cfg(normalisation="global", aggregation="token_mean", minibatch=4), (False, True)),
-    "qurl scored, 2 epochs, IBR per micro-batch fixed before regrouping": (
-        _cfg("qurl", epochs=2), (False, True)),
-    "sparse_rl scored (reuse_old_forward off), per-micro-batch IBR regrouped": (
-        _cfg(reuse_old_forward=False), (False, True)),
+        _cfg(normalisation="global", aggregation="token_mean", minibatch=4), [P(False, True, True)]),
+    "qurl scored, 2 epochs (pi_ref scored), IBR per micro-batch fixed before regrouping": (
+        _cfg("qurl", epochs=2), [P(False, True, False)]),
     "sparse_rl padded widths, no regrouping": (
-        _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False), (False, False)),
+        _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False), [P(False, False, True)]),
 }
 
 
@@ -76,9 +76,10 @@ def _batch():
     return params, ref_params, packed, noise, adv
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_bucketed_update_equals_padded_update(name):
-    cfg, (fused, grouped) = CASES[name]
+@pytest.mark.parametrize("name,i", [(n, i) for n, (_, paths) in CASES.items() for i in range(len(paths))])
+def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
+    cfg, paths = CASES[name]
+    path = paths[i]
     params, ref_params, packed, noise, adv = _batch()
     score = update_lib.make_score_fn(MC, cfg.update)
     old = score(params, packed["tokens"])
@@ -89,7 +90,8 @@ def test_bucketed_update_equals_padded_update(name):
         params, SGD_COUNTING.init(params), ref_batch)
 
     upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False)
-    assert (upd.fused(8), upd.grouped(upd.fused(8))) == (fused, grouped)
+    assert upd.paths(8) == paths
+    monkeypatch.setattr(upd, "choose", lambda lengths, widths: path)  # this path, whatever it costs
     host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
     lengths = buckets.row_lengths(host["response_mask"])
     assert len(set(lengths)) > 3 and lengths.max() > 8  # rows of many widths, some at the full width
@@ -111,6 +113,7 @@ def test_bucketed_update_equals_padded_update(name):
     if cfg.loss.beta == 0:
         assert "loss/kl_ref" not in out.metrics
         want.pop("loss/kl_ref")
+    assert out.metrics.pop("old_from_update") == float(path.fused)
     assert set(out.metrics) == set(want)
     for k, v in want.items():
         # metrics are means of O(1) per-token values over the same tokens: relative 1e-5
@@ -118,9 +121,24 @@ def test_bucketed_update_equals_padded_update(name):
     mask = host["response_mask"]
     # pi_old: the learner's forward (fused) or the bucketed scorer, on every response token
     np.testing.assert_allclose(out.old_logp[mask], np.asarray(old)[mask], rtol=0, atol=2e-5)
-    assert out.score_s == 0.0 if fused else out.score_s > 0
+    assert out.score_s == 0.0 if path.fused and (path.ref_inside or cfg.loss.beta == 0) else out.score_s > 0
     full = 8 * 12 * cfg.update.epochs
     assert out.positions < full if cfg.update.length_bucket else out.positions == full
+
+
+def test_the_cheaper_exact_path_is_chosen():
+    """IBR per micro-batch: rows of equal length make the fused path (no scoring pass) cheaper; a
+    long row in every micro-batch makes scoring first and regrouping cheaper."""
+    upd = BucketedUpdate(MC, _cfg(), SGD_COUNTING)
+    widths = (4, 8, 12)
+    fused, scored = upd.paths(8)
+    assert upd.choose(np.full(8, 7), widths) == fused
+    uneven = np.array([12, 1, 12, 1, 12, 1, 12, 1])  # micro-batches of 2: each holds a long row
+    assert upd.cost(fused, uneven, widths) == 8 * 12 * 4  # every micro-batch at full width, + pi_ref
+    # scored: length-sorted scoring chunks of 3 rows (widths 4, 12, 12), then micro-batches of 2
+    # regrouped (two at width 4, two at 12), forward + backward + pi_ref inside
+    assert upd.cost(scored, uneven, widths) == (3 * 4 + 3 * 12 + 2 * 12) + (2 * 2 * 4 + 2 * 2 * 12) * 4
+    assert upd.choose(uneven, widths) == scored
 
 
 def test_no_compilation_after_the_first_batch():

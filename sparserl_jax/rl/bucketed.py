@@ -9,16 +9,18 @@ accumulated in float32; per minibatch one jitted program divides by the minibatc
 (accepted tokens or rows, known once every micro-batch is done) and takes the optimizer step.
 Dividing at the end is exact: the denominator is a constant of the minibatch.
 
-Forwards that compute nothing new are skipped:
-  pi_old   with one minibatch and one epoch (update.reuse_old_forward), log pi_old is the
-           learner's first forward under stop_gradient: theta_old is theta before the only step;
-           pi_ref is then teacher-forced inside the same program, on the same micro-batch;
-  pi_ref   not computed at all when loss.beta = 0.
-Otherwise pi_old and pi_ref are scored first, in length-sorted chunks of update.score_batch_size
-rows at their bucketed widths, and the IBR normaliser of every row is fixed before the rows are
-regrouped (row_ibr_normalisers), so regrouping changes no number beyond float rounding.
-Every width's programs are compiled before the first update (`warm_up`), so none compiles later
-and the widest one's memory is known at once.
+Forwards that compute nothing new are skipped, and each batch takes the cheaper of the exact
+paths its settings allow (`paths`, `choose`; a cost model over the planned widths):
+  fused   with one minibatch and one epoch (update.reuse_old_forward), log pi_old is the
+          learner's first forward under stop_gradient: theta_old is theta before the only step;
+  scored  otherwise, or where it is cheaper, pi_old is teacher-forced first in length-sorted
+          chunks of update.score_batch_size rows, and every row's IBR normaliser is fixed before
+          rows are regrouped (row_ibr_normalisers), so regrouping changes no number beyond
+          rounding (fused with IBR normalised per micro-batch keeps the micro-batches' rows);
+  pi_ref  teacher-forced inside the micro-batch's program when each row is visited once (one
+          epoch), scored first otherwise, not computed at all when loss.beta = 0.
+Every path's programs are compiled for every width before the first update (`warm_up`), so none
+compiles later and the widest one's memory is known at once.
 """
 
 from __future__ import annotations
@@ -44,13 +46,22 @@ from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss_a
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
 
 
+@dataclasses.dataclass(frozen=True)
+class Path:
+    """How one rollout batch is scored and updated (BucketedUpdate.paths)."""
+
+    fused: bool  # log pi_old is the update's own first forward (no scoring pass)
+    grouped: bool  # a minibatch's rows are regrouped by length into micro-batches
+    ref_inside: bool  # log pi_ref is teacher-forced inside each micro-batch's program
+
+
 @dataclasses.dataclass
 class LearnerOutput:
     """What one update call returns besides params and optimizer state (host values)."""
 
     metrics: dict
     old_logp: np.ndarray  # [B, T] log pi_old (0 beyond each row's micro-batch width)
-    score_s: float  # seconds spent scoring pi_old / pi_ref apart from the update (0 when fused)
+    score_s: float  # seconds of the scoring pass before the update (pi_old / pi_ref; 0 if none)
     positions: int  # row positions run through the update's forwards (rows x widths, all epochs)
 
 
@@ -80,18 +91,44 @@ class BucketedUpdate:
 
     # ------------------------------------------------------------------ plans
 
-    def fused(self, rows: int) -> bool:
-        """Is log pi_old this batch's first learner forward (update.reuse_old_forward)?"""
+    def paths(self, rows: int) -> list[Path]:
+        """The exact ways to score and update a batch of `rows` rows (each gives today's padded
+        update to float rounding), cheapest-first candidates for `choose`:
+        fused   log pi_old from the update's first forward: one minibatch, one epoch
+                (update.reuse_old_forward), not with ibr.normalisation='global' (its normaliser
+                needs every row's pi_old before the first gradient); rows regrouped by length
+                unless IBR is normalised per micro-batch (the composition is then part of the math
+                and pi_old is only known inside each micro-batch's program);
+        scored  pi_old teacher-forced first, every row's IBR normaliser fixed, rows regrouped.
+        pi_ref is teacher-forced inside the micro-batch program when each row is visited once
+        (one epoch), else scored first; not at all when loss.beta = 0."""
         cfg, u = self.cfg, self.cfg.update
-        return (u.reuse_old_forward and u.epochs == 1 and rows == u.minibatch_size
-                and weight_normalisation(cfg) != "global")
+        norm = weight_normalisation(cfg)
+        ref_inside = cfg.loss.beta > 0 and u.epochs == 1
+        scored = Path(False, u.group_by_length, ref_inside)
+        if not (u.reuse_old_forward and u.epochs == 1 and rows == u.minibatch_size and norm != "global"):
+            return [scored]
+        fused = Path(True, u.group_by_length and norm != "micro_batch", ref_inside)
+        return [fused] if fused.grouped or not u.group_by_length else [fused, scored]
 
-    def grouped(self, fused: bool) -> bool:
-        """May a minibatch's rows be regrouped by length? Not where the IBR normaliser is each
-        micro-batch's own and pi_old is only known inside the micro-batch's program."""
-        cfg = self.cfg
-        norm_inside = fused and weight_normalisation(cfg) == "micro_batch"
-        return cfg.update.group_by_length and not norm_inside
+    def cost(self, path: Path, lengths_B: np.ndarray, widths: tuple[int, ...]) -> float:
+        """Forward-pass units of `path` on these rows: a forward 1 per position, a forward and
+        backward 3 (+1 for pi_ref inside), scoring 1 per position of each scored policy."""
+        u, B = self.cfg.update, len(lengths_B)
+        update = sum(len(mb.rows) * mb.width for mb in self._plan(path, lengths_B, widths, 0))
+        scoring = sum(len(mb.rows) * mb.width for mb in buckets.plan(
+            lengths_B, np.arange(B), min(u.score_batch_size, B), widths, group=u.group_by_length))
+        scored = (not path.fused) + (self.cfg.loss.beta > 0 and not path.ref_inside)
+        return u.epochs * (B // u.minibatch_size) * update * (3 + path.ref_inside) + scored * scoring
+
+    def choose(self, lengths_B: np.ndarray, widths: tuple[int, ...]) -> Path:
+        """The cheapest exact path for these row lengths (the first on a tie)."""
+        return min(self.paths(len(lengths_B)), key=lambda p: self.cost(p, lengths_B, widths))
+
+    def _plan(self, path: Path, lengths_B: np.ndarray, widths, start: int) -> list[buckets.MicroBatch]:
+        u = self.cfg.update
+        return buckets.plan(lengths_B, np.arange(start, start + u.minibatch_size), u.micro_batch_size,
+                            widths, group=path.grouped)
 
     def widths(self, T: int) -> tuple[int, ...]:
         return buckets.bucket_widths(T, self.cfg.update.length_bucket)
@@ -117,34 +154,37 @@ class BucketedUpdate:
     # ------------------------------------------------------------------ compile
 
     def warm_up(self, params, ref_params, opt_state, B: int, T: int) -> None:
-        """Compile every program a batch of [B, T] rows can run (each width once), without
-        running them; a no-op after the first call for that shape."""
-        fused, with_ref = self.fused(B), self.cfg.loss.beta > 0
+        """Compile every program a batch of [B, T] rows can run (each path and width once),
+        without running them; a no-op after the first call for that shape."""
         if (B, T) in self._warmed:
             return
         self._warmed.add((B, T))
-        u = self.cfg.update
+        u, with_ref = self.cfg.update, self.cfg.loss.beta > 0
         m, s = u.micro_batch_size, min(u.score_batch_size, B)
         zeros = lambda rows, w: {"tokens": np.zeros((rows, w), np.int32),  # noqa: E731
                                  "response_mask": np.zeros((rows, w), bool),
                                  "sampler_logp": np.zeros((rows, w), np.float32)}
         acc = self._zeros(params)
+        paths = self.paths(B)
         for w in self.widths(T):
-            host = zeros(m, w)
-            if not fused:
-                host["old_logp"] = np.zeros((m, w), np.float32)
-                if with_ref:
-                    host["ref_logp"] = np.zeros((m, w), np.float32)
+            if not all(p.fused for p in paths):
                 self._score.lower(params, self._place(np.zeros((s, w), np.int32))).compile()
-            host["advantages"] = np.zeros((m,), np.float32)
-            mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
-            ref = ref_params if fused and with_ref else None
-            self._micro.lower(params, ref, acc, mb, norm, fused=fused).compile()
+            for path in {(p.fused, p.ref_inside) for p in paths}:
+                fused, ref_inside = path
+                host = zeros(m, w)
+                if not fused:
+                    host["old_logp"] = np.zeros((m, w), np.float32)
+                if with_ref and not ref_inside:
+                    host["ref_logp"] = np.zeros((m, w), np.float32)
+                host["advantages"] = np.zeros((m,), np.float32)
+                mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
+                self._micro.lower(params, ref_params if ref_inside else None, acc, mb, norm,
+                                  fused=fused).compile()
         scalar = self._scalar(0.0)  # placed as the micro-batch programs return their scalars
         self._apply.lower(params, opt_state, acc, scalar, scalar).compile()
         full = self._place(zeros(B, T))
         self._mismatch.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
-        if not fused:
+        if not all(p.fused for p in paths):
             self._row_norms.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
 
     def _committed(self, tree):
@@ -206,41 +246,41 @@ class BucketedUpdate:
             raise ValueError(f"rollout batch of {B} responses must be a multiple of "
                              f"update.minibatch_size={u.minibatch_size}")
         T = max(T_batch, self.max_len or 0)
-        fused, with_ref = self.fused(B), cfg.loss.beta > 0
+        with_ref = cfg.loss.beta > 0
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
         self.warm_up(params, ref_params, opt_state, B, T)
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
+        path = self.choose(lengths, widths)
         pad = lambda x: np.pad(x, ((0, 0), (0, T - T_batch))) if x.ndim == 2 else x  # noqa: E731
         host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages")}
         norms_B, metrics, score_s = None, {}, 0.0
-        if not fused:
+        if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
-            host["old_logp"] = self.score(params, host["tokens"], lengths)
-            if with_ref:
+            if not path.fused:
+                host["old_logp"] = self.score(params, host["tokens"], lengths)
+            if with_ref and not path.ref_inside:
                 host["ref_logp"] = self.score(ref_params, host["tokens"], lengths)
             score_s = time.perf_counter() - t0
+        if not path.fused:
             full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
             norms_B = np.asarray(distributed.to_host(self._row_norms(
                 full["old_logp"], full["sampler_logp"], full["response_mask"])))
             if weight_normalisation(cfg) == "global":
                 metrics["ibr/normaliser"] = float(norms_B[0])
-        group, positions = self.grouped(fused), 0
-        old_parts, steps = [], []
+        positions, old_parts, steps = 0, [], []
         for _ in range(u.epochs):
             for start in range(0, B, u.minibatch_size):
-                plan = buckets.plan(lengths, np.arange(start, start + u.minibatch_size),
-                                    u.micro_batch_size, widths, group=group)
                 acc, nums, parts = self._zeros(params), [], []
-                for mb in plan:
+                for mb in self._plan(path, lengths, widths, start):
                     inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B)
                     acc, num, m, logp = self._micro(
-                        params, ref_params if fused and with_ref else None, acc, inputs, norm,
-                        fused=fused)
+                        params, ref_params if path.ref_inside else None, acc, inputs, norm,
+                        fused=path.fused)
                     nums.append(num)
                     parts.append(m)
                     positions += len(mb.rows) * mb.width
-                    if fused:
+                    if path.fused:
                         old_parts.append((mb, logp))
                 tokens = self._micro_sum([p["tokens"] for p in parts])
                 denom = tokens if cfg.loss.aggregation == "token_mean" else self._scalar(u.minibatch_size)
@@ -259,7 +299,8 @@ class BucketedUpdate:
         metrics["steps"] = float(u.epochs * (B // u.minibatch_size))
         if not with_ref:
             metrics.pop("loss/kl_ref", None)  # no pi_ref computed: nothing to report
-        if fused:
+        metrics["old_from_update"] = float(path.fused)
+        if path.fused:
             old = np.zeros((B, T), np.float32)
             for mb, logp in old_parts:
                 old[mb.rows, :mb.width] = np.asarray(distributed.to_host(logp))
