@@ -5,12 +5,22 @@ import os
 import sys
 
 import jax
+import pytest
+from compile_cache import compile_cache_in_process
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
 import default as default_experiment  # noqa: E402
 
 jax.devices()  # the backend runs: workers.parallel_map runs the arms here (no worker start-up)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Every arm trains in a fresh trainer whose programs mostly repeat another arm's: with the
+    session's compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def test_default_experiment_smoke(tmp_path):

@@ -13,6 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
@@ -33,6 +34,14 @@ import default as default_experiment  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("figures")
 jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Every arm trains in a fresh trainer whose programs mostly repeat another arm's: with the
+    session's compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 @pytest.fixture(scope="module")
