@@ -80,7 +80,11 @@ def our_config(args, regime: str, out_dir: str):
         over.append(f"model.checkpoint={args.checkpoint}")
     if regime == "fixed":
         over += ["rollout.ignore_eos=true", f"rollout.max_new_tokens={args.fixed_tokens}"]
-    return load_config([CONFIG], over + list(args.overrides))
+    cfg = load_config([CONFIG], over + list(args.overrides))
+    if cfg.model.checkpoint and not os.path.isabs(cfg.model.checkpoint):  # the config's path is the repo's
+        cfg = load_config([CONFIG], over + list(args.overrides)
+                          + [f"model.checkpoint={os.path.join(REPO, cfg.model.checkpoint)}"])
+    return cfg
 
 
 # ----------------------------------------------------------------------------- ours
