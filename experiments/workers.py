@@ -81,14 +81,28 @@ def _backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", {1: None}))
 
 
+# Compiled programs persist here across processes (JAX's compilation cache): the parallel runs of
+# a study compile each program once, later runs load it. Keyed by the program, jax version and
+# XLA flags, so it changes no number; JAX_COMPILATION_CACHE_DIR set by the user wins.
+COMPILE_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runs", "compile_cache")
+
+
+def use_compile_cache(environ=os.environ) -> None:
+    """Point JAX's persistent compilation cache at COMPILE_CACHE (unless one is set) before JAX
+    starts (a child process inherits it)."""
+    environ.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILE_CACHE)
+
+
 def pin_to_one_core(core: int | None = None) -> bool:
-    """Restrict this process to one core (the first available one unless `core` is given) and set
-    the portable CPU numerics (set_portable_cpu_env) before JAX starts its CPU backend. Returns
-    False, changing nothing, when the backend already runs (e.g. inside a test session): pinning
-    then would slow the process without making it deterministic."""
+    """Restrict this process to one core (the first available one unless `core` is given), set
+    the portable CPU numerics (set_portable_cpu_env) and the shared compilation cache
+    (use_compile_cache) before JAX starts its CPU backend. Returns False, changing nothing, when
+    the backend already runs (e.g. inside a test session): pinning then would slow the process
+    without making it deterministic."""
     if _backend_started():
         return False
     set_portable_cpu_env()
+    use_compile_cache()
     os.sched_setaffinity(0, {available_cores()[0] if core is None else core})
     return True
 
