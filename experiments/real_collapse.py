@@ -131,7 +131,7 @@ def base_overrides(args) -> list[str]:
              "rl.update.score_batch_size=4"] if args.smoke else []
     return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense",
             f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=64",
-            f"train.save_every={every}", *extra, *args.overrides]
+            f"train.save_every={1 if args.smoke else 5}", "train.keep_checkpoints=2", *extra, *args.overrides]
 
 
 def run(args, study) -> dict:
