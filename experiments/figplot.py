@@ -1,0 +1,193 @@
+"""Figure style at paper-column width (every panel about PANEL_W inches wide, at most two panels a
+row, no text below 8 pt) and the plotting helpers figure scripts share: mean ± std curves over
+runs, bands clipped to a metric's range, a symmetric-log axis, the ablation layout, one legend
+below the panels, titles saying what was run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter  # noqa: E402
+
+from figruns import DEFAULT_CONFIG  # noqa: E402
+from figstats import mean_std  # noqa: E402
+from sparserl_jax.config import TrainConfig  # noqa: E402
+
+# Paper-column figures: every panel about 3.5 in wide, at most two panels a row, no text below 8 pt.
+PANEL_W = 3.5
+DPI = 150
+plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 8,
+                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10})
+
+# ----------------------------------------------------------------------------- figure style
+
+BAND_CAPTION = ("Lines and bars: mean over runs (warm starts x seeds); shaded bands and error bars: "
+                "± one sample standard deviation over runs (none with one run), clipped to the "
+                "metric's range.")
+
+
+def band(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None) -> None:
+    """A ± one-standard-deviation band clipped to the metric's range [floor, ceil]."""
+    lo, hi = m - s, m + s
+    if floor is not None:
+        lo, hi = np.maximum(lo, floor), np.maximum(hi, floor)
+    if ceil is not None:
+        lo, hi = np.minimum(lo, ceil), np.minimum(hi, ceil)
+    ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0)
+
+
+def config_name(command: str, default_config: str = DEFAULT_CONFIG) -> str:
+    """The base config a figure ran on, from its command line: the --config file's stem, or
+    that of the script's default config."""
+    words = command.split()
+    for i, w in enumerate(words):
+        if w == "--config" and i + 1 < len(words):
+            return os.path.splitext(os.path.basename(words[i + 1]))[0]
+        if w.startswith("--config="):
+            return os.path.splitext(os.path.basename(w.split("=", 1)[1]))[0]
+    return os.path.splitext(os.path.basename(default_config))[0]
+
+
+def runs_phrase(seeds: Sequence[int], warms: Sequence[int] = (0,)) -> str:
+    """'3 seeds' or '2 warm starts x 3 seeds'."""
+    s = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+    return s if len(warms) == 1 else f"{len(warms)} warm starts x {s}"
+
+
+def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "",
+              warms: Sequence[int] = (0,), default_config: str = DEFAULT_CONFIG) -> str:
+    """A suptitle saying what was run: config, task, KV policy and budget, runs, iterations."""
+    kv = cfg.kv
+    head = f"{what}\n" if what else ""
+    return (f"{head}{config_name(command, default_config)} (task {cfg.data.task}), {kv.policy} budget {kv.budget} + "
+            f"buffer {kv.buffer}\n{runs_phrase(seeds, warms)}, "
+            f"{cfg.train.iterations} iterations of {cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
+
+
+def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
+    """A log axis that also shows values <= 0: symlog, linear below the smallest positive |value|,
+    with at most 5 decade ticks (no overlapping labels)."""
+    v = np.abs(np.asarray([x for x in values if np.isfinite(x)], np.float64))
+    pos = v[v > 0]
+    lo = int(np.floor(np.log10(pos.min()))) if pos.size else -6
+    hi = int(np.ceil(np.log10(v.max()))) if pos.size else 0
+    hi = max(hi, lo + 1)
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=10.0 ** lo, linscale=0.5)
+    step = max(1, -(-(hi - lo) // 4))
+    ticks = [0.0] + [10.0 ** k for k in range(hi, lo - 1, -step)][::-1]
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(ticks))
+    target.set_minor_locator(FixedLocator([]))
+    target.set_major_formatter(FuncFormatter(
+        lambda x, _: "0" if x == 0 else f"$10^{{{int(round(np.log10(abs(x))))}}}$"))
+    neg = np.asarray([x for x in values if np.isfinite(x)], np.float64)
+    low = min(-0.3 * 10.0 ** lo, 1.5 * float(neg.min()) if neg.size else 0.0)
+    # room right of the largest bar for its value
+    getattr(ax, f"set_{axis}lim")(low, 10.0 ** (hi + 0.3 * (hi - lo + 1)))
+
+
+def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
+                    bars: Sequence[tuple[str, str, str, bool]], labels: dict[str, str], title: str,
+                    reference: str | None = None):
+    """A figure of an ablation with short variant labels: one horizontal bar panel (mean ± std over
+    runs, value written beside each bar, every run a dot) per (key, axis label, value format,
+    symlog?) in `bars`, then one small panel per variant with its train reward curve (mean ± std
+    over runs) over the `reference` variant's mean (grey, dashed)."""
+    names = list(results)
+    colours = {n: f"C{i}" for i, n in enumerate(names)}
+    n_multi_rows = -(-len(names) // 2)
+    bar_h = 0.9 + 0.22 * len(names)
+    fig = plt.figure(figsize=(2 * PANEL_W, bar_h * -(-len(bars) // 2) + 1.55 * n_multi_rows + 0.5),
+                     layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[bar_h * -(-len(bars) // 2), 1.55 * n_multi_rows])
+    bar_axes = np.atleast_1d(top.subplots(-(-len(bars) // 2), min(len(bars), 2))).ravel()
+    y = np.arange(len(names))
+    for ax, (key, xlabel, spec, log) in zip(bar_axes, bars):
+        stats = [mean_std(r[key] for r in results[n]) for n in names]
+        means = np.array([m for m, _ in stats])
+        stds = np.array([s for _, s in stats])
+        lo = np.minimum(stds, np.maximum(means, 0.0))  # no error bar below the metric's floor, 0
+        ax.barh(y, means, xerr=[lo, stds], color=[colours[n] for n in names], capsize=2, alpha=0.85,
+                error_kw={"elinewidth": 0.8})
+        for yi, n in zip(y, names):
+            vals = [r[key] for r in results[n]]
+            if len(vals) > 1:
+                ax.plot(vals, yi + np.linspace(-0.15, 0.15, len(vals)), "k.", ms=2.5)
+        ax.set_yticks(y, [labels.get(n, n) for n in names])
+        if ax is not bar_axes[0] and len(bar_axes) == 2:  # same rows as its left neighbour
+            ax.tick_params(labelleft=False)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        if log:
+            symlog_axis(ax, np.concatenate([means, means + stds]))
+        else:
+            ax.set_xlim(0, max(1e-9, float(np.nanmax(means + stds))) * 1.3)
+        for yi, m, s in zip(y, means, stds):
+            ax.annotate(f"{m:{spec}}", (max(m + s, 0), yi),
+                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    multi = np.atleast_2d(bottom.subplots(n_multi_rows, 2, sharex=True, sharey=True))
+    for i, ax in enumerate(multi.ravel()):
+        if i >= len(names):
+            ax.set_visible(False)
+            continue
+        name = names[i]
+        if reference in histories and name != reference:
+            x, m, _ = curve(histories[reference], "reward/mean")
+            ax.plot(x, m, "--", color="0.55", lw=1)
+        x, m, s = curve(histories[name], "reward/mean")
+        ax.plot(x, m, color=colours[name], lw=1.2)
+        band(ax, x, m, s, colours[name], 0.0, 1.0)
+        ax.set_title(labels.get(name, name), fontsize=8, pad=2)
+        if i % 2 == 0:
+            ax.set_ylabel("train reward\n(mean per rollout)")
+        if i >= len(names) - 2:
+            ax.set_xlabel("iteration")
+            ax.xaxis.set_tick_params(labelbottom=True)
+    fig.suptitle(title)
+    return fig
+
+
+def band_legend_below(fig, ax, ncol: int | None = None) -> None:
+    """One legend for the whole figure, below its panels (never over a curve)."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=ncol or len(names), frameon=False)
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Iterations, mean and sample standard deviation over runs (0 for one run) of one metric."""
+    n = min(len(h) for h in histories)
+    ys = np.array([[h[i].get(key, np.nan) for i in range(n)] for h in histories], np.float64)
+    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(n)
+    return np.arange(1, n + 1), ys.mean(0), std
+
+
+def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like curve() for a metric logged at some iterations only (e.g. eval/accuracy every
+    train.eval_every): the iterations where every run logged it."""
+    steps = None
+    for h in histories:
+        have = {i + 1 for i, row in enumerate(h) if key in row}
+        steps = have if steps is None else steps & have
+    x = np.array(sorted(steps or ()), np.int64)
+    ys = np.array([[h[i - 1][key] for i in x] for h in histories], np.float64).reshape(len(histories), len(x))
+    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(len(x))
+    return x, ys.mean(0), std
+
+
+def save_figure(out_dir: str, fig, name: str) -> None:
+    """<out_dir>/<name>.png."""
+    os.makedirs(out_dir, exist_ok=True)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=DPI)
+    plt.close(fig)
