@@ -21,16 +21,8 @@ from sparserl_jax.model.config import DTYPES, ModelConfig
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
-from sparserl_jax.rollout.scheduler import SortedConfig
-from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
-from sparserl_jax.validate import (
-    check_at_least,
-    check_between,
-    check_bool,
-    check_in,
-    check_number,
-    check_positive,
-)
+from sparserl_jax.rollout.config import RolloutConfig, SortedConfig
+from sparserl_jax.validate import check_at_least, check_bool, check_in, check_number, check_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,63 +61,6 @@ class DataConfig:
         if (self.task is None) == (self.dataset is None):
             raise ValueError("data: set exactly one of data.task and data.dataset")
         check_at_least("data.max_prompt_len", self.max_prompt_len, 1)
-
-
-SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt).
-
-    `rows_per_call` bounds the rows (responses) one sampler call decodes: 0 samples all
-    prompts x samples rows in one call; otherwise the rows are sampled in consecutive chunks of
-    `rows_per_call` (one compiled shape, chunk i with key fold_in(key, i)) and concatenated, so
-    the prefill's activations and the KV cache scale with `rows_per_call` instead of the whole
-    batch. It must divide prompts x samples and, on a mesh, be a multiple of mesh data x fsdp
-    (each call's rows are split over those devices). Evaluation uses it as its batch size.
-    """
-
-    prompts: int = 128
-    samples: int = 8
-    max_new_tokens: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    attn_impl: str = "auto"
-    rows_per_call: int = 0
-    # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
-    # SortedRL on the continuous-batching slot engine (settings in the `sorted` section)
-    scheduler: str = "batch"
-    # every response runs to max_new_tokens (end-of-sequence tokens do not stop it): equal-length
-    # workloads for benchmarks, as serving benchmarks fix the output length
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
-        check_in("rollout.attn_impl", self.attn_impl, ATTN_IMPLS)
-        for name in ("prompts", "samples", "max_new_tokens"):
-            check_at_least(f"rollout.{name}", getattr(self, name), 1)
-        check_at_least("rollout.temperature", self.temperature, 0, integer=False)  # 0: greedy
-        check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
-        check_at_least("rollout.top_k", self.top_k, 0)
-        check_bool("rollout.ignore_eos", self.ignore_eos)
-        check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
-        rows = self.prompts * self.samples
-        if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):
-            raise ValueError(
-                f"rollout.rows_per_call={self.rows_per_call} must be 0 (all rows in one call) or "
-                f"a divisor of rollout.prompts x rollout.samples = {rows}"
-            )
-
-    @property
-    def rows(self) -> int:
-        return self.prompts * self.samples
-
-    @property
-    def call_rows(self) -> int:
-        """Rows per sampler call (rows_per_call, or every row when it is 0)."""
-        return self.rows_per_call or self.rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +118,8 @@ class RunConfig:
     # "dense" (no eviction: the policy itself, what a collapse study tracks)
     eval_kv: str = "rollout"
     eval_batch_size: int = 0  # rows per evaluation sampler call; 0: the rollout's rows per call
+    # the held-out evaluations' sampling temperature (0: greedy); None: the rollout's sampling
+    eval_temperature: float | None = None
     progress: bool = True
     # stop the run (keeping the checkpoints from before) after this many iterations in a row whose
     # optimizer steps were skipped for a non-finite loss or gradient; 0: never stop
@@ -194,6 +131,8 @@ class RunConfig:
                           ("max_skipped_iterations", 0)):
             check_at_least(f"train.{name}", getattr(self, name), low)
         check_in("train.eval_kv", self.eval_kv, EVAL_KV)
+        if self.eval_temperature is not None:
+            check_at_least("train.eval_temperature", self.eval_temperature, 0, integer=False)
         check_number("train.seed", self.seed, integer=True)
         check_bool("train.progress", self.progress)
 

@@ -104,5 +104,5 @@ def test_config_exports_only_its_own_names():
     never another package's classes."""
     own = {n for n, v in vars(run_config).items()
            if not n.startswith("_") and getattr(v, "__module__", None) == "sparserl_jax.config"}
-    assert {"TrainConfig", "RolloutConfig", "load_config", "dump_config"} <= own
+    assert {"TrainConfig", "DataConfig", "load_config", "dump_config"} <= own
     assert set(getattr(run_config, "__all__", own)) <= own

@@ -15,6 +15,7 @@ from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import ModelConfig, RopeScaling
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl import config as rl_config
+from sparserl_jax.rollout import config as rollout_config
 
 GOOD = [
     lambda: V.check_in("x.mode", "a", ("a", "b")),
@@ -81,7 +82,7 @@ SECTIONS = {
     rl_config.OptimConfig: "optim",
     rl_config.UpdateConfig: "update",
     rl_config.RLConfig: "rl",
-    run_config.RolloutConfig: "rollout",
+    rollout_config.RolloutConfig: "rollout",
     run_config.SFTCurriculumConfig: "sft.curriculum",
     run_config.SFTConfig: "sft",
     run_config.RunConfig: "train",
@@ -143,10 +144,10 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (rl_config.OptimConfig, dict(b2=1.0), "optim.b2=1.0 must be in [0, 1)"),
     (rl_config.OptimConfig, dict(min_lr_ratio=2.0), "optim.min_lr_ratio=2.0 must be in [0, 1]"),
     (rl_config.UpdateConfig, dict(micro_batch_size=0), "update.micro_batch_size=0 must be >= 1"),
-    (run_config.RolloutConfig, dict(attn_impl="flash"), "rollout.attn_impl='flash'"),
-    (run_config.RolloutConfig, dict(top_p=0.0), "rollout.top_p=0.0 must be in (0, 1]"),
-    (run_config.RolloutConfig, dict(rows_per_call=-4), "rollout.rows_per_call=-4 must be 0 (all rows in one call)"),
-    (run_config.RolloutConfig, dict(prompts=2, samples=3, rows_per_call=4),
+    (rollout_config.RolloutConfig, dict(attn_impl="flash"), "rollout.attn_impl='flash'"),
+    (rollout_config.RolloutConfig, dict(top_p=0.0), "rollout.top_p=0.0 must be in (0, 1]"),
+    (rollout_config.RolloutConfig, dict(rows_per_call=-4), "rollout.rows_per_call=-4 must be 0 (all rows in one call)"),
+    (rollout_config.RolloutConfig, dict(prompts=2, samples=3, rows_per_call=4),
      "rollout.rows_per_call=4 must be 0 (all rows in one call) or a divisor of"),
     (run_config.SFTConfig, dict(batch_size=0), "sft.batch_size=0 must be >= 1"),
     (run_config.RunConfig, dict(progress="no"), "train.progress='no' must be true or false"),

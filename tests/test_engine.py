@@ -19,8 +19,9 @@ from sparserl_jax import kvcache as kv
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
+from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import SlotEngine, bubble_ratio
-from sparserl_jax.rollout.scheduler import SortedConfig, SortedScheduler
+from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.rollout.stats import rollout_bubble
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, n_layers=1)  # one layer: half the compile time

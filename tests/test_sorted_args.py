@@ -12,9 +12,10 @@ import pytest
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import SamplerConfig
-from sparserl_jax.rollout.scheduler import SortedConfig, SortedScheduler
+from sparserl_jax.rollout.scheduler import SortedScheduler
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, n_layers=1)
 SAMPLER = SamplerConfig(max_new_tokens=8, kv=kv.KVConfig(policy="none", budget=8, buffer=4, window=2))

@@ -40,40 +40,9 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
+from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import Finished, SlotEngine
-from sparserl_jax.validate import check_at_least, check_in
-
-SORTED_MODES = ("on_policy", "partial")  # sorted.mode
-RESUMES = ("cache", "prefill")
-
-
-@dataclasses.dataclass(frozen=True)
-class SortedConfig:
-    """SortedRL settings (used with rollout.scheduler='sorted').
-
-    mode: "on_policy" (drop unfinished responses at each harvest) or "partial" (resume them).
-    slots: Q, the engine's slot capacity (0: rollout.prompts x rollout.samples, the static
-      sampler's batch, so both hold the same KV memory).
-    group_batches: n, update batches per loaded group (the paper's n = 4).
-    segment_chunks: decode chunks (of kv.buffer steps) per jitted segment between host visits.
-    resume: partial mode, how an unfinished response continues after a harvest: "cache" (in
-      its slot, keeping the KV cache of the weights that wrote it) or "prefill" (prompt +
-      partial response re-prefilled under the new weights in a free slot).
-    """
-
-    mode: str = "on_policy"
-    slots: int = 0
-    group_batches: int = 4
-    segment_chunks: int = 2
-    resume: str = "cache"
-
-    def __post_init__(self):
-        check_in("sorted.mode", self.mode, SORTED_MODES)
-        check_in("sorted.resume", self.resume, RESUMES)
-        check_at_least("sorted.slots", self.slots, 0)  # 0: rollout.prompts x rollout.samples
-        check_at_least("sorted.group_batches", self.group_batches, 1)  # a group: >= 1 harvest
-        check_at_least("sorted.segment_chunks", self.segment_chunks, 1)
-
+from sparserl_jax.validate import check_at_least
 
 @dataclasses.dataclass
 class Request:

@@ -1,0 +1,101 @@
+"""Owns the rollout settings: RolloutConfig (the `rollout` section) and SortedConfig (`sorted`),
+with their accepted values. Touches nothing: frozen dataclasses that check their ranges when built.
+
+TrainConfig (sparserl_jax/config.py) holds them as cfg.rollout and cfg.sorted; the rollout sources
+take them as they are (rollout/source.py), so rollout/ needs nothing from the run's schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
+from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in, check_number
+
+SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py SOURCES)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Per iteration: `prompts` prompts x `samples` responses (a GRPO group per prompt).
+
+    `rows_per_call` bounds the rows (responses) one sampler call decodes: 0 samples all
+    prompts x samples rows in one call; otherwise the rows are sampled in consecutive chunks of
+    `rows_per_call` (one compiled shape; row b is request b of the iteration's key in whichever
+    call samples it) and concatenated, so the prefill's activations and the KV cache scale with
+    `rows_per_call` instead of the whole batch. It must divide prompts x samples and, on a mesh, be a multiple of mesh data x fsdp
+    (each call's rows are split over those devices). Evaluation uses it as its batch size.
+    """
+
+    prompts: int = 128
+    samples: int = 8
+    max_new_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    attn_impl: str = "auto"
+    rows_per_call: int = 0
+    # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
+    # SortedRL on the continuous-batching slot engine (settings in the `sorted` section)
+    scheduler: str = "batch"
+    # every response runs to max_new_tokens (end-of-sequence tokens do not stop it): equal-length
+    # workloads for benchmarks, as serving benchmarks fix the output length
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
+        check_in("rollout.attn_impl", self.attn_impl, ATTN_IMPLS)
+        for name in ("prompts", "samples", "max_new_tokens"):
+            check_at_least(f"rollout.{name}", getattr(self, name), 1)
+        check_at_least("rollout.temperature", self.temperature, 0, integer=False)  # 0: greedy
+        check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
+        check_at_least("rollout.top_k", self.top_k, 0)
+        check_bool("rollout.ignore_eos", self.ignore_eos)
+        check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
+        rows = self.prompts * self.samples
+        if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):
+            raise ValueError(
+                f"rollout.rows_per_call={self.rows_per_call} must be 0 (all rows in one call) or "
+                f"a divisor of rollout.prompts x rollout.samples = {rows}"
+            )
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.samples
+
+    @property
+    def call_rows(self) -> int:
+        """Rows per sampler call (rows_per_call, or every row when it is 0)."""
+        return self.rows_per_call or self.rows
+
+
+SORTED_MODES = ("on_policy", "partial")  # sorted.mode
+RESUMES = ("cache", "prefill")
+
+
+@dataclasses.dataclass(frozen=True)
+class SortedConfig:
+    """SortedRL settings (used with rollout.scheduler='sorted').
+
+    mode: "on_policy" (drop unfinished responses at each harvest) or "partial" (resume them).
+    slots: Q, the engine's slot capacity (0: rollout.prompts x rollout.samples, the static
+      sampler's batch, so both hold the same KV memory).
+    group_batches: n, update batches per loaded group (the paper's n = 4).
+    segment_chunks: decode chunks (of kv.buffer steps) per jitted segment between host visits.
+    resume: partial mode, how an unfinished response continues after a harvest: "cache" (in
+      its slot, keeping the KV cache of the weights that wrote it) or "prefill" (prompt +
+      partial response re-prefilled under the new weights in a free slot).
+    """
+
+    mode: str = "on_policy"
+    slots: int = 0
+    group_batches: int = 4
+    segment_chunks: int = 2
+    resume: str = "cache"
+
+    def __post_init__(self):
+        check_in("sorted.mode", self.mode, SORTED_MODES)
+        check_in("sorted.resume", self.resume, RESUMES)
+        check_at_least("sorted.slots", self.slots, 0)  # 0: rollout.prompts x rollout.samples
+        check_at_least("sorted.group_batches", self.group_batches, 1)  # a group: >= 1 harvest
+        check_at_least("sorted.segment_chunks", self.segment_chunks, 1)
