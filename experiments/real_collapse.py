@@ -70,11 +70,15 @@ beta 1e-4, one optimizer step an iteration). Arms: dense rollouts (rl.mode=dense
 trained as if on-policy (naive_sparse) and sparse rollouts with Sparse-RL (sparse_rl: SARS + IBR at
 the authors' settings), the two sparse arms under the setting's KV eviction. Seeds {list(SEEDS)} per arm
 (train.seed: prompts, sampling). {ITERATIONS} iterations a run.
-Evaluation: held-out accuracy (avg@1 on {EVAL_PROMPTS} prompts never trained on, sampled at the
-rollout temperature, seed train.seed + 1: the same prompts and draws at every point of a seed) under
-dense inference (the policy itself), at iterations 0 (the untrained model, per seed), {EVAL_EVERY} and
-{ITERATIONS}; its binomial SE is sqrt(p (1 - p) / {EVAL_PROMPTS}) (0.04 at p = 0.3) and a difference of two
-evaluations has SE sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) (figlib.diff_se).
+Evaluation: held-out accuracy (greedy decoding on {EVAL_PROMPTS} prompts never trained on, the same
+prompts at every point of a seed) under dense inference (the policy itself), at iterations 0 (the
+untrained model, per seed), {EVAL_EVERY} and {ITERATIONS}; its binomial SE is sqrt(p (1 - p) / {EVAL_PROMPTS})
+(0.04 at p = 0.27, the calibrated greedy accuracy) and a difference of two evaluations has SE
+sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) (figlib.diff_se). Amended once, after the untrained model's
+first evaluations and before any RL result: the plan first evaluated avg@1 sampled at the rollout
+temperature, which gave the untrained model 0.10 and 0.05 (seeds 0 and 1): a collapse threshold of
+3-6 correct prompts of 128, under the noise of one evaluation; greedy decoding (26.6% in the
+calibration) leaves a halving 3 SE to show.
 Collapse rule (one for every arm): a run has collapsed when its final held-out accuracy is below half
 of the untrained model's at its seed (figlib.collapsed with the untrained model as the warm start);
 the train-reward rule (figlib.reward_collapse_iteration: the 5-iteration moving average of the train
@@ -129,7 +133,7 @@ def base_overrides(args) -> list[str]:
     extra = ["rollout.max_new_tokens=16", "rollout.prompts=2", "rollout.samples=2", "data.max_prompt_len=160",
              "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2",
              "rl.update.score_batch_size=4"] if args.smoke else []
-    return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense",
+    return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense", "train.eval_temperature=0",
             f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=64",
             f"train.save_every={1 if args.smoke else 5}", "train.keep_checkpoints=2", *extra, *args.overrides]
 
@@ -244,7 +248,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     caption = (
         f"Figure: {setting.label} on SmolLM2-135M-Instruct (chat arithmetic), {k} seeds per arm; lines: "
         "mean over seeds, bands: ± one sample std over seeds (clipped to each metric's range); held-out "
-        f"accuracy on {n} prompts under dense inference at iterations 0, {EVAL_EVERY}, {data['iterations']} "
+        f"accuracy (greedy) on {n} prompts under dense inference at iterations 0, {EVAL_EVERY}, {data['iterations']} "
         "(points; the grey dotted line: half the untrained model's, the collapse threshold). Grey band in the "
         "KV-saving panel: the paper's 35-53% fewer KV entries (Sparse-RL Table 1). Training runs: "
         f"{data['cores']} single-core processes, wall time {data['train_wall_s'] / 60:.0f} min (finished runs reused).")
