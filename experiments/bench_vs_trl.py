@@ -143,12 +143,12 @@ def _generate_reference(trainer, examples, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from sparserl_jax import components
+    from sparserl_jax.rollout.prompts import pad_prompt_batch
     from sparserl_jax.rollout.sampler import generate_jit
 
     cfg = trainer.cfg
     ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
-    tokens, lengths = components.pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+    tokens, lengths = pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
     sampler = dataclasses.replace(trainer.sampler_cfg, max_new_tokens=steps, eos_token_ids=())
     key = jax.random.key(1234)
     args = (trainer.params, trainer.model_cfg, tokens, lengths, key, sampler, np.arange(len(ids), dtype=np.int32))

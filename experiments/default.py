@@ -66,16 +66,17 @@ def warm_start_fingerprint(trainer) -> dict:
     machines that agree here made the same eviction decisions from the same weights."""
     import jax
 
-    from sparserl_jax import components, distributed
+    from sparserl_jax.rollout.on_mesh import generate_on_mesh
+    from sparserl_jax.rollout.prompts import pad_prompt_batch
 
     cfg = trainer.cfg
     examples = trainer.prompts.next_batch()
     ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
-    tokens, lengths = components.pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
+    tokens, lengths = pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
     sampler_cfg = dataclasses.replace(trainer.sampler_cfg, record_kept=True)
-    out = distributed.generate_on_mesh(trainer.params, trainer.model_cfg, tokens, lengths,
-                                       jax.random.fold_in(jax.random.key(cfg.train.seed), 0),
-                                       sampler_cfg, trainer.mesh, request_ids=np.arange(len(ids)))
+    out = generate_on_mesh(trainer.params, trainer.model_cfg, tokens, lengths,
+                           jax.random.fold_in(jax.random.key(cfg.train.seed), 0),
+                           sampler_cfg, trainer.mesh, request_ids=np.arange(len(ids)))
     return {"warm_start_params": _sha(*jax.tree_util.tree_leaves(trainer.params)),
             "first_rollout_tokens": _sha(out.tokens, out.lengths),
             "first_rollout_logprobs": _sha(out.logprobs),

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
-import numpy as np
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax.checkpoint import restore_params
@@ -21,9 +20,6 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.tokenizer import CharTokenizer, HFTokenizer
-
-PROMPT_BUCKET = 16  # prompts are right-padded to a multiple of this (fewer recompilations)
-
 
 @dataclasses.dataclass
 class Components:
@@ -136,21 +132,6 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
     path = cfg.data.eval_dataset or cfg.data.dataset
     examples = datasets.load_jsonl(path, tokenizer, dataset_config(cfg, tokenizer))
     return examples[:n] if n else examples
-
-
-def pad_prompt_batch(
-    prompt_ids: Sequence[Sequence[int]], pad_id: int, max_prompt_len: int, *, fixed: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad to a multiple of PROMPT_BUCKET, or to max_prompt_len itself with `fixed` (one
-    shape for every batch): ([B, P] tokens, [B] lengths)."""
-    longest = max(len(p) for p in prompt_ids)
-    if longest > max_prompt_len:
-        raise ValueError(f"a prompt has {longest} tokens, more than data.max_prompt_len={max_prompt_len}")
-    P = max_prompt_len if fixed else min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, max_prompt_len)
-    tokens = np.full((len(prompt_ids), P), pad_id, np.int32)
-    for i, p in enumerate(prompt_ids):
-        tokens[i, : len(p)] = p
-    return tokens, np.array([len(p) for p in prompt_ids], np.int32)
 
 
 def sampler_config(

@@ -32,6 +32,8 @@ from sparserl_jax.data.datasets import PromptExample
 from sparserl_jax.generate import (add_kv_args, add_quant_args, check_cache, check_flags, check_lengths,
                                    kv_config_from_args, quantized)
 from sparserl_jax.model import sharding
+from sparserl_jax.rollout.on_mesh import generate_on_mesh
+from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import SamplerConfig
 
 
@@ -53,7 +55,7 @@ def evaluate_examples(
 
     With a mesh (`params` laid out on it) every process passes the same examples; each batch's
     rows are split over the processes' devices and the outputs gathered to all of them
-    (distributed.generate_on_mesh), so every process returns the one-process numbers.
+    (rollout.on_mesh.generate_on_mesh), so every process returns the one-process numbers.
     """
     if not examples:
         raise ValueError("evaluation: no examples (empty dataset)")
@@ -62,9 +64,9 @@ def evaluate_examples(
     for start in range(0, len(examples), per_batch):
         chunk = examples[start : start + per_batch]
         ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
-        tokens, plens = components.pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
+        tokens, plens = pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
         first = start * k  # row r of the whole evaluation is request r: batch size changes nothing
-        out = distributed.generate_on_mesh(
+        out = generate_on_mesh(
             params, model_cfg, tokens, plens, jax.random.key(seed), sampler_cfg, mesh,
             request_ids=np.arange(first, first + len(ids)),
         )

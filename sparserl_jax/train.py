@@ -29,6 +29,7 @@ from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
 from sparserl_jax.rollout import source as sources
+from sparserl_jax.rollout.prompts import check_prompt_lengths
 from sparserl_jax.run_state import RunState
 from sparserl_jax.sft import run_warm_start
 
@@ -60,7 +61,7 @@ class Trainer:
         self.opt_state = self.learner.init_opt_state(self.params)
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
-        sources.check_prompt_lengths(
+        check_prompt_lengths(
             self.prompts, components.eval_examples(cfg, self.tokenizer, n=cfg.train.eval_prompts),
             cfg.data.max_prompt_len)
         self.source = sources.make_source(cfg, self.prompts, self.model_cfg, self.sampler_cfg,

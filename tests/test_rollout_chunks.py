@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from float_tol import logprob_tol
 
-from sparserl_jax import distributed
 from sparserl_jax.config import load_config
+from sparserl_jax.rollout import on_mesh
 from sparserl_jax.rollout.sampler import Rollout, generate_jit
 from sparserl_jax.rollout.source import concat_rollouts
 from sparserl_jax.train import Trainer
@@ -102,13 +102,13 @@ def test_chunked_training_iteration_is_finite_and_eval_uses_rows_per_call(tmp_pa
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     assert metrics["update/tokens"] > 0
     seen = []
-    real = distributed.generate_jit
+    real = on_mesh.generate_jit
 
     def counting(params, model_cfg, tokens, *args):
         seen.append(tokens.shape[0])
         return real(params, model_cfg, tokens, *args)
 
-    monkeypatch.setattr(distributed, "generate_jit", counting)
+    monkeypatch.setattr(on_mesh, "generate_jit", counting)
     res = trainer.evaluate(n=16)
     assert seen == [8, 8] and np.isfinite(res["accuracy"])
 

@@ -12,6 +12,7 @@ import pytest
 from sparserl_jax import components
 from sparserl_jax.config import load_config
 from sparserl_jax.metrics_log import read_metrics
+from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
@@ -54,17 +55,17 @@ def test_batch_must_split_into_minibatches(tmp_path):
 
 def test_prompt_longer_than_the_limit_is_refused():
     with pytest.raises(ValueError, match=r"max_prompt_len=4"):
-        components.pad_prompt_batch([[1, 2, 3, 4, 5]], 0, 4)
+        pad_prompt_batch([[1, 2, 3, 4, 5]], 0, 4)
     with pytest.raises(ValueError, match=r"max_prompt_len=4"):
-        components.pad_prompt_batch([[1, 2, 3, 4, 5]], 0, 4, fixed=True)
+        pad_prompt_batch([[1, 2, 3, 4, 5]], 0, 4, fixed=True)
 
 
 def test_fixed_prompt_width_pads_every_batch_to_the_limit():
     """fixed=True (the SortedRL engine's one prompt width) vs the bucketed default."""
-    tokens, lengths = components.pad_prompt_batch([[1, 2], [3]], 9, 40, fixed=True)
+    tokens, lengths = pad_prompt_batch([[1, 2], [3]], 9, 40, fixed=True)
     assert tokens.shape == (2, 40) and lengths.tolist() == [2, 1]
     assert tokens[0, :2].tolist() == [1, 2] and (tokens[0, 2:] == 9).all() and (tokens[1, 1:] == 9).all()
-    assert components.pad_prompt_batch([[1, 2], [3]], 9, 40)[0].shape[1] < 40
+    assert pad_prompt_batch([[1, 2], [3]], 9, 40)[0].shape[1] < 40
 
 
 def test_empty_and_missing_datasets_and_checkpoints(tmp_path):

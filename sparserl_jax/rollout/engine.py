@@ -61,6 +61,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import compile_clock
 from sparserl_jax import kvcache as kv
+from sparserl_jax.distributed import to_host
 from sparserl_jax.model import sharding as shd
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
@@ -306,9 +307,7 @@ class SlotEngine:
     # ------------------------------------------------------------------ host side
 
     def _fetch(self, x):
-        from sparserl_jax import distributed  # the distributed module imports the sampler
-
-        return distributed.to_host(x)
+        return to_host(x)
 
     def segment_start(self, params, state: SlotState, key, version: int):
         """Dispatch one segment with the weights of `version` (returns at once); returns

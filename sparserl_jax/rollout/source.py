@@ -20,10 +20,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from sparserl_jax import components, distributed, quant
+from sparserl_jax import quant
 from sparserl_jax.config import TrainConfig
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.engine import SlotEngine
+from sparserl_jax.rollout.on_mesh import generate_on_mesh
+from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
@@ -64,17 +66,6 @@ def check_rows_per_call(rows_per_call: int, mesh) -> None:
             f"rollout.rows_per_call={rows_per_call} must be a multiple of mesh data x fsdp "
             f"= {dp}: each sampler call's rows are split over those devices"
         )
-
-
-def check_prompt_lengths(prompts, eval_examples: Sequence, max_prompt_len: int) -> None:
-    """Draw the first training batch (then rewind) and check it and the held-out prompts against
-    data.max_prompt_len, so that a long prompt stops the run before the warm start, not after."""
-    state = prompts.state_dict()
-    batches = [prompts.next_batch(), eval_examples]
-    prompts.load_state_dict(state)
-    for batch in batches:
-        if batch:
-            components.pad_prompt_batch([e.prompt_ids for e in batch], 0, max_prompt_len)
 
 
 def _next_prompts(prompts, batches: int = 1) -> list:
@@ -139,7 +130,7 @@ class BatchSource:
         cfg = self.cfg
         examples = _next_prompts(self.prompts)
         ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
-        tokens, lengths = components.pad_prompt_batch(ids, self.pad_token_id, cfg.data.max_prompt_len)
+        tokens, lengths = pad_prompt_batch(ids, self.pad_token_id, cfg.data.max_prompt_len)
         t0 = time.perf_counter()
         out = self.generate(params, tokens, lengths, key)
         seconds = time.perf_counter() - t0
@@ -165,7 +156,7 @@ class BatchSource:
         # QuRL: the behaviour policy is theta_old quantized afresh from full precision
         params = quant.quantize_params(params, self.cfg.quant)
         outs = [
-            distributed.generate_on_mesh(
+            generate_on_mesh(
                 params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
                 key, self.sampler_cfg, self.mesh, request_ids=np.arange(i * R, (i + 1) * R),
             )
@@ -206,7 +197,7 @@ class SortedSource(BatchSource):
         sched = self.scheduler
         if sched.at_group_boundary:
             examples = _next_prompts(self.prompts, cfg.sorted.group_batches)
-            tokens, lengths = components.pad_prompt_batch(  # the engine's one prompt width
+            tokens, lengths = pad_prompt_batch(  # the engine's one prompt width
                 [e.prompt_ids for e in examples], self.pad_token_id, sched.engine.P, fixed=True)
             group_key = jax.random.fold_in(
                 jax.random.fold_in(jax.random.key(cfg.train.seed), SORTED_KEY_SALT), sched.group + 1)
