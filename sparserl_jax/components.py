@@ -1,5 +1,6 @@
-"""Build what a run needs from its TrainConfig: model, tokenizer, prompts, reward, sampler config.
-Shared by the trainer and the evaluator so both read a config the same way."""
+"""Build what a run needs from its TrainConfig: model, tokenizer, prompts, reward, sampler config,
+rollout source. Shared by the trainer and the evaluator so both read a config the same way; the
+only place cfg.kv and the rollout's sampling settings become a SamplerConfig (sampler_config)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sparserl_jax.model import hf, transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.rollout.source import BatchSource, SortedSource
 from sparserl_jax.tokenizer import CharTokenizer, HFTokenizer
 
 @dataclasses.dataclass
@@ -147,3 +149,16 @@ def sampler_config(
         pad_token_id=tokenizer.pad_token_id,
         attn_impl=r.attn_impl,
     )
+
+
+def rollout_source(cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, mesh,
+                   pad_token_id: int) -> BatchSource:
+    """The rollout source rollout.scheduler names, handed the sections it reads. `sampler_cfg`
+    (sampler_config: cfg.kv, rollout.max_new_tokens and sampling) is all it samples with."""
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(f"cfg: expected a TrainConfig (sparserl_jax.config), got {type(cfg).__name__}")
+    common = dict(max_prompt_len=cfg.data.max_prompt_len, pad_token_id=pad_token_id)
+    if cfg.rollout.scheduler == "sorted":
+        return SortedSource(cfg.rollout, sampler_cfg, cfg.quant, cfg.sorted, prompts, model_cfg, mesh,
+                            seed=cfg.train.seed, **common)
+    return BatchSource(cfg.rollout, sampler_cfg, cfg.quant, prompts, model_cfg, mesh, **common)

@@ -3,14 +3,14 @@ Owns the loop and its CLI; must not sample, score, update or write files itself 
 
   python -m sparserl_jax.train --config experiments/configs/tiny.yaml [key=value ...]
 
-One iteration: the rollout source (rollout/source.py: the static sampler or SortedRL's scheduler)
-samples rollout.prompts x rollout.samples responses with theta_old; the learner (rl/learner.py)
-rewards them, computes GRPO advantages, teacher-forces pi_old and pi_ref and runs the update step
-(rl.mode picks the corrections); run_state.py keeps checkpoints, resume, metrics and cadence.
-Randomness is a function of (train.seed, iteration), so a resumed run continues exactly as the
-uninterrupted one. On several processes (sparserl_jax/distributed.py) every process runs this
-loop over one global mesh; process 0 alone writes config.yaml, metrics and TensorBoard, every
-process takes part in the (orbax) checkpoints.
+One iteration: the rollout source (rollout/source.py: the static sampler or SortedRL's scheduler,
+built by components.rollout_source) samples rollout.prompts x rollout.samples responses with
+theta_old; the learner (rl/learner.py) rewards them, computes GRPO advantages, teacher-forces
+pi_old and pi_ref and runs the update step (rl.mode picks the corrections); run_state.py keeps
+checkpoints, resume, metrics and cadence. Randomness is a function of (train.seed, iteration), so
+a resumed run continues exactly as the uninterrupted one. On several processes
+(sparserl_jax/distributed.py) every process runs this loop over one global mesh; process 0 alone
+writes config.yaml, metrics and TensorBoard, every process takes part in the (orbax) checkpoints.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
-from sparserl_jax.rollout import source as sources
 from sparserl_jax.rollout.prompts import check_prompt_lengths
 from sparserl_jax.run_state import RunState
 from sparserl_jax.sft import run_warm_start
@@ -51,7 +50,6 @@ class Trainer:
         # One mesh for the run: params split by the partition rules, batches over data x fsdp
         # (a no-op layout on a single device); jit propagates the shardings through every step.
         self.mesh = sharding.make_mesh(cfg.mesh)
-        sources.check_rows_per_call(r.rows_per_call, self.mesh)
         self.learner = Learner(cfg.rl, r.samples, self.model_cfg, self.mesh, self.tokenizer,
                                parts.reward, max_len=cfg.data.max_prompt_len + r.max_new_tokens,
                                log=self.log)
@@ -64,8 +62,8 @@ class Trainer:
         check_prompt_lengths(
             self.prompts, components.eval_examples(cfg, self.tokenizer, n=cfg.train.eval_prompts),
             cfg.data.max_prompt_len)
-        self.source = sources.make_source(cfg, self.prompts, self.model_cfg, self.sampler_cfg,
-                                          self.mesh, self.tokenizer.pad_token_id)
+        self.source = components.rollout_source(cfg, self.prompts, self.model_cfg, self.sampler_cfg,
+                                                self.mesh, self.tokenizer.pad_token_id)
         self.iteration = 0
         self.started = False
         self.state = RunState(cfg, coordinator=self.coordinator, log=self.log)

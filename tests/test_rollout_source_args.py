@@ -1,6 +1,7 @@
 """The rollout sources and the sampler, built or called from Python (what an ablation script
 does) with a bad argument: each fails at once, when built or traced, with one line that names the
-argument or setting; never later (after a warm start) or with an unrelated error."""
+argument or setting; never later (after a warm start) or with an unrelated error. A source reads
+what it samples (KV cache, max_new_tokens) from its SamplerConfig alone."""
 
 import dataclasses
 from pathlib import Path
@@ -10,12 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sparserl_jax import components
 from sparserl_jax.config import load_config
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model import sharding, transformer
 from sparserl_jax.rollout import sampler as S
 from sparserl_jax.rollout import source
+from sparserl_jax.rollout.config import SCHEDULERS
 from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.rollout.stats import rollout_metrics
 
 SMOKE = str(Path(__file__).resolve().parent.parent / "experiments/configs/smoke.yaml")
 
@@ -34,6 +38,7 @@ class Prompts:
 
 
 def _args(scheduler="batch"):
+    """components.rollout_source's arguments for the smoke config."""
     cfg = load_config([SMOKE], [f"rollout.scheduler={scheduler}"])
     r = cfg.rollout
     sampler_cfg = S.SamplerConfig(max_new_tokens=r.max_new_tokens,
@@ -42,49 +47,104 @@ def _args(scheduler="batch"):
                 mesh=sharding.make_mesh(cfg.mesh), pad_token_id=0)
 
 
-def _replace_sampler(**changes):
-    return lambda a: dict(a, sampler_cfg=dataclasses.replace(a["sampler_cfg"], **changes))
+def _source_args(scheduler="batch"):
+    """The source class and its own (narrow) arguments, as components.rollout_source hands them."""
+    a = _args(scheduler)
+    cfg = a["cfg"]
+    args = dict(rollout_cfg=cfg.rollout, sampler_cfg=a["sampler_cfg"], quant_cfg=cfg.quant,
+                prompts=a["prompts"], model_cfg=a["model_cfg"], mesh=a["mesh"],
+                max_prompt_len=cfg.data.max_prompt_len, pad_token_id=0)
+    if scheduler == "sorted":
+        args.update(sorted_cfg=cfg.sorted, seed=cfg.train.seed)
+    return source.SOURCES[scheduler], args
 
 
 BAD_SOURCE_ARGS = [  # (a change to good arguments, the start of the one-line message)
-    (lambda a: dict(a, cfg=a["cfg"].rollout), "cfg: expected a TrainConfig"),
+    (lambda a: dict(a, rollout_cfg=load_config([SMOKE])), "rollout_cfg: expected a RolloutConfig"),
+    (lambda a: dict(a, sampler_cfg=None), "sampler_cfg: expected a SamplerConfig"),
+    (lambda a: dict(a, quant_cfg={"format": "int8"}), "quant_cfg: expected a QuantConfig, got dict"),
     (lambda a: dict(a, prompts=[]), "prompts: a list has no next_batch, state_dict, load_state_dict"),
     (lambda a: dict(a, model_cfg=dataclasses.asdict(a["model_cfg"])), "model_cfg: expected a ModelConfig"),
-    (lambda a: dict(a, sampler_cfg=None), "sampler_cfg: expected a SamplerConfig"),
-    (_replace_sampler(kv=KVConfig()), "sampler_cfg.kv=KVConfig(policy='none'"),
-    (_replace_sampler(max_new_tokens=8), "sampler_cfg.max_new_tokens=8 differs from rollout.max_new_tokens=16"),
-    (_replace_sampler(sampling=SamplingConfig(temperature=0.5)), "sampler_cfg.sampling=SamplingConfig(temperature=0.5"),
     (lambda a: dict(a, mesh=None), "mesh: expected a jax Mesh with axes 'data' and 'fsdp'"),
+    (lambda a: dict(a, max_prompt_len=0), "data.max_prompt_len (max_prompt_len)=0 must be >= 1"),
     (lambda a: dict(a, pad_token_id=-1), "pad_token_id=-1 must be >= 0"),
     (lambda a: dict(a, pad_token_id=128), "pad_token_id=128 is not a token of the model (model.vocab_size=128)"),
     (lambda a: dict(a, pad_token_id=0.0), "pad_token_id=0.0 must be an integer"),
 ]
+BAD_SORTED_ARGS = [  # SortedSource's own
+    (lambda a: dict(a, sorted_cfg={"mode": "partial"}), "sorted_cfg: expected a SortedConfig"),
+    (lambda a: dict(a, rollout_cfg=dataclasses.replace(a["rollout_cfg"], rows_per_call=4)),
+     "rollout.rows_per_call=4 is for rollout.scheduler='batch'"),
+    (lambda a: dict(a, seed=0.5), "train.seed (seed)=0.5 must be an integer"),
+]
 
 
-@pytest.mark.parametrize("scheduler", ["batch", "sorted"])
+def _refuses(build, message):
+    with pytest.raises(ValueError) as e:
+        build()
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 @pytest.mark.parametrize("change, message", BAD_SOURCE_ARGS, ids=[m.split(":")[0].split("=")[0]
                                                                   for _, m in BAD_SOURCE_ARGS])
 def test_a_source_refuses_a_bad_argument_when_built(scheduler, change, message):
-    with pytest.raises(ValueError) as e:
-        source.make_source(**change(_args(scheduler)))
-    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+    cls, args = _source_args(scheduler)
+    _refuses(lambda: cls(**change(args)), message)
+
+
+@pytest.mark.parametrize("change, message", BAD_SORTED_ARGS, ids=["sorted_cfg", "rows_per_call", "seed"])
+def test_the_sorted_source_refuses_a_bad_argument_when_built(change, message):
+    cls, args = _source_args("sorted")
+    _refuses(lambda: cls(**change(args)), message)
+
+
+def test_rollout_source_wants_a_train_config():
+    _refuses(lambda: components.rollout_source(**dict(_args(), cfg=_args()["cfg"].rollout)),
+             "cfg: expected a TrainConfig")
 
 
 def test_sorted_source_checks_its_engine_when_built():
     """The slot engine and scheduler are built with the source, so their checks run then."""
-    args = _args("sorted")
-    args["cfg"] = dataclasses.replace(args["cfg"], kv=dataclasses.replace(args["cfg"].kv, trigger="interval"))
-    args["sampler_cfg"] = dataclasses.replace(args["sampler_cfg"], kv=args["cfg"].kv, record_kept=True)
+    cls, args = _source_args("sorted")
+    kv = dataclasses.replace(args["sampler_cfg"].kv, trigger="interval")
+    args["sampler_cfg"] = dataclasses.replace(args["sampler_cfg"], kv=kv, record_kept=True)
     with pytest.raises(ValueError, match=r"^sampler\.record_kept .*rollout\.scheduler='batch'"):
-        source.make_source(**args)
+        cls(**args)
 
 
 def test_good_arguments_build_both_sources():
-    batch = source.make_source(**_args("batch"))
+    assert set(source.SOURCES) == set(SCHEDULERS)
+    batch = components.rollout_source(**_args("batch"))
     assert type(batch) is source.BatchSource and batch.scheduler is None
-    built = source.make_source(**_args("sorted"))
+    built = components.rollout_source(**_args("sorted"))
     assert type(built) is source.SortedSource and built.at_group_boundary
     assert built.scheduler.engine.Q == 16 and built.state_dict()["sorted_group"] == -1
+    cfg = _args("sorted")["cfg"]
+    assert (built.rollout_cfg, built.quant_cfg, built.sorted_cfg) == (cfg.rollout, cfg.quant, cfg.sorted)
+    assert (built.max_prompt_len, built.seed) == (cfg.data.max_prompt_len, cfg.train.seed)
+
+
+def test_rollout_metrics_read_the_sampler_config():
+    """One road for the KV settings: the kv/* and truncation metrics follow the SamplerConfig the
+    rollout was sampled with (a dense one and a sparse one over the same rollout differ)."""
+    B, M, P = 2, 8, 6
+    out = S.Rollout(tokens=np.zeros((B, M), np.int32), logprobs=np.zeros((B, M), np.float32),
+                    mask=np.ones((B, M), bool), lengths=np.array([M, 3]), kept=np.full((B, M), 4),
+                    n_compressions=np.ones(B), evicted_fraction=np.zeros(B, np.float32))
+    model_cfg = load_config([SMOKE]).model.arch
+    sparse = S.SamplerConfig(max_new_tokens=M, kv=KVConfig(policy="snapkv", budget=4, buffer=4, window=2))
+    metrics = {name: rollout_metrics(out, np.zeros((B, P), np.int32), np.full(B, P), 1.0, cfg, model_cfg)
+               for name, cfg in [("sparse", sparse), ("dense", S.SamplerConfig(max_new_tokens=2 * M)),
+                                 ("same", sparse)]}
+    assert metrics["sparse"] == metrics["same"]
+    assert metrics["sparse"]["response/truncated_fraction"] == 0.5  # one row of two reached M
+    assert metrics["dense"]["response/truncated_fraction"] == 0.0  # none reached 2M
+    dense = S.SamplerConfig().kv
+    slots = S.cache_capacity(dense, P, 2 * M), S.cache_capacity(sparse.kv, P, M)
+    assert slots[0] > slots[1]
+    ratio = metrics["dense"]["kv/cache_bytes"] / metrics["sparse"]["kv/cache_bytes"]
+    assert ratio == slots[0] / slots[1], (ratio, slots)
 
 
 # ----------------------------------------------------------------------------- the sampler

@@ -3,7 +3,10 @@ Must not touch rewards, advantages, the update or the run directory (rl/, run_st
 
 A source draws prompts from its prompt iterator, samples them with the behaviour policy (theta_old,
 quantized afresh when quant.format is set) and returns a RolloutBatch on the host; its
-state_dict() (data position, and SortedRL's group) goes into every checkpoint's metadata.
+state_dict() (data position, and SortedRL's group) goes into every checkpoint's metadata. It is
+handed the sections it reads (rollout, quant, sorted) and the SamplerConfig, which alone says what
+is sampled (KV cache, max_new_tokens, sampling); components.rollout_source builds the one
+rollout.scheduler names from a run's TrainConfig.
   BatchSource   the static sampler: rollout.prompts x rollout.samples rows per iteration, sampled
                 rollout.rows_per_call rows per call (chunk i draws request ids i*R .. (i+1)*R).
   SortedSource  SortedRL: the SortedScheduler over one SlotEngine, loading a
@@ -21,16 +24,16 @@ import numpy as np
 from jax.sharding import Mesh
 
 from sparserl_jax import quant
-from sparserl_jax.config import TrainConfig
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.quant.config import QuantConfig
+from sparserl_jax.rollout.config import RolloutConfig, SortedConfig
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.on_mesh import generate_on_mesh
 from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
-from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.rollout.stats import rollout_bubble, rollout_metrics
-from sparserl_jax.validate import check_at_least
+from sparserl_jax.validate import check_at_least, check_number
 
 SORTED_KEY_SALT = 0x5011ED  # SortedRL's group keys: fold_in(fold_in(key(seed), salt), group + 1)
 
@@ -75,39 +78,29 @@ def _next_prompts(prompts, batches: int = 1) -> list:
     return examples
 
 
-def _check_cfg(cfg) -> None:
-    if not isinstance(cfg, TrainConfig):
-        raise ValueError(f"cfg: expected a TrainConfig (sparserl_jax.config), got {type(cfg).__name__}")
-
-
-def check_source_args(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id) -> None:
+def check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len,
+                      pad_token_id) -> None:
     """A source's arguments, checked when it is built (not at its first batch): each wrong one
-    raises a one-line ValueError naming it. The sampler config must sample what the run's
-    settings say (the rollout metrics and the learner read cfg.kv and cfg.rollout)."""
-    _check_cfg(cfg)
+    raises a one-line ValueError naming it. What is sampled (the KV cache, max_new_tokens, the
+    sampling distribution) is sampler_cfg's alone; rollout_cfg gives the batch's shape."""
+    if not isinstance(rollout_cfg, RolloutConfig):
+        raise ValueError(f"rollout_cfg: expected a RolloutConfig (sparserl_jax.rollout.config), "
+                         f"got {type(rollout_cfg).__name__}")
+    if not isinstance(sampler_cfg, SamplerConfig):
+        raise ValueError(f"sampler_cfg: expected a SamplerConfig, got {type(sampler_cfg).__name__}")
+    if not isinstance(quant_cfg, QuantConfig):
+        raise ValueError(f"quant_cfg: expected a QuantConfig, got {type(quant_cfg).__name__}")
     missing = [m for m in ("next_batch", "state_dict", "load_state_dict") if not callable(getattr(prompts, m, None))]
     if missing:
         raise ValueError(f"prompts: a {type(prompts).__name__} has no {', '.join(missing)}; expected a "
                          "prompt source (components.prompt_source)")
     if not isinstance(model_cfg, ModelConfig):
         raise ValueError(f"model_cfg: expected a ModelConfig, got {type(model_cfg).__name__}")
-    if not isinstance(sampler_cfg, SamplerConfig):
-        raise ValueError(f"sampler_cfg: expected a SamplerConfig, got {type(sampler_cfg).__name__}")
-    r = cfg.rollout
-    if sampler_cfg.kv != cfg.kv:
-        raise ValueError(f"sampler_cfg.kv={sampler_cfg.kv} differs from kv={cfg.kv}: the rollouts "
-                         "would be sampled with another cache than the run's (components.sampler_config)")
-    if sampler_cfg.max_new_tokens != r.max_new_tokens:
-        raise ValueError(f"sampler_cfg.max_new_tokens={sampler_cfg.max_new_tokens} differs from "
-                         f"rollout.max_new_tokens={r.max_new_tokens}")
-    sampling = SamplingConfig(r.temperature, r.top_p, r.top_k)
-    if sampler_cfg.sampling != sampling:
-        raise ValueError(f"sampler_cfg.sampling={sampler_cfg.sampling} differs from rollout's {sampling}: "
-                         "the learner scores at rollout.temperature")
     if not isinstance(mesh, Mesh) or not {"data", "fsdp"} <= set(mesh.axis_names):
         raise ValueError(f"mesh: expected a jax Mesh with axes 'data' and 'fsdp' (model.sharding.make_mesh), "
                          f"got {getattr(mesh, 'axis_names', type(mesh).__name__)}")
-    check_rows_per_call(r.rows_per_call, mesh)
+    check_rows_per_call(rollout_cfg.rows_per_call, mesh)
+    check_at_least("data.max_prompt_len (max_prompt_len)", max_prompt_len, 1)
     check_at_least("pad_token_id", pad_token_id, 0)
     if pad_token_id >= model_cfg.vocab_size:
         raise ValueError(f"pad_token_id={pad_token_id} is not a token of the model "
@@ -120,24 +113,24 @@ class BatchSource:
     scheduler = None  # no SortedRL scheduler, no group boundaries
     at_group_boundary = None
 
-    def __init__(self, cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig,
-                 mesh: Mesh, pad_token_id: int):
-        check_source_args(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
-        self.cfg, self.prompts, self.model_cfg = cfg, prompts, model_cfg
-        self.sampler_cfg, self.mesh, self.pad_token_id = sampler_cfg, mesh, pad_token_id
+    def __init__(self, rollout_cfg: RolloutConfig, sampler_cfg: SamplerConfig, quant_cfg: QuantConfig,
+                 prompts, model_cfg: ModelConfig, mesh: Mesh, *, max_prompt_len: int, pad_token_id: int):
+        check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len,
+                          pad_token_id)
+        self.rollout_cfg, self.sampler_cfg, self.quant_cfg = rollout_cfg, sampler_cfg, quant_cfg
+        self.prompts, self.model_cfg, self.mesh = prompts, model_cfg, mesh
+        self.max_prompt_len, self.pad_token_id = max_prompt_len, pad_token_id
 
     def next(self, params, key, iteration: int) -> RolloutBatch:
-        cfg = self.cfg
         examples = _next_prompts(self.prompts)
-        ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
-        tokens, lengths = pad_prompt_batch(ids, self.pad_token_id, cfg.data.max_prompt_len)
+        ids = [list(e.prompt_ids) for e in examples for _ in range(self.rollout_cfg.samples)]
+        tokens, lengths = pad_prompt_batch(ids, self.pad_token_id, self.max_prompt_len)
         t0 = time.perf_counter()
         out = self.generate(params, tokens, lengths, key)
         seconds = time.perf_counter() - t0
-        extra = rollout_bubble(out.lengths, self.sampler_cfg.max_new_tokens, cfg.kv.buffer)
+        extra = rollout_bubble(out.lengths, self.sampler_cfg.max_new_tokens, self.sampler_cfg.kv.buffer)
         return RolloutBatch(examples, tokens, lengths, out, {
-            **rollout_metrics(out, tokens, lengths, seconds, cfg.kv, self.model_cfg,
-                              self.sampler_cfg.max_new_tokens), **extra})
+            **rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra})
 
     def generate(self, params, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
         """Sample every row, rollout.rows_per_call rows per generate_jit call (one compiled shape);
@@ -146,7 +139,7 @@ class BatchSource:
         before the next call, so only one call's cache, activations and outputs are on the
         devices at a time."""
         B = tokens.shape[0]
-        R = self.cfg.rollout.rows_per_call or B  # 0: one call, whatever the batch holds
+        R = self.rollout_cfg.rows_per_call or B  # 0: one call, whatever the batch holds
         if B % R:
             raise ValueError(
                 f"rollout.rows_per_call={R} does not divide this batch of {B} rows (the prompt "
@@ -154,7 +147,7 @@ class BatchSource:
             )
         n_calls = B // R
         # QuRL: the behaviour policy is theta_old quantized afresh from full precision
-        params = quant.quantize_params(params, self.cfg.quant)
+        params = quant.quantize_params(params, self.quant_cfg)
         outs = [
             generate_on_mesh(
                 params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
@@ -172,16 +165,27 @@ class BatchSource:
 
 
 class SortedSource(BatchSource):
-    """rollout.scheduler='sorted': the next update batch of the SortedRL scheduler."""
+    """rollout.scheduler='sorted': the next update batch of the SortedRL scheduler; `seed`
+    (train.seed) keys its groups."""
 
-    def __init__(self, cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig,
-                 mesh: Mesh, pad_token_id: int):
-        super().__init__(cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
-        r, s = cfg.rollout, cfg.sorted
+    def __init__(self, rollout_cfg: RolloutConfig, sampler_cfg: SamplerConfig, quant_cfg: QuantConfig,
+                 sorted_cfg: SortedConfig, prompts, model_cfg: ModelConfig, mesh: Mesh, *,
+                 max_prompt_len: int, pad_token_id: int, seed: int):
+        super().__init__(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh,
+                         max_prompt_len=max_prompt_len, pad_token_id=pad_token_id)
+        if not isinstance(sorted_cfg, SortedConfig):
+            raise ValueError(f"sorted_cfg: expected a SortedConfig (sparserl_jax.rollout.config), "
+                             f"got {type(sorted_cfg).__name__}")
+        if rollout_cfg.rows_per_call:
+            raise ValueError(f"rollout.rows_per_call={rollout_cfg.rows_per_call} is for "
+                             "rollout.scheduler='batch'; the sorted scheduler's memory is set by sorted.slots")
+        check_number("train.seed (seed)", seed, integer=True)
+        r, s = rollout_cfg, sorted_cfg
+        self.sorted_cfg, self.seed = sorted_cfg, seed
         # Built here, so that the engine's and the scheduler's argument checks run now (building
         # them allocates and compiles nothing). One engine for the run: every group's prompts
         # are padded to data.max_prompt_len, so each of its programs compiles once.
-        engine = SlotEngine(model_cfg, sampler_cfg, s.slots or r.rows, cfg.data.max_prompt_len,
+        engine = SlotEngine(model_cfg, sampler_cfg, s.slots or r.rows, max_prompt_len,
                             segment_chunks=s.segment_chunks, mesh=mesh)
         self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
 
@@ -192,23 +196,21 @@ class SortedSource(BatchSource):
     def next(self, params, key, iteration: int) -> RolloutBatch:
         """The slot engine's next update batch (`key` unused: SortedRL's keys are per group),
         loading a group of prompts at a group boundary."""
-        cfg = self.cfg
         t0 = time.perf_counter()
         sched = self.scheduler
         if sched.at_group_boundary:
-            examples = _next_prompts(self.prompts, cfg.sorted.group_batches)
+            examples = _next_prompts(self.prompts, self.sorted_cfg.group_batches)
             tokens, lengths = pad_prompt_batch(  # the engine's one prompt width
                 [e.prompt_ids for e in examples], self.pad_token_id, sched.engine.P, fixed=True)
             group_key = jax.random.fold_in(
-                jax.random.fold_in(jax.random.key(cfg.train.seed), SORTED_KEY_SALT), sched.group + 1)
+                jax.random.fold_in(jax.random.key(self.seed), SORTED_KEY_SALT), sched.group + 1)
             sched.load_group(examples, tokens, lengths, group_key)
-        params = quant.quantize_params(params, cfg.quant)  # QuRL: the behaviour weights
+        params = quant.quantize_params(params, self.quant_cfg)  # QuRL: the behaviour weights
         examples, tokens, lengths, fin, extra = sched.next_batch(params, iteration)
         out = fin.to_rollout()
         seconds = time.perf_counter() - t0
         return RolloutBatch(examples, tokens, lengths, out, {
-            **rollout_metrics(out, tokens, lengths, seconds, cfg.kv, self.model_cfg,
-                              self.sampler_cfg.max_new_tokens), **extra})
+            **rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra})
 
     def state_dict(self) -> dict:
         meta = super().state_dict()
@@ -224,11 +226,4 @@ class SortedSource(BatchSource):
                 "prompts are skipped (resume is exact only from group boundaries)")
 
 
-SOURCES = {"batch": BatchSource, "sorted": SortedSource}
-
-
-def make_source(cfg: TrainConfig, prompts, model_cfg, sampler_cfg: SamplerConfig, mesh,
-                pad_token_id: int) -> BatchSource:
-    """The rollout source rollout.scheduler names."""
-    _check_cfg(cfg)
-    return SOURCES[cfg.rollout.scheduler](cfg, prompts, model_cfg, sampler_cfg, mesh, pad_token_id)
+SOURCES = {"batch": BatchSource, "sorted": SortedSource}  # rollout.scheduler -> its source

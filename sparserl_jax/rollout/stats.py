@@ -45,9 +45,11 @@ def rollout_bubble(lengths: np.ndarray, max_new_tokens: int, buffer: int) -> dic
 
 
 def rollout_metrics(out, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, seconds: float,
-                    kv_cfg, model_cfg, max_new: int) -> dict:
+                    sampler_cfg, model_cfg) -> dict:
     """response/*, time/rollout_s, throughput/rollout_tokens_per_s and kv/* of one rollout batch
-    (`out` on the host; [B, P] prompt tokens and [B] prompt lengths as the sampler got them)."""
+    (`out` on the host; [B, P] prompt tokens and [B] prompt lengths as the sampler got them), with
+    the KV cache and max_new_tokens of the SamplerConfig that sampled it."""
+    kv_cfg, max_new = sampler_cfg.kv, sampler_cfg.max_new_tokens
     return {
         "response/length_mean": float(out.lengths.mean()),
         "response/truncated_fraction": float(np.mean(out.lengths >= max_new)),
