@@ -1,7 +1,11 @@
 """The rooms of the RL loop import in one direction (read from the source with ast):
-train -> rollout/source, rl/learner, run_state; rollout/ and rl/ never import each other, nor
-train or run_state; run_state imports neither; no import cycle spans two packages; and each room
-of the loop imports on its own in a fresh interpreter."""
+train -> components (which builds the rollout source), rl/learner, run_state; rollout/ stands on
+its own floor: it imports only rollout, model, kvcache, kernels, quant, distributed and the leaves
+(validate, config_io, compile_clock), never the run's schema (config), components, rl, train or
+any CLI, and imports nothing inside a function body; rl/ never imports rollout, train or
+run_state; run_state imports neither; distributed imports no rollout, rl or train; config_io and
+validate import nothing of the package; no import cycle spans two packages; and each room of the
+loop imports on its own in a fresh interpreter."""
 
 import ast
 import subprocess
@@ -14,11 +18,20 @@ REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "sparserl_jax"
 LOOP = ["sparserl_jax.rollout.source", "sparserl_jax.rollout.stats", "sparserl_jax.rl.learner",
         "sparserl_jax.run_state", "sparserl_jax.train"]
+ROOT = "sparserl_jax"  # the package itself: `from sparserl_jax import x` names it (its __init__ imports nothing)
+ALLOWED = {  # a module (or package prefix) -> the only rooms of the package it may import
+    "sparserl_jax.rollout": ("sparserl_jax.rollout", "sparserl_jax.model", "sparserl_jax.kvcache",
+                             "sparserl_jax.kernels", "sparserl_jax.quant", "sparserl_jax.distributed",
+                             "sparserl_jax.validate", "sparserl_jax.config_io", "sparserl_jax.compile_clock"),
+    "sparserl_jax.config_io": (),
+    "sparserl_jax.validate": (),
+}
 FORBIDDEN = {  # a module (or package prefix) -> what it must not import
-    "sparserl_jax.rollout": ("sparserl_jax.rl", "sparserl_jax.train", "sparserl_jax.run_state"),
     "sparserl_jax.rl": ("sparserl_jax.rollout", "sparserl_jax.train", "sparserl_jax.run_state"),
     "sparserl_jax.run_state": ("sparserl_jax.rollout", "sparserl_jax.rl", "sparserl_jax.train"),
+    "sparserl_jax.distributed": ("sparserl_jax.rollout", "sparserl_jax.rl", "sparserl_jax.train"),
 }
+NO_DEFERRED_IMPORTS = ("sparserl_jax.rollout",)  # every import at the top, where a reader (and this test) sees it
 
 
 def _modules() -> dict[str, Path]:
@@ -45,12 +58,24 @@ def graph() -> dict[str, set[str]]:
     return {m: imports(p, mods) - {m} for m, p in mods.items()}
 
 
-def violations(g: dict[str, set[str]]) -> list[str]:
-    def under(mod, prefix):
-        return mod == prefix or mod.startswith(prefix + ".")
+def deferred_imports(text: str) -> list[str]:
+    """The imports made inside a function body of a module's source, as 'line N: statement'."""
+    return sorted({f"line {node.lineno}: {ast.unparse(node)}"
+                   for fn in ast.walk(ast.parse(text)) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))})
 
-    return [f"{m} imports {d}" for m, deps in sorted(g.items()) for prefix, banned in FORBIDDEN.items()
-            if under(m, prefix) for d in sorted(deps) if any(under(d, b) for b in banned)]
+
+def _under(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def violations(g: dict[str, set[str]]) -> list[str]:
+    """Every import that ALLOWED does not allow or FORBIDDEN forbids."""
+    found = {f"{m} imports {d}" for m, deps in g.items() for prefix, banned in FORBIDDEN.items()
+             if _under(m, prefix) for d in deps if any(_under(d, b) for b in banned)}
+    found |= {f"{m} imports {d}" for m, deps in g.items() for prefix, allowed in ALLOWED.items()
+              if _under(m, prefix) for d in deps if d != ROOT and not any(_under(d, a) for a in allowed)}
+    return sorted(found)
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -90,7 +115,16 @@ def _package(mod: str) -> str:
 
 
 def test_rooms_import_in_one_direction():
-    assert violations(graph()) == []
+    g = graph()
+    assert g[ROOT] == set()  # importing the package root brings nothing in
+    assert violations(g) == []
+
+
+def test_no_deferred_imports():
+    """An import inside a function hides an edge from a reader (and often a cycle)."""
+    found = [f"{m} {line}" for m, path in sorted(_modules().items())
+             if any(_under(m, p) for p in NO_DEFERRED_IMPORTS) for line in deferred_imports(path.read_text())]
+    assert found == []
 
 
 def test_no_cycle_spans_two_packages():
@@ -103,13 +137,36 @@ def test_no_cycle_spans_two_packages():
 
 def test_the_checks_can_fail():
     g = {"sparserl_jax.rl.learner": {"sparserl_jax.rollout.source"},
-         "sparserl_jax.rollout.source": {"sparserl_jax.rl.learner"},
-         "sparserl_jax.run_state": {"sparserl_jax.train"}}
-    assert violations(g) == ["sparserl_jax.rl.learner imports sparserl_jax.rollout.source",
+         "sparserl_jax.rollout.source": {"sparserl_jax.rl.learner", "sparserl_jax.config", ROOT,
+                                         "sparserl_jax.model.config", "sparserl_jax.distributed"},
+         "sparserl_jax.run_state": {"sparserl_jax.train"},
+         "sparserl_jax.distributed": {"sparserl_jax.rollout.sampler", "sparserl_jax.model.sharding"},
+         "sparserl_jax.config_io": {"sparserl_jax.validate"},
+         "sparserl_jax.validate": {"sparserl_jax.config"}}
+    assert violations(g) == ["sparserl_jax.config_io imports sparserl_jax.validate",
+                             "sparserl_jax.distributed imports sparserl_jax.rollout.sampler",
+                             "sparserl_jax.rl.learner imports sparserl_jax.rollout.source",
+                             "sparserl_jax.rollout.source imports sparserl_jax.config",
                              "sparserl_jax.rollout.source imports sparserl_jax.rl.learner",
-                             "sparserl_jax.run_state imports sparserl_jax.train"]
+                             "sparserl_jax.run_state imports sparserl_jax.train",
+                             "sparserl_jax.validate imports sparserl_jax.config"]
     assert cycles(g) == [["sparserl_jax.rl.learner", "sparserl_jax.rollout.source"]]
     assert "sparserl_jax.rollout.scheduler" in graph()["sparserl_jax.rollout.source"]  # edges are read
+
+
+@pytest.mark.parametrize("room", ["config", "components", "evaluate", "sft", "generate", "dryrun",
+                                  "rl.learner", "train", "run_state", "checkpoint", "tokenizer"])
+def test_rollout_may_not_reach_up(room):
+    """The whitelist refuses each room above rollout/ (and any room it does not name)."""
+    assert violations({"sparserl_jax.rollout.engine": {f"sparserl_jax.{room}"}}) == [
+        f"sparserl_jax.rollout.engine imports sparserl_jax.{room}"]
+
+
+def test_a_deferred_import_is_found():
+    text = ("import os\n\n\ndef fetch(x):\n    from sparserl_jax import distributed  # late\n\n"
+            "    def inner():\n        import numpy as np\n    return distributed.to_host(x)\n")
+    assert deferred_imports(text) == ["line 5: from sparserl_jax import distributed", "line 8: import numpy as np"]
+    assert deferred_imports("import os\nfrom sparserl_jax import quant\n") == []
 
 
 @pytest.mark.parametrize("module", LOOP)
