@@ -156,3 +156,22 @@ def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path)
     assert seen[-1][2]["kv/saving"] > 0  # sparse rollouts, dense evaluation
     dense = dataclasses.replace(trainer.cfg.kv, policy="none")
     assert seen[-1][2]["eval/accuracy"] == trainer.evaluate(kv_cfg=dense)["accuracy"]
+
+
+
+def test_eval_temperature_zero_evaluates_greedily(tmp_path):
+    """train.eval_temperature=0: held-out evaluation decodes greedily whatever the rollouts'
+    temperature, so its sampling keys (the evaluation seed) change nothing."""
+    from sparserl_jax.evaluate import evaluate_examples
+    from sparserl_jax.rollout.sampling import SamplingConfig
+
+    trainer = Trainer(_cfg(tmp_path, "sft.steps=0", "train.eval_temperature=0", "train.eval_prompts=8"))
+    assert trainer.cfg.rollout.temperature == 1.0
+    got = trainer.evaluate()
+    examples = components.eval_examples(trainer.cfg, trainer.tokenizer, n=8)
+    greedy = components.sampler_config(trainer.cfg, trainer.tokenizer, sampling=SamplingConfig(0.0))
+    for seed in (1, 2):
+        res = evaluate_examples(trainer.params, trainer.model_cfg, trainer.tokenizer, examples,
+                                trainer.parts.reward, greedy, seed=seed, batch_size=4,
+                                max_prompt_len=trainer.cfg.data.max_prompt_len)
+        assert (res["accuracy"], res["mean_length"]) == (got["accuracy"], got["mean_length"])
