@@ -6,6 +6,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 from fresh_rng import rng_from
 from sparserl_jax.config import load_config
@@ -15,6 +16,14 @@ from sparserl_jax.rl.corrections import compute_corrections
 from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The trainer here repeats programs other trainers compiled: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def _unit(rng, n):

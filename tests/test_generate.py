@@ -7,12 +7,21 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from sparserl_jax import generate
 from sparserl_jax.model import hf
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.tokenizer import CharTokenizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Each CLI call builds its sampler afresh: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 from float_tol import EPS32, forward_terms, logit_magnitude, sum_tol
 
 from sparserl_jax import kvcache as kv
@@ -27,6 +28,14 @@ CFG = ModelConfig.tiny("qwen2", vocab_size=64, tie_embeddings=False)
 PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))
 TOKENS = jax.random.randint(jax.random.key(1), (3, 10), 1, CFG.vocab_size)
 INT8 = quant.QuantConfig(format="int8")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The resumed QuRL trainer repeats the first one's programs: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def test_weight_scales_per_output_channel_and_int8_round_trip():

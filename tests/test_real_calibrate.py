@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 HERE = os.path.dirname(__file__)
 sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real")]
@@ -15,6 +16,14 @@ sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real")]
 import calibrate  # noqa: E402
 
 CONFIG = os.path.join(HERE, "..", "experiments", "configs", "real", "smollm2_chat_arithmetic.yaml")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Each measurement builds its sampler and scorer afresh: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def test_group_and_length_stats():

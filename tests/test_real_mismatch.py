@@ -11,6 +11,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 from float_tol import EPS32, logprob_tol
 from hf_fixtures import make_tiny_hf_checkpoint
 
@@ -27,6 +28,14 @@ from sparserl_jax.tokenizer import CharTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("real_mismatch")
 jax.devices()  # the backend runs: workers.parallel_map runs the arms in this process
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The arms rebuild the sampler and the scorer for every behaviour policy: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compile_cache import compile_cache_env
+from compile_cache import compile_cache_env, compile_cache_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,14 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 SMOKE = str(REPO / "experiments/configs/smoke.yaml")
 WORKER = str(TESTS / "reliability_worker.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The in-process CLIs and trainers repeat one another's programs: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def _worker(*args, cores=None, env=None):

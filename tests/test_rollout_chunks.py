@@ -5,6 +5,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 from float_tol import logprob_tol
 
 from sparserl_jax.config import load_config
@@ -15,6 +16,14 @@ from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 TIMING = ("time/", "throughput/")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Every trainer compiles its own programs, mostly the same ones: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def _cfg(out, *overrides):  # smoke: 4 prompts x 4 samples = 16 rows

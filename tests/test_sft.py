@@ -5,6 +5,7 @@ import os
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 from sparserl_jax import components, sft
 from sparserl_jax.config import load_config
@@ -15,6 +16,14 @@ WALK = ("data.task=cycle_walk", "data.task_options={min_steps: 8, max_steps: 12,
         "rollout.max_new_tokens=72")
 CURRICULUM = ("sft.curriculum.steps=3", "sft.curriculum.task_options={min_steps: 2, max_steps: 3}",
               "sft.curriculum.max_new_tokens=24")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Every warm start is a fresh SFT run of the same programs: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def _cfg(tmp_path, *overrides):
