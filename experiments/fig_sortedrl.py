@@ -6,6 +6,7 @@ int8 weights + sorted partial rollouts), beside the paper's bubble and throughpu
   python experiments/fig_sortedrl.py                                   # 4 variants x 3 seeds
   python experiments/fig_sortedrl.py --config experiments/configs/default.yaml --seeds 0
   python experiments/fig_sortedrl.py --seeds 0 --variants baseline sorted_partial --smoke
+  python experiments/fig_sortedrl.py --replot experiments/results/fig_sortedrl
 
 The default workload is experiments/configs/long_tail.yaml: cycle_walk with long-tailed lengths
 (most responses ~30 tokens, ~9% at the 124-token cap), where a static batch waits for its longest
@@ -15,19 +16,8 @@ n x rollout.prompts prompts (its update batch is split into n x the minibatches)
 in `iterations` harvests of rollout.prompts prompts with groups of n = sorted.group_batches update
 batches. The partial and stacked arms use rl.mode=sparse_rl, whose xi = pi_old / pi_sampler covers
 the staleness of resumed tokens (and the sparse KV and int8 weights in the stacked arm); baseline
-and on-policy use rl.mode=dense with dense KV.
-
-Time is counted the same way in every arm (experiments/step_timing.py): each iteration's wall time
-and the compile time inside it (jax.monitoring compile spans, each second once). The whole run's
-wall time includes compile (every arm compiles its programs once) and is also given without it;
-the steady state is the update batches after the first group (the baseline's first iteration,
-the sorted arms' first n), per update batch with compile excluded. Rollout throughput is
-total-time over that steady state: its rollout tokens / its rollout time without compile; the
-bubble ratios are those iterations' means weighted by rollout time (Eq. 4 over the whole rollout
-time). Figure: throughput and wall bubble bars with the
-paper's numbers marked, and cumulative rollout time and train reward against cumulative rollout
-tokens after the first group, every arm on one axis (the paper's throughput gains drawn as
-slopes from the baseline's).
+and on-policy use rl.mode=dense with dense KV. Time is counted the same way in every arm
+(experiments/step_timing.py; TIMING below, which results.md quotes).
 """
 
 from __future__ import annotations
@@ -39,6 +29,9 @@ import numpy as np
 import step_timing
 from figlib import fmt
 from matplotlib import pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import MultipleLocator, PercentFormatter
 
 N_GROUP = 4  # the paper's n
 LONG_TAIL_CONFIG = os.path.join(figlib.HERE, "configs", "long_tail.yaml")
@@ -89,120 +82,135 @@ def row(run) -> dict:
     }
 
 
-def main(argv=None) -> dict:
-    p = figlib.variants_parser(__doc__, VARIANTS)
-    p.set_defaults(config=LONG_TAIL_CONFIG)
-    args = p.parse_args(argv)
-    study = figlib.study_from_args(args)
-    out = args.out or figlib.default_out("fig_sortedrl", args.config, LONG_TAIL_CONFIG)
-    b = study.base
-    sparse = b.kv.policy if b.kv.policy != "none" else "snapkv"
-    iters = N_GROUP * max(-(-b.train.iterations // N_GROUP), 1)  # update batches: whole groups
+def arm(name: str, b) -> tuple[str, str, tuple[str, ...]]:
+    """(rl.mode, kv.policy, extra overrides) of a variant on base config `b`. Every arm trains
+    train.iterations update batches rounded up to whole groups of n; the baseline n per rollout."""
+    mode, is_sparse, extra, _, _ = VARIANTS[name]
+    iters = update_batches(b)
+    extra = ((f"rollout.prompts={N_GROUP * b.rollout.prompts}", f"train.iterations={iters // N_GROUP}")
+             if name == "baseline" else (*extra, f"train.iterations={iters}"))
+    return mode, (b.kv.policy if b.kv.policy != "none" else "snapkv") if is_sparse else "none", extra
 
-    def arm_of(name):
-        mode, is_sparse, extra, _, _ = VARIANTS[name]
-        if name == "baseline":  # n update batches per rollout, the same samples in all
-            extra = (f"rollout.prompts={N_GROUP * b.rollout.prompts}",
-                     f"train.iterations={iters // N_GROUP}")
-        else:
-            extra = (*extra, f"train.iterations={iters}")
-        return mode, sparse if is_sparse else "none", tuple(extra)
 
+def update_batches(b) -> int:
+    return N_GROUP * max(-(-b.train.iterations // N_GROUP), 1)
+
+
+def run(args, study) -> dict:
     with step_timing.timed_workers(figlib):  # every arm's steps timed the same way
-        results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of, row)
+        results, histories = figlib.run_variants(study, args.variants, args.seeds,
+                                                 lambda n: arm(n, study.base), row)
+    return {"results": results, "seeds": args.seeds, "histories": histories,
+            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *arm(n, study.base)[2]] for n in results},
+            "paper": {n: {"bubble": VARIANTS[n][3], "throughput_gain": VARIANTS[n][4]} for n in results}}
 
+
+TIMING = (
+    "Time is counted the same way in every arm: each training step's wall time and the compile time inside "
+    "it (jax.monitoring compile spans). Steady state: the update batches after the first group (the first "
+    "n; the baseline's first iteration; a run of one group, as with --smoke: all of it). Rollout tokens/s: "
+    "the steady state's rollout tokens / its rollout time, compile excluded; bubbles: those iterations' "
+    "means weighted by rollout time; wall s / batch: a steady-state update batch's whole step (rollout, "
+    "rewards, scoring, update), compile excluded (a baseline iteration is n batches); wall s: the whole "
+    "run's steps, compile included (every arm compiles once), then without it; compiles: XLA "
+    "compilations in the steady state (0 expected).")
+UNTIMED = (  # results.json files written before step_timing timed the arms
+    " These numbers were recorded before the arms were timed alike (commit 8e2a5ae): nothing is "
+    "compile-subtracted (rollout time and wall s / batch are the logged rollout, + score + update, "
+    "times after the first group; wall s the whole run's) and compile time and counts are '—'.")
+COLUMNS = (  # (header, key, format) of the table
+    ("accuracy", "dense_acc", ".3f"), ("train reward (last 25%)", "train_reward_last25", ".3f"),
+    ("bubble (wall, Eq. 4)", "bubble_wall", ".3f"), ("bubble (slot-steps)", "bubble_slots", ".3f"),
+    ("rollout tokens/s", "rollout_tokens_per_s", ".0f"), ("staleness", "staleness_mean", ".3f"),
+    ("discarded tokens", "discarded_token_fraction", ".3f"), ("wall s / batch", "wall_s_per_batch", ".3f"),
+    ("wall s (with compile)", "wall_s", ".1f"), ("wall s (no compile)", "wall_s_no_compile", ".1f"),
+    ("compiles after 1st group", "steady_compiles", ".0f"))
+LABELS = {"baseline": "batch (baseline)", "sorted_on_policy": "sorted on-policy",
+          "sorted_partial": "sorted partial", "sparse_int8_sorted_partial": "sparse + int8\n+ sorted partial"}
+
+
+def render(data: dict, b, command: str) -> figlib.Rendered:
+    results, seeds = data["results"], data["seeds"]
+    timed = all("wall_s_no_compile" in r for rows in results.values() for r in rows)
     lines = [
-        f"{iters} update batches of {b.rollout.prompts} prompts x {b.rollout.samples} samples; seeds "
-        f"{args.seeds} (mean ± std); n = {N_GROUP}; max {b.rollout.max_new_tokens} new tokens; stacked "
-        f"arm: {sparse} budget {b.kv.budget} + buffer {b.kv.buffer}, int8 W8A8 rollouts. Paper: bubble "
-        "74% -> 5.8% (on-policy) / 3.4% (partial), rollout throughput +7.6% / +39.5%.",
-        "",
-        "Time is counted the same way in every arm: each training step's wall time and the compile "
-        "time inside it (jax.monitoring compile spans). Steady state: the update batches after the "
-        "first group (the first n; the baseline's first iteration; a run of one group, as with "
-        "--smoke: all of it). Rollout tokens/s: the steady "
-        "state's rollout tokens / its rollout time, compile excluded; bubbles: those iterations' "
-        "means weighted by rollout time; wall s / batch: a steady-state update batch's whole step "
-        "(rollout, rewards, scoring, update), compile excluded (a baseline iteration is n batches); "
-        "wall s: the whole run's steps, compile included (every arm compiles once), then without "
-        "it; compiles: XLA compilations in the steady state (0 expected).",
-        "",
-        "| variant | mode | accuracy | train reward (last 25%) | bubble (wall, Eq. 4) | bubble (slot-steps) | "
-        "rollout tokens/s | vs baseline | staleness | discarded tokens | wall s / batch | "
-        "wall s (with compile) | wall s (no compile) | compiles after 1st group | "
-        "paper bubble | paper throughput |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    base_tps = (np.mean([r["rollout_tokens_per_s"] for r in results["baseline"]])
-                if "baseline" in results else None)
+        f"{update_batches(b)} update batches of {b.rollout.prompts} prompts x {b.rollout.samples} samples; "
+        f"seeds {seeds} (mean ± std); n = {N_GROUP}; max {b.rollout.max_new_tokens} new tokens; stacked "
+        f"arm: {arm('sparse_int8_sorted_partial', b)[1]} budget {b.kv.budget} + buffer {b.kv.buffer}, int8 "
+        "W8A8 rollouts. Paper: bubble 74% -> 5.8% (on-policy) / 3.4% (partial), rollout throughput "
+        "+7.6% / +39.5%.", "", TIMING + ("" if timed else UNTIMED), "",
+        f"| variant | mode | {' | '.join(h for h, _, _ in COLUMNS)} | rollout tokens/s vs baseline | "
+        "paper bubble | paper throughput |", "|---" * (len(COLUMNS) + 5) + "|"]
+    base_tps = np.mean([r["rollout_tokens_per_s"] for r in results["baseline"]]) if "baseline" in results else None
     for name, rows in results.items():
-        col = lambda k: [r[k] for r in rows]  # noqa: E731
-        paper, paper_gain = VARIANTS[name][3], VARIANTS[name][4]
-        gain = "—" if base_tps is None else f"{np.mean(col('rollout_tokens_per_s')) / base_tps:.2f}x"
-        lines.append(
-            f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | {fmt(col('train_reward_last25'))} | "
-            f"{fmt(col('bubble_wall'))} | {fmt(col('bubble_slots'))} | {fmt(col('rollout_tokens_per_s'), '.0f')} | {gain} | "
-            f"{fmt(col('staleness_mean'))} | {fmt(col('discarded_token_fraction'))} | "
-            f"{fmt(col('wall_s_per_batch'), '.3f')} | {fmt(col('wall_s'), '.1f')} | "
-            f"{fmt(col('wall_s_no_compile'), '.1f')} | {fmt(col('steady_compiles'), '.0f')} | "
-            f"{'—' if paper is None else f'{paper:.1%}'} | "
-            f"{'—' if paper_gain is None else f'+{paper_gain:.1%}'} |")
-
-    fig = _figure(results, histories, base_tps)
-    names = list(results)
-    data = {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *arm_of(n)[2]] for n in names},
-            "paper": {n: {"bubble": VARIANTS[n][3], "throughput_gain": VARIANTS[n][4]} for n in names}}
-    figlib.write_outputs(out, "Figure SortedRL: length-aware rollout scheduling", "\n".join(lines),
-                         data, fig, "sortedrl", study)
-    return data
+        cells = [fmt([r[k] for r in rows], spec) if k in rows[0] else "—" for _, k, spec in COLUMNS]
+        bubble, gain = VARIANTS[name][3], VARIANTS[name][4]
+        lines.append(f"| {name} | {VARIANTS[name][0]} | {' | '.join(cells)} | " + (
+            "—" if base_tps is None else f"{np.mean([r['rollout_tokens_per_s'] for r in rows]) / base_tps:.2f}x")
+            + f" | {'—' if bubble is None else f'{bubble:.1%}'} | {'—' if gain is None else f'+{gain:.1%}'} |")
+    title = (f"Figure SortedRL: length-aware rollout scheduling, {figlib.runs_phrase(seeds)}\n"
+             f"{figlib.config_name(command, LONG_TAIL_CONFIG)} (task {b.data.task}, up to "
+             f"{b.rollout.max_new_tokens} new tokens): {update_batches(b)} update batches of "
+             f"{b.rollout.prompts}x{b.rollout.samples} rollouts, n = {N_GROUP}")
+    caption = (
+        "Figure: top, each arm's steady-state rollout throughput and wall bubble ratio (Eq. 4), dots: the "
+        "seeds, black dashes: the paper's numbers (throughput: the baseline's rate x (1 + the paper's gain)); "
+        "bottom left, cumulative rollout time against cumulative rollout tokens after the first group"
+        + (" (compile excluded)" if timed else "") + ", dotted: the baseline's rate raised by the paper's "
+        f"gains; bottom right, the train reward per group of n = {N_GROUP} update batches (one baseline "
+        f"rollout). {figlib.BAND_CAPTION} Seeds {seeds}.")
+    return figlib.Rendered("Figure SortedRL: length-aware rollout scheduling", "\n".join(lines),
+                           {"sortedrl": _figure(results, data["histories"], base_tps, title)}, caption)
 
 
-def _figure(results: dict, histories: dict, base_tps):
-    """Throughput and wall bubble per arm (the paper's numbers marked), then cumulative rollout
-    time and train reward against cumulative rollout tokens, every arm on one axis."""
-    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
-    names = list(results)
-    x = np.arange(len(names))
-    for ax, key, title in ((axes[0], "rollout_tokens_per_s", "rollout tokens/s (total time)"),
-                           (axes[1], "bubble_wall", "bubble ratio (wall, Eq. 4)")):
-        stats = [figlib.mean_std(r[key] for r in results[n]) for n in names]
-        ax.bar(x, [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
-        for i, n in enumerate(names):
-            bubble, gain = VARIANTS[n][3], VARIANTS[n][4]
-            mark = bubble if key == "bubble_wall" else (None if base_tps is None or gain is None
-                                                        else base_tps * (1 + gain))
-            if mark is not None:
-                ax.plot([i - 0.4, i + 0.4], [mark, mark], "r--", lw=1.5,
-                        label="paper" if i == 0 or not ax.get_legend_handles_labels()[0] else None)
-        ax.set_xticks(x, names, fontsize=7, rotation=30)
-        ax.set_title(title)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+def _reward_by_group(h: list[dict]) -> np.ndarray:
+    """Each group's mean train reward (a baseline iteration is one; sorted: n equal harvests)."""
+    per = N_GROUP if "sorted/group" in h[0] else 1  # iterations per group
+    return np.array([x["reward/mean"] for x in h[: len(h) // per * per]]).reshape(-1, per).mean(1)
+
+
+def _figure(results: dict, histories: dict, base_tps: float | None, title: str):
+    """Throughput and wall bubble bars (the paper's numbers marked), cumulative rollout time against
+    cumulative rollout tokens, and the train reward per group, every arm in its own colour."""
+    names, colours = list(results), {n: f"C{i}" for i, n in enumerate(VARIANTS)}
+    fig, ((tps_ax, bub_ax), (time_ax, rew_ax)) = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 6.4),
+                                                              layout="constrained")
+    for ax, key, ylabel in ((tps_ax, "rollout_tokens_per_s", "rollout tokens / s\n(steady state)"),
+                            (bub_ax, "bubble_wall", "bubble ratio, Eq. 4\n(share of rollout wall time)")):
+        marks = {n: VARIANTS[n][3] if key == "bubble_wall" else base_tps * (1 + VARIANTS[n][4])
+                 if base_tps and VARIANTS[n][4] else None for n in names}
+        figlib.run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours, marks=marks)
+        ax.set_xticks(np.arange(len(names)), [LABELS[n] for n in names], rotation=30, ha="right",
+                      rotation_mode="anchor")
+        ax.set_ylabel(ylabel)
+    bub_ax.set_ylim(0, 1)
+    bub_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     for name in names:
-        rows = results[name]
-        n = min(len(r["tokens_cum"]) for r in rows)
-        tokens = np.mean([r["tokens_cum"][:n] for r in rows], axis=0)
-        seconds = np.mean([r["rollout_s_cum"][:n] for r in rows], axis=0)
-        reward = np.mean([[r["reward/mean"] for r in _after_first_group(h)[:n]]
-                          for h in histories[name]], axis=0)
-        axes[2].plot(tokens, seconds, marker=".", label=name)
-        axes[3].plot(tokens, reward, marker=".", label=name)
-    if base_tps:
-        top = max(r["tokens_cum"][-1] for rows in results.values() for r in rows)
-        for name, gain in (("on-policy", VARIANTS["sorted_on_policy"][4]),
-                           ("partial", VARIANTS["sorted_partial"][4])):
-            axes[2].plot([0, top], [0, top / (base_tps * (1 + gain))], ":", lw=1,
-                         label=f"paper {name}: baseline rate +{gain:.1%}")
-    axes[2].set_title("rollout time after the first group")
-    axes[2].set_ylabel("rollout s")
-    axes[3].set_title("train reward (after the first group)")
-    for ax in axes[2:]:
-        ax.set_xlabel("rollout tokens")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
+        tokens, _ = figlib.spread([r["tokens_cum"] for r in results[name]])
+        rewards = figlib.spread([_reward_by_group(h) for h in histories[name]])
+        for ax, x, (m, s) in ((time_ax, tokens, figlib.spread([r["rollout_s_cum"] for r in results[name]])),
+                              (rew_ax, N_GROUP * np.arange(1, len(rewards[0]) + 1), rewards)):
+            ax.plot(x, m, marker=".", ms=3, lw=1.2, color=colours[name])
+            figlib.band(ax, x, m, s, colours[name], 0.0, 1.0 if ax is rew_ax else None)
+    handles = [Patch(color=colours[n], alpha=0.85, label=LABELS[n].replace("\n", " ")) for n in names]
+    handles.append(Line2D([], [], ls="--", color="black", lw=1.5, label="paper"))
+    top = max(r["tokens_cum"][-1] for rows in results.values() for r in rows)
+    for name, gain in [(n, VARIANTS[n][4]) for n in ("sorted_on_policy", "sorted_partial")] if base_tps else ():
+        handles += time_ax.plot([0, top], [0, top / (base_tps * (1 + gain))], ":", lw=1.2, color=colours[name],
+                                label=f"paper, {LABELS[name]}: baseline rate +{gain:.1%}")
+    time_ax.set(xlabel="cumulative rollout tokens\n(update batches after the first group)",
+                ylabel="cumulative rollout time (s)")
+    rew_ax.set(xlabel="update batches trained",
+               ylabel=f"train reward (mean per rollout,\ngroups of n = {N_GROUP} batches)")
+    rew_ax.xaxis.set_major_locator(MultipleLocator(N_GROUP))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, frameon=False)
+    fig.suptitle(title)
     return fig
 
+
+FIGURE = figlib.Figure("fig_sortedrl", __doc__, run, render, seeds=(0, 1, 2), eval_prompts=False,
+                       default_config=LONG_TAIL_CONFIG, arguments=lambda p: p.add_argument(
+                           "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS)))
+main = FIGURE.main
 
 if __name__ == "__main__":
     main()

@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import workers  # imports no JAX
 from figplot import (BAND_CAPTION, DPI, PANEL_W, ablation_figure, band, band_legend_below,
-                     config_name, curve, plt, run_title, runs_phrase, save_figure, sparse_curve,
-                     symlog_axis)
+                     config_name, curve, plt, run_bars, run_title, runs_phrase, save_figure,
+                     sparse_curve, spread, symlog_axis)
 from figprov import PORTABLE_SINCE, command_line, cpu_model, provenance, provenance_line
 from figruns import (DEFAULT_CONFIG, DEFAULT_RUNS, EVAL_PROMPTS, FROM_WARM_START, HERE, REPO,
                      RESULTS_EPOCH, SMOKE_OVERRIDES, Run, Study, config_key, run_variants, scores,
@@ -52,9 +52,8 @@ from sparserl_jax.config import TrainConfig, dump_config, load_config
 # The figure library's public names: the scaffold's own and those of its parts.
 __all__ = [
     # the scaffold
-    "Figure", "Rendered", "write_results", "parser", "variants_parser", "write_outputs",
-    "study_from_args", "smoke_overrides", "eval_prompts", "warms_of", "load_results", "default_out",
-    "load_config", "dump_config", "TrainConfig", "workers",
+    "Figure", "Rendered", "write_results", "study_from_args", "smoke_overrides", "eval_prompts",
+    "warms_of", "load_results", "default_out", "load_config", "dump_config", "TrainConfig", "workers",
     # runs (figruns)
     "HERE", "REPO", "DEFAULT_CONFIG", "DEFAULT_RUNS", "SMOKE_OVERRIDES", "FROM_WARM_START",
     "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "scores",
@@ -66,7 +65,8 @@ __all__ = [
     "run_mean", "warm_starts_of", "warm_dense_of", "mean_std", "fmt",
     # plotting (figplot)
     "PANEL_W", "DPI", "plt", "BAND_CAPTION", "band", "config_name", "runs_phrase", "run_title",
-    "symlog_axis", "ablation_figure", "band_legend_below", "curve", "sparse_curve", "save_figure",
+    "symlog_axis", "ablation_figure", "band_legend_below", "curve", "sparse_curve", "spread",
+    "run_bars", "save_figure",
     # provenance (figprov)
     "PORTABLE_SINCE", "command_line", "cpu_model", "provenance", "provenance_line",
 ]
@@ -101,7 +101,9 @@ class Figure:
     eval_prompts: bool = True  # --eval-prompts
     replot: bool = True
     default_config: str = DEFAULT_CONFIG
+    runs_dir: str = DEFAULT_RUNS  # --runs-dir default: the run cache
     fresh_runs: bool = False  # runs in <out>/runs, cleared first, unless --runs-dir names a cache
+    smoke: Sequence[str] | None = None  # --smoke's overrides (None: smoke_overrides(config))
 
     def parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=self.doc.split("\n")[0], epilog=self.doc,
@@ -119,14 +121,15 @@ class Figure:
                            help="SFT seeds of the warm starts every arm is trained from")
         if self.trains:
             p.add_argument("--config", default=self.default_config, help="the base YAML config")
-            p.add_argument("--runs-dir", default=None if self.fresh_runs else DEFAULT_RUNS,
+            p.add_argument("--runs-dir", default=None if self.fresh_runs else self.runs_dir,
                            help="cache of training runs, shared by figures" + (
                                " (default: <out>/runs, cleared first)" if self.fresh_runs else ""))
             if self.eval_prompts:
                 p.add_argument("--eval-prompts", type=int, help=f"held-out prompts of the final "
                                f"evaluations (default: at least {EVAL_PROMPTS}; train.eval_prompts "
                                "with --smoke)")
-            p.add_argument("overrides", nargs="*", help="key=value settings applied to every run")
+            p.add_argument("overrides", nargs="*", help="key=value settings applied to every run "
+                           "(after --smoke's: they win)")
         if self.arguments:
             self.arguments(p)
         return p
@@ -145,7 +148,7 @@ class Figure:
         if self.fresh_runs and args.runs_dir is None:
             args.runs_dir = os.path.join(args.out, "runs")
             shutil.rmtree(args.runs_dir, ignore_errors=True)
-        study = study_from_args(args, cores) if self.trains else None
+        study = study_from_args(args, cores, self.smoke) if self.trains else None
         data = self.run(args, study)
         data = {"command": command, **data,
                 "provenance": {**provenance(cores, time.perf_counter() - t0), "arms_json": bool(study and study.arms)}}
@@ -183,41 +186,21 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
     print(r.markdown)
 
 
-def parser(doc: str, replot: bool = False) -> argparse.ArgumentParser:
-    """The common arguments alone (--config, --out, --runs-dir, --smoke, overrides; `replot`: also
-    --replot and --eval-prompts), for a script that builds its own main (real_rl.py)."""
-    return Figure("", doc, None, None, seeds=None, eval_prompts=replot, replot=replot).parser()
-
-
-def variants_parser(doc: str, variants: Sequence[str], replot: bool = False) -> argparse.ArgumentParser:
-    """parser() plus --variants (default: all) and --seeds (default: 0 1 2)."""
-    p = parser(doc, replot)
-    p.add_argument("--variants", nargs="+", default=list(variants), choices=list(variants))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    return p
-
-
-def write_outputs(out_dir: str, title: str, markdown: str, data: dict, fig, figure_name: str,
-                  study: Study | None = None, *, caption: str = "", replot: bool = False) -> None:
-    """write_results for a script that builds its own main: the command and provenance of this
-    process (or, with `replot`, those `data` recorded)."""
-    if not replot:
-        cores = workers.available_cores()
-        data = {"command": command_line(cores), **data,
-                "provenance": {**provenance(cores, None), "arms_json": bool(study and study.arms)}}
-    write_results(out_dir, Rendered(title, markdown, {figure_name: fig}, caption), data, study, replot)
-
-
-def study_from_args(args, cores: list[int] | None = None) -> Study:
-    """The study of a figure script's arguments. Pins this process to one core first (before any
-    JAX computation; workers.py) so its evaluations, like its workers' runs, are the same on any
-    machine; the workers get every core the command may use (`cores`, counted before pinning)."""
+def study_from_args(args, cores: list[int] | None = None, smoke: Sequence[str] | None = None) -> Study:
+    """The study of a figure script's arguments: the base config with, under --smoke, `smoke`
+    (default smoke_overrides) and then the command line's key=value overrides (which win). Pins
+    this process to one core first (before any JAX computation; workers.py) so its evaluations,
+    like its workers' runs, are the same on any machine; the workers get every core the command
+    may use (`cores`, counted before pinning)."""
     if getattr(args, "replot", None):
         raise ValueError("--replot re-renders committed results: it trains nothing")
     cores = workers.available_cores() if cores is None else cores
     workers.pin_to_one_core()
-    overrides = list(args.overrides) + (smoke_overrides(args.config, args.overrides) if args.smoke else [])
-    return Study(args.config, overrides, args.runs_dir, cores=cores)
+    if not args.smoke:
+        smoke = []
+    elif smoke is None:
+        smoke = smoke_overrides(args.config, args.overrides)
+    return Study(args.config, [*smoke, *args.overrides], args.runs_dir, cores=cores)
 
 
 def smoke_overrides(config: str, overrides: Sequence[str] = ()) -> list[str]:

@@ -163,12 +163,18 @@ def band_legend_below(fig, ax, ncol: int | None = None) -> None:
 # ----------------------------------------------------------------------------- curves
 
 
+def spread(rows: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sample standard deviation over runs (0 for one run) of per-run series, each cut
+    to the shortest."""
+    n = min(len(r) for r in rows)
+    ys = np.array([list(r[:n]) for r in rows], np.float64).reshape(len(rows), n)
+    return ys.mean(0), ys.std(0, ddof=1) if len(rows) > 1 else np.zeros(n)
+
+
 def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Iterations, mean and sample standard deviation over runs (0 for one run) of one metric."""
-    n = min(len(h) for h in histories)
-    ys = np.array([[h[i].get(key, np.nan) for i in range(n)] for h in histories], np.float64)
-    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(n)
-    return np.arange(1, n + 1), ys.mean(0), std
+    m, s = spread([[x.get(key, np.nan) for x in h] for h in histories])
+    return np.arange(1, len(m) + 1), m, s
 
 
 def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -191,3 +197,36 @@ def save_figure(out_dir: str, fig, name: str) -> None:
         fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=DPI)
     plt.close(fig)
+
+
+def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colours: dict[str, str],
+             horizontal: bool = False, floor: float | None = 0.0,
+             marks: dict[str, float | None] | None = None, value_fmt: str | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """One bar per name at its mean over runs, an error bar of ± one sample standard deviation
+    (none for one run; clipped at `floor`, the metric's range), every run a black dot, a black
+    dash across the bar at `marks[name]` where given (e.g. a paper's number), and with
+    `value_fmt` the mean written past the bar's end. Returns the means and standard deviations."""
+    stats = [mean_std(values[n]) for n in names]
+    means, stds = np.array([m for m, _ in stats]), np.array([s for _, s in stats])
+    below = stds if floor is None else np.minimum(stds, np.maximum(means - floor, 0.0))
+    pos = np.arange(len(names))
+    draw = ax.barh if horizontal else ax.bar
+    err = {"xerr" if horizontal else "yerr": [below, stds]}
+    draw(pos, means, color=[colours[n] for n in names], alpha=0.85, capsize=2,
+         error_kw={"elinewidth": 0.8}, **err)
+    for p, n in zip(pos, names):
+        vals = list(values[n])
+        if len(vals) > 1:
+            jitter = p + np.linspace(-0.15, 0.15, len(vals))
+            ax.plot(*((vals, jitter) if horizontal else (jitter, vals)), "k.", ms=2.5)
+        mark = (marks or {}).get(n)
+        if mark is not None:
+            dash = ([mark, mark], [p - 0.4, p + 0.4])
+            ax.plot(*(dash if horizontal else dash[::-1]), "--", color="black", lw=1.5)
+        if value_fmt:
+            end = max(means[p] + stds[p], 0.0)
+            ax.annotate(f"{means[p]:{value_fmt}}", (end, p) if horizontal else (p, end), fontsize=8,
+                        xytext=(3, 0) if horizontal else (0, 3), textcoords="offset points",
+                        va="center" if horizontal else "bottom", ha="left" if horizontal else "center")
+    return means, stds

@@ -210,6 +210,27 @@ class Study:
                 [[dict(kv), int(n)] for kv, n in evals])
         workers.parallel_map(_train_job, [(*args, job) for job in jobs], self.cores)
 
+    def train_runs(self, runs: Sequence[tuple[str, Sequence[str]]], evals: Sequence[tuple[dict, int]] = (),
+                   progress: bool = False) -> list[Run]:
+        """Train (or resume, or reuse) each (name, overrides) of the base config, no warm start
+        involved, in parallel single-core processes (workers.py), evaluating each final model under
+        every (kv overrides, prompts) of `evals` there; returns the runs, read here from the cache.
+        `progress`: the workers print each iteration (long runs)."""
+        jobs = [(self.config, self.overrides, self.runs_dir, name, [*o, f"train.progress={str(progress).lower()}"],
+                 [[dict(kv), int(n)] for kv, n in evals]) for name, o in runs]
+        workers.parallel_map(_run_job, jobs, self.cores)
+        return [self.train(name, o) for name, o in runs]
+
+
+def _run_job(job) -> str:
+    """Worker of Study.train_runs: one run of the base config, trained and evaluated."""
+    config, overrides, runs_dir, name, run_overrides, evals = job
+    run = Study(config, overrides, runs_dir).train(name, run_overrides)
+    for kv, n in evals:
+        run.evaluate(kv, n)
+    run._trainer = None
+    return run.out_dir
+
 
 def _train_job(job) -> None:
     """Worker of Study.train_all: one warm start or one arm, trained and evaluated."""

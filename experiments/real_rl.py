@@ -34,13 +34,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import figlib  # noqa: E402
 import numpy as np  # noqa: E402
-import workers  # noqa: E402
 from figlib import fmt  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_rl")
-OUT = os.path.join(figlib.HERE, "results", "real", "rl")
 
 INT8 = ("quant.format=int8", "quant.mode=w8a8")
 SORTED = ("rollout.scheduler=sorted", "sorted.mode=partial")
@@ -55,6 +56,9 @@ class Arm:
     extra: tuple[str, ...] = ()
     seeds: int = 2
     label: str = ""
+
+    def seeds_of(self, seeds: Sequence[int]) -> list[int]:
+        return list(seeds)[: self.seeds]
 
     def overrides(self, seed: int) -> list[str]:
         return [f"rl.mode={self.mode}", f"kv.policy={self.policy}", f"train.seed={seed}", *self.extra]
@@ -76,35 +80,11 @@ COMPARISONS = {
     "SortedRL": (("dense", "sorted_partial"), "SortedRL Fig. 6"),
     "stacked": (("dense", "stacked"), "-"),
 }
-CURVES = (  # (metric, panel title)
-    ("reward/mean", "training reward (new prompts)"),
-    ("mismatch/kl_k3", "mismatch KL k3 (sampler vs pi_old)"),
-    ("sars/token_reject_rate", "SARS token rejection"),
-    ("acr/active_frac", "ACR active fraction"),
-)
 # A seconds-long version on a tiny checkpoint (tests): with --smoke and model.checkpoint=<tiny>.
 SMOKE = ("train.iterations=2", "train.save_every=1", "rollout.prompts=2", "rollout.samples=2",
          "rollout.max_new_tokens=24", "data.max_prompt_len=160", "kv.budget=64", "kv.buffer=8",
          "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4",
          "sorted.group_batches=2", "train.eval_prompts=2")
-
-
-def base_overrides(args) -> list[str]:
-    """Every run's overrides of the base config: SMOKE (with --smoke), then the command line's."""
-    return (list(SMOKE) if args.smoke else []) + list(args.overrides)
-
-
-def seeds_of(name: str, seeds: Sequence[int]) -> list[int]:
-    return list(seeds)[: ARMS[name].seeds]
-
-
-def _train_job(job) -> str:
-    """Worker: train (or resume, or reuse) one run, then evaluate its final weights (dense, full
-    precision; cached in the run directory); returns the run directory."""
-    config, overrides, runs_dir, name, arm_overrides, n_eval = job
-    run = figlib.Study(config, overrides, runs_dir).train(name, [*arm_overrides, "train.progress=true"])
-    run.evaluate({"policy": "none"}, n=n_eval)
-    return run.out_dir
 
 
 def row(run: figlib.Run, n_eval: int) -> dict:
@@ -124,33 +104,30 @@ def row(run: figlib.Run, n_eval: int) -> dict:
     }
 
 
-def train_and_score(args) -> tuple[dict, dict, dict]:
-    cores = workers.available_cores()  # the workers' cores: this process then keeps only the first
-    workers.pin_to_one_core()
-    overrides = base_overrides(args)
-    study = figlib.Study(args.config, overrides, args.runs_dir)
+def run(args, study: figlib.Study) -> dict:
+    """Every arm's runs and the untrained model at every seed, trained in parallel single-core
+    workers, then scored here from the cache."""
     n_eval = args.eval_prompts or study.base.train.eval_prompts
     untrained = {s: (f"untrained/seed{s}", ARMS["dense"].overrides(s) + ["train.iterations=0"])
                  for s in args.seeds}
     # the two-seed comparisons first, seed-major; then the one-seed arms (sorted, stacked)
     runs = sorted([(-ARMS[n].seeds, i, n, s) for n in args.arms
-                   for i, s in enumerate(seeds_of(n, args.seeds))])
+                   for i, s in enumerate(ARMS[n].seeds_of(args.seeds))])
     jobs = list(untrained.values()) + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
     t0 = time.perf_counter()
-    workers.parallel_map(_train_job, [(args.config, overrides, args.runs_dir, name, o, n_eval)
-                                      for name, o in jobs], cores)
+    study.train_runs(jobs, [({"policy": "none"}, n_eval)], progress=True)  # each final model evaluated there
     wall = time.perf_counter() - t0
     before = {s: study.train(*job).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
               for s, job in untrained.items()}
     results, histories = {}, {}
     for name in args.arms:
-        runs = [study.train(f"{name}/seed{s}", ARMS[name].overrides(s)) for s in seeds_of(name, args.seeds)]
-        results[name] = [{**row(r, n_eval), "seed": s, "untrained_acc": before[s]}
-                         for s, r in zip(seeds_of(name, args.seeds), runs)]
+        seeds = ARMS[name].seeds_of(args.seeds)
+        runs = [study.train(f"{name}/seed{s}", ARMS[name].overrides(s)) for s in seeds]
+        results[name] = [{**row(r, n_eval), "seed": s, "untrained_acc": before[s]} for s, r in zip(seeds, runs)]
         histories[name] = [r.history for r in runs]
-    return results, histories, {"untrained_dense_acc": float(np.mean(list(before.values()))),
-                                "untrained_by_seed": before, "eval_prompts": n_eval,
-                                "train_wall_s": wall, "cores": len(cores)}
+    meta = {"untrained_dense_acc": float(np.mean(list(before.values()))), "untrained_by_seed": before,
+            "eval_prompts": n_eval, "train_wall_s": wall, "cores": len(study.cores)}
+    return {"results": results, "histories": histories, "meta": meta}
 
 
 def iteration_time(metrics: dict) -> float:
@@ -212,52 +189,101 @@ def tables(results: dict, meta: dict) -> str:
     return "\n".join(lines)
 
 
-def figure(histories: dict):
-    fig, axes = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.4), layout="constrained")
-    for ax, (key, title) in zip(axes.flat, CURVES):
-        for name, hs in histories.items():
-            x, m, s = figlib.curve(hs, key)
-            if np.isnan(m).all():  # the arm does not log it (e.g. ACR outside QuRL): no line, same color
-                ax.plot([], [], label=ARMS[name].label, lw=1.2)
-                continue
-            (line,) = ax.plot(x, m, label=ARMS[name].label, lw=1.2)
-            ax.fill_between(x, m - s, m + s, alpha=0.15, color=line.get_color())
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    figlib.band_legend_below(fig, axes.flat[-1], ncol=3)
-    return fig
-
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    p = figlib.parser(__doc__, replot=True)
-    p.set_defaults(config=CONFIG, runs_dir=RUNS)
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1],
-                   help="seeds of the two-seed arms; one-seed arms (sorted, stacked) take the first")
-    args = p.parse_args(argv)
-    out = args.out or OUT
-    if args.replot:
-        data, _ = figlib.load_results(args.replot)
-        results, histories, meta = data["results"], data["histories"], data["meta"]
-        out = args.replot
-    else:
-        results, histories, meta = train_and_score(args)
-        data = {"results": results, "histories": histories, "meta": meta}
-    study = None if args.replot else figlib.Study(args.config, base_overrides(args), args.runs_dir)
-    b = (study.base if study else figlib.load_results(out)[1])
-    title = f"RL on {os.path.basename(b.model.checkpoint)}: {b.data.task}"
+def render(data: dict, b, command: str) -> figlib.Rendered:
+    results, histories, meta = data["results"], data["histories"], data["meta"]
     caption = (
         f"Each run: {b.rollout.prompts} prompts x {b.rollout.samples} samples per iteration at temperature "
         f"{b.rollout.temperature}, up to {b.rollout.max_new_tokens} new tokens, lr {b.rl.optim.lr}; R-KV "
         f"budget {b.kv.budget} + buffer {b.kv.buffer}; seconds per iteration: median over the iterations "
         f"after the first, on one core of this machine, {meta['cores']} runs in parallel "
         f"(the runs' iterations: {iteration_seconds(histories) / 3600:.1f} core-hours in all; this "
-        f"command's wall time {meta['train_wall_s'] / 60:.0f} min, finished runs reused)."
-    )
-    figlib.write_outputs(out, title, tables(results, meta), data, figure(histories), "real_rl", study,
-                         caption=caption, replot=bool(args.replot))
-    return data
+        f"command's wall time {meta['train_wall_s'] / 60:.0f} min, finished runs reused).\n\n"
+        f"Figure: top left, each arm's held-out accuracy after training (avg@1 on {meta['eval_prompts']} "
+        "prompts, dense full-precision inference): bars are the mean over the arm's seeds, error bars ± one "
+        "sample standard deviation over its seeds (none for the arms marked '1 seed'), dots the seeds; "
+        "the grey line is the untrained model's accuracy (mean over seeds) and the grey band ± 2 binomial "
+        f"standard errors of one evaluation ({2 * eval_se(meta):.3f}: differences inside it are ties). Top "
+        "right: the mismatch KL (k3) between the rollout policy and pi_old, mean over the run (its value "
+        "beside each bar; the dense arm's is ~0). Below, one panel per comparison: the training "
+        "reward (sampled accuracy on prompts never seen before) per iteration, lines the mean over seeds, "
+        "shaded bands ± one sample standard deviation over the seeds (2 seeds: half their difference "
+        "x sqrt 2); dashed lines without a band: arms run with one seed.")
+    return figlib.Rendered(f"RL on {os.path.basename(b.model.checkpoint)}: {b.data.task}",
+                           tables(results, meta), {"real_rl": figure(data, b)}, caption)
+
+
+def _label(name: str, results: dict) -> str:
+    return ARMS[name].label + (" (1 seed)" if len(results[name]) == 1 else "")
+
+
+def figure(data: dict, b):
+    """Held-out accuracy and mismatch KL per arm, then the training reward, one panel per
+    comparison (the dense arm in each), every arm in its own colour."""
+    results, histories, meta = data["results"], data["histories"], data["meta"]
+    names = list(results)
+    colours = {n: f"C{i}" for i, n in enumerate(ARMS)}
+    comparisons = [(t, [n for n in arms if n in results], paper) for t, (arms, paper) in COMPARISONS.items()]
+    comparisons = ([c for c in comparisons if set(c[1]) - {"dense"}]  # a panel where an arm beside dense ran
+                   or [("dense", ["dense"], "-")])
+    rows = 1 + -(-len(comparisons) // 2)
+    fig = plt.figure(figsize=(2 * figlib.PANEL_W, 2.5 + 2.1 * (rows - 1) + 0.9), layout="constrained")
+    grid = fig.add_gridspec(rows, 2, height_ratios=[1.25] + [1] * (rows - 1))
+    acc_ax = fig.add_subplot(grid[0, 0])
+    kl_ax = fig.add_subplot(grid[0, 1], sharey=acc_ax)
+    figlib.run_bars(acc_ax, names, {n: [r["dense_acc"] for r in results[n]] for n in names}, colours,
+                    horizontal=True)
+    untrained, two_se = meta["untrained_dense_acc"], 2 * eval_se(meta)
+    acc_ax.axvspan(max(untrained - two_se, 0.0), untrained + two_se, color="0.85", lw=0, zorder=0)
+    acc_ax.axvline(untrained, color="0.45", lw=1.2, zorder=0.5)
+    acc_ax.set_yticks(np.arange(len(names)), [_label(n, results) for n in names])
+    acc_ax.invert_yaxis()
+    acc_ax.set_xlim(0, max(untrained + two_se, max(r["dense_acc"] for rs in results.values() for r in rs)) * 1.15)
+    acc_ax.set_xlabel(f"held-out accuracy after training\n(avg@1, {meta['eval_prompts']} prompts, dense fp)")
+    kl = {n: [r["mismatch_kl_k3"] for r in results[n]] for n in names}
+    means, stds = figlib.run_bars(kl_ax, names, kl, colours, horizontal=True, floor=None, value_fmt=".2g")
+    kl_ax.set_xlim(0, float(np.max(means + stds)) * 1.35)
+    kl_ax.tick_params(labelleft=False)
+    kl_ax.set_xlabel("mismatch KL k3 (rollout vs pi_old),\nnats per token, run mean")
+    first = None  # the reward panels share their y axis
+    for i, (title, arms, paper) in enumerate(comparisons):
+        ax = fig.add_subplot(grid[1 + i // 2, i % 2], sharey=first)
+        first = first or ax
+        for name in arms:
+            x, m, s = figlib.curve(histories[name], "reward/mean")
+            one = len(histories[name]) == 1
+            ax.plot(x, m, "--" if one else "-", color=colours[name], lw=1.3, marker=".", ms=4)
+            if not one:
+                figlib.band(ax, x, m, s, colours[name], 0.0, 1.0)
+        ax.set_title(f"{title} (beside {paper})" if paper != "-" else
+                     "stacked: all three methods" if title == "stacked" else title)
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if i % 2 == 0:
+            ax.set_ylabel("train reward\n(sampled accuracy, new prompts)")
+    first.set_ylim(bottom=0.0)
+    handles = [Line2D([], [], color=colours[n], ls="--" if len(results[n]) == 1 else "-", lw=1.3,
+                      label=_label(n, results)) for n in names]
+    handles.append(Patch(color="0.85", label="untrained model ± 2 SE"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
+    seeds = sorted({r["seed"] for rs in results.values() for r in rs})
+    fig.suptitle(f"Sparse-RL, QuRL and SortedRL arms on {os.path.basename(b.model.checkpoint)} ({b.data.task}):\n"
+                 f"{results[names[0]][0]['iterations']} iterations of {b.rollout.prompts}x{b.rollout.samples} "
+                 f"rollouts, seeds {seeds} (one-seed arms: the first)")
+    return fig
+
+
+def arguments(p) -> None:
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--eval-prompts", type=int, help="held-out prompts of the final evaluations "
+                   "(default: train.eval_prompts)")
+
+
+FIGURE = figlib.Figure(
+    "real/rl", __doc__, run, render, arguments=arguments, seeds=(0, 1), eval_prompts=False,
+    seeds_help="seeds of the two-seed arms; one-seed arms (sorted, stacked) take the first",
+    default_config=CONFIG, runs_dir=RUNS, smoke=SMOKE)
+
+main = FIGURE.main
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import fig_f_throughput  # noqa: E402
 import fig_qurl  # noqa: E402
 import fig_sortedrl  # noqa: E402
 import figlib  # noqa: E402
+import real_rl  # noqa: E402
 from sparserl_jax.config import load_config  # noqa: E402
 import memo_choice  # noqa: E402
 import warm_start_spread  # noqa: E402
@@ -130,6 +131,8 @@ def _table(md: str) -> list[str]:
     (memo_choice, "memo_choice/walk_memo", ("memo_choice",)),
     (calibrate_task, "calibration/walk_key", ("calibration",)),
     (warm_start_spread, "warm_start_spread", ("spread",)),
+    (fig_sortedrl, "fig_sortedrl", ("sortedrl",)),
+    (real_rl, "real/rl", ("real_rl",)),
 ])
 def test_replot_keeps_the_committed_numbers(script, results_dir, pngs, tmp_path):
     """--replot re-renders a committed result from its results.json and config.yaml, trains
