@@ -29,6 +29,7 @@ from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
 from sparserl_jax.rollout.prompts import check_prompt_lengths
+from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.run_state import RunState
 from sparserl_jax.sft import run_warm_start
 
@@ -115,10 +116,13 @@ class Trainer:
         return metrics
 
     def evaluate(self, *, kv_cfg=None, n: int | None = None) -> dict:
-        """avg@1 on held-out prompts with the training sampler (or another KV config)."""
+        """avg@1 on held-out prompts with the training sampler (or another KV config), at
+        train.eval_temperature when it is set."""
         t = self.cfg.train
         examples = components.eval_examples(self.cfg, self.tokenizer, n=n or t.eval_prompts)
-        sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg)
+        r = self.cfg.rollout
+        sampling = None if t.eval_temperature is None else SamplingConfig(t.eval_temperature, r.top_p, r.top_k)
+        sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg, sampling=sampling)
         return evaluate_examples(
             self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
             seed=t.seed + 1, batch_size=t.eval_batch_size or max(self.call_rows, 1),
