@@ -126,6 +126,9 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], cores: list[int] | No
         return []
     cores = available_cores() if cores is None else list(cores)
     n = min(len(items), len(cores))
+    # two malloc arenas a process: XLA's CPU buffers come and go through glibc's malloc, whose
+    # per-thread arenas otherwise hold gigabytes of freed memory in parallel real-model runs
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     for c in cores[:n]:
