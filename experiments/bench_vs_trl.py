@@ -32,6 +32,7 @@ JAX compile events inside timed iterations are counted (ours must have none).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -406,9 +407,27 @@ def _commit() -> str:
         return "unknown"
 
 
+@contextlib.contextmanager
+def _host_cpu_numerics():
+    """SPARSERL_PORTABLE_CPU=0 for the worker processes started inside (the host's fastest code,
+    as a user runs it), restored after: main() is also called in-process by the tests."""
+    before = os.environ.get("SPARSERL_PORTABLE_CPU")
+    os.environ.setdefault("SPARSERL_PORTABLE_CPU", "0")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPARSERL_PORTABLE_CPU", None)
+        else:
+            os.environ["SPARSERL_PORTABLE_CPU"] = before
+
+
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    os.environ.setdefault("SPARSERL_PORTABLE_CPU", "0")  # the host's fastest code, as a user runs it
+    with _host_cpu_numerics():
+        return _main(parse_args(argv), argv)
+
+
+def _main(args, argv) -> dict:
     cores = workers.available_cores()
     report = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
               "machine": machine(), "regimes": {}}

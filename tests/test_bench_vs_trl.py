@@ -22,6 +22,7 @@ def test_smoke_report(tmp_path):
     ckpt = make_tiny_hf_checkpoint("llama", tmp_path / "ckpt")
     CharTokenizer().save(ckpt)
     out = tmp_path / "bench.json"
+    before = os.environ.get("SPARSERL_PORTABLE_CPU")
     report = bench_vs_trl.main(["--smoke", "--regimes", "fixed", "--checkpoint", str(ckpt), "--out", str(out)])
     arms = report["regimes"]["fixed"]
     assert set(arms) == {"ours", "trl"}
@@ -33,5 +34,7 @@ def test_smoke_report(tmp_path):
     assert ours["compiles_after_warmup"] == 0 and ours["learner_speedup"] > 0
     assert arms["ours"]["generate_reference"]["ms_per_step"] > 0
     assert json.loads(out.read_text())["regimes"]["fixed"]["trl"]["trl"]
+    # the benchmark's host-numerics setting stays inside it (it leaked into later tests once)
+    assert os.environ.get("SPARSERL_PORTABLE_CPU") == before
     md = (tmp_path / "bench.md").read_text()
     assert "| TRL GRPOTrainer | 1 |" in md and "| ours (Trainer) | 1 |" in md and "padded learner" in md

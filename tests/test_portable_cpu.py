@@ -49,6 +49,7 @@ def _python_cmd(emulated: bool) -> tuple[list[str], dict]:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env.pop("ONEDNN_MAX_CPU_ISA", None)
+    env.pop("SPARSERL_PORTABLE_CPU", None)  # the probe's mode argument decides
     if not emulated:
         return [sys.executable], env
     # qemu-user runs the interpreter itself: the virtual environment's packages come by PYTHONPATH;
