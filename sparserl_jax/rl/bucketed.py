@@ -41,7 +41,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.config import RLConfig
 from sparserl_jax.rl.corrections import mismatch_metrics, row_ibr_normalisers, weight_normalisation
-from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss_and_logp, reduce_steps
+from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss, reduce_steps
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
 
@@ -325,7 +325,7 @@ def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, ibr_norm,
     if ref_params is not None:
         ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"])
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
-    (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss_and_logp, has_aux=True)(
+    (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
         params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), ibr_norm=ibr_norm,
         old_from_forward=fused)
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)

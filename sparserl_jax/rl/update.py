@@ -46,24 +46,10 @@ def micro_batch_loss(
     *,
     denominator: Float[Array, ""] | None = None,
     ibr_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
-) -> tuple[Float[Array, ""], dict]:
-    """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss."""
-    loss, (metrics, _) = micro_batch_loss_and_logp(
-        params, mb, model_cfg, cfg, denominator=denominator, ibr_norm=ibr_norm)
-    return loss, metrics
-
-
-def micro_batch_loss_and_logp(
-    params: Params,
-    mb: Batch,
-    model_cfg: ModelConfig,
-    cfg: RLConfig,
-    *,
-    denominator: Float[Array, ""] | None = None,
-    ibr_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
     old_from_forward: bool = False,
 ) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"]]]:
-    """micro_batch_loss, also returning the learner's log-probs (stop-gradient).
+    """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:
+    (loss, (token metrics, the learner's log-probs under stop-gradient)).
 
     `old_from_forward`: log pi_old is this forward's own log-probs under stop_gradient (exact
     when params are theta_old: the first forward of the only optimizer step); mb["old_logp"] is
@@ -115,7 +101,7 @@ def minibatch_gradients(
 
     def one(acc, mb):
         grads_acc, loss_acc = acc
-        (loss, metrics), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+        (loss, (metrics, _)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
             params, mb, model_cfg, cfg, denominator=denominator, ibr_norm=ibr_norm
         )
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
