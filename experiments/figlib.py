@@ -104,6 +104,7 @@ class Figure:
     runs_dir: str = DEFAULT_RUNS  # --runs-dir default: the run cache
     fresh_runs: bool = False  # runs in <out>/runs, cleared first, unless --runs-dir names a cache
     smoke: Sequence[str] | None = None  # --smoke's overrides (None: smoke_overrides(config))
+    defaults: Sequence[str] = ()  # the script's own overrides of its config (before --smoke's and the command line's)
 
     def parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=self.doc.split("\n")[0], epilog=self.doc,
@@ -148,7 +149,7 @@ class Figure:
         if self.fresh_runs and args.runs_dir is None:
             args.runs_dir = os.path.join(args.out, "runs")
             shutil.rmtree(args.runs_dir, ignore_errors=True)
-        study = study_from_args(args, cores, self.smoke) if self.trains else None
+        study = study_from_args(args, cores, self.smoke, self.defaults) if self.trains else None
         data = self.run(args, study)
         data = {"command": command, **data,
                 "provenance": {**provenance(cores, time.perf_counter() - t0), "arms_json": bool(study and study.arms)}}
@@ -186,9 +187,11 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
     print(r.markdown)
 
 
-def study_from_args(args, cores: list[int] | None = None, smoke: Sequence[str] | None = None) -> Study:
-    """The study of a figure script's arguments: the base config with, under --smoke, `smoke`
-    (default smoke_overrides) and then the command line's key=value overrides (which win). Pins
+def study_from_args(args, cores: list[int] | None = None, smoke: Sequence[str] | None = None,
+                    defaults: Sequence[str] = ()) -> Study:
+    """The study of a figure script's arguments: the base config with the script's `defaults`,
+    then, under --smoke, `smoke` (default smoke_overrides), then the command line's key=value
+    overrides (which win). Pins
     this process to one core first (before any JAX computation; workers.py) so its evaluations,
     like its workers' runs, are the same on any machine; the workers get every core the command
     may use (`cores`, counted before pinning)."""
@@ -200,7 +203,7 @@ def study_from_args(args, cores: list[int] | None = None, smoke: Sequence[str] |
         smoke = []
     elif smoke is None:
         smoke = smoke_overrides(args.config, args.overrides)
-    return Study(args.config, [*smoke, *args.overrides], args.runs_dir, cores=cores)
+    return Study(args.config, [*defaults, *smoke, *args.overrides], args.runs_dir, cores=cores)
 
 
 def smoke_overrides(config: str, overrides: Sequence[str] = ()) -> list[str]:

@@ -38,7 +38,7 @@ def compute(config: str = CONFIG) -> dict:
 
     overrides = [*smoke_overrides(config), "train.progress=false"]
     with tempfile.TemporaryDirectory() as out:
-        results = default.run(config, overrides, out, seeds=(0,), log=lambda *a: None)
+        results = default.run(config, overrides, out, seeds=(0,), warms=(0,), log=lambda *a: None)
     return {"config": os.path.relpath(config, os.path.dirname(HERE)), "jax": jax.__version__,
             "cpu": cpu_model(), "portable_cpu": workers.portable_cpu_enabled(), **results["fingerprint"]}
 

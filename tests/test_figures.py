@@ -363,3 +363,21 @@ def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch
     study = figlib.study_from_args(args)
     study.train_all([])
     assert seen == [[0, 1, 2]] and study.cores == [0, 1, 2]
+
+
+def test_a_figures_defaults_come_before_smoke_and_the_command_line(tmp_path):
+    """Figure(defaults=...): the script's own overrides of its config, which --smoke's and then
+    the command line's override (the default experiment's 40 iterations, smoke's 2, a user's 7)."""
+    import argparse
+
+    import default as default_experiment
+
+    args = argparse.Namespace(replot=None, smoke=True, config=default_experiment.CONFIG,
+                              overrides=["train.seed=3"], runs_dir=str(tmp_path))
+    study = figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES)
+    assert study.overrides[0] == "train.iterations=40" and study.overrides[-1] == "train.seed=3"
+    assert study.base.train.iterations == 2  # smoke's, after the default's
+    args.smoke, args.overrides = False, ["train.iterations=7"]
+    assert figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES).base.train.iterations == 7
+    args.overrides = []
+    assert figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES).base.train.iterations == 40
