@@ -6,13 +6,26 @@ import json
 import os
 import sys
 
+import jax
 import pytest
+from compile_cache import compile_cache_in_process
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import real_collapse  # noqa: E402
 
+jax.devices()  # the backend runs: the arms train in this process (no worker start-up)
+
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.xdist_group("real_collapse")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The arms train one after the other in this process, each a fresh trainer repeating the
+    others' programs: with the session's compilation cache they compile once
+    (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def test_smoke_study_and_replot(tmp_path):

@@ -9,6 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 HERE = os.path.dirname(__file__)
 sys.path[:0] = [os.path.join(HERE, "..", "experiments")]
@@ -21,6 +22,14 @@ from sparserl_jax.metrics_log import read_metrics  # noqa: E402
 from sparserl_jax.train import Trainer  # noqa: E402
 
 pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """Every arm and every resumed run is a fresh trainer repeating another's programs: with the
+    session's compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from compile_cache import compile_cache_in_process
 
 from sparserl_jax import components
 from sparserl_jax.config import load_config
@@ -85,7 +86,14 @@ def _strip_timing(rows):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
-def test_resume_continues_the_same_run(tmp_path):
+def test_resume_continues_the_same_run(tmp_path, tmp_path_factory):
+    # the stopped and resumed trainers repeat the first one's programs: compiled once with the
+    # session's compilation cache (tests/compile_cache.py; this module's compile counts stay out)
+    with compile_cache_in_process(tmp_path_factory):
+        _resume_continues_the_same_run(tmp_path)
+
+
+def _resume_continues_the_same_run(tmp_path):
     common = ("train.iterations=3", "sft.steps=8", "train.save_every=1")
     Trainer(_cfg(tmp_path / "a", *common)).run()
     # the same run, stopped after 2 iterations, then resumed

@@ -4,6 +4,8 @@ at a group boundary and resumed gives the same metrics."""
 import os
 
 import numpy as np
+import pytest
+from compile_cache import compile_cache_in_process
 
 from sparserl_jax.config import load_config
 from sparserl_jax.metrics_log import read_metrics
@@ -11,6 +13,14 @@ from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 TIMING = ("time/", "throughput/", "rollout/bubble_wall")  # wall-clock dependent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+    """The killed and resumed trainers repeat the first one's programs: with the session's
+    compilation cache they compile once (tests/compile_cache.py)."""
+    with compile_cache_in_process(tmp_path_factory):
+        yield
 
 
 def _cfg(out, *overrides):
