@@ -32,7 +32,6 @@ JAX compile events inside timed iterations are counted (ours must have none).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -407,23 +406,9 @@ def _commit() -> str:
         return "unknown"
 
 
-@contextlib.contextmanager
-def _host_cpu_numerics():
-    """SPARSERL_PORTABLE_CPU=0 for the worker processes started inside (the host's fastest code,
-    as a user runs it), restored after: main() is also called in-process by the tests."""
-    before = os.environ.get("SPARSERL_PORTABLE_CPU")
-    os.environ.setdefault("SPARSERL_PORTABLE_CPU", "0")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("SPARSERL_PORTABLE_CPU", None)
-        else:
-            os.environ["SPARSERL_PORTABLE_CPU"] = before
-
-
 def main(argv=None) -> dict:
-    with _host_cpu_numerics():
+    # the host's fastest code in the arms' processes, as a user runs it (unless set otherwise)
+    with workers.env_defaults(SPARSERL_PORTABLE_CPU="0"):
         return _main(parse_args(argv), argv)
 
 

@@ -226,9 +226,7 @@ def _run_job(job) -> str:
     """Worker of Study.train_runs: one run of the base config, trained and evaluated."""
     config, overrides, runs_dir, name, run_overrides, evals = job
     run = Study(config, overrides, runs_dir).train(name, run_overrides)
-    for kv, n in evals:
-        run.evaluate(kv, n)
-    run._trainer = None
+    _evaluate_and_release(run, evals)
     return run.out_dir
 
 
@@ -240,6 +238,11 @@ def _train_job(job) -> None:
         run = study.warm_start(policy, warm=spec["warm_start"])
     else:
         run = study.arm(**spec)
+    _evaluate_and_release(run, evals)
+
+
+def _evaluate_and_release(run: Run, evals) -> None:
+    """A worker's evaluations of its run (cached in the run directory), then the trainer freed."""
     for kv, n in evals:
         run.evaluate(kv, n)
     run._trainer = None

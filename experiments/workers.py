@@ -28,6 +28,7 @@ This module imports no JAX: both must be set before the CPU backend starts.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -126,12 +127,30 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], cores: list[int] | No
         return []
     cores = available_cores() if cores is None else list(cores)
     n = min(len(items), len(cores))
-    # two malloc arenas a process: XLA's CPU buffers come and go through glibc's malloc, whose
-    # per-thread arenas otherwise hold gigabytes of freed memory in parallel real-model runs
-    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     for c in cores[:n]:
         queue.put(c)
-    with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool:
+    # two malloc arenas a process: XLA's CPU buffers come and go through glibc's malloc, whose
+    # per-thread arenas otherwise hold gigabytes of freed memory in parallel real-model runs
+    with env_defaults(MALLOC_ARENA_MAX="2"), \
+            ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool:
         return list(pool.map(fn, items))
+
+
+@contextlib.contextmanager
+def env_defaults(**values: str):
+    """Environment variables for the processes started inside the block (those already set keep
+    their values), then the environment as it was: a caller's process, a test's included, keeps
+    nothing of them."""
+    before = dict(os.environ)
+    for name, value in values.items():
+        os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        for name in values:
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                os.environ.pop(name, None)

@@ -83,6 +83,20 @@ def test_portable_env_merges_with_user_flags(monkeypatch):
     assert not workers.set_portable_cpu_env(off) and off == {}
 
 
+def test_env_defaults_last_only_for_the_block(monkeypatch):
+    """workers.env_defaults: a value for the processes started inside, the caller's own value
+    kept, and the environment restored after (a leak once turned the portable settings off for
+    every later test of a worker)."""
+    monkeypatch.delenv("SPARSERL_PORTABLE_CPU", raising=False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    with workers.env_defaults(SPARSERL_PORTABLE_CPU="0", MALLOC_ARENA_MAX="2"):
+        assert os.environ["SPARSERL_PORTABLE_CPU"] == "0" and os.environ["MALLOC_ARENA_MAX"] == "8"
+    assert "SPARSERL_PORTABLE_CPU" not in os.environ and os.environ["MALLOC_ARENA_MAX"] == "8"
+    with pytest.raises(RuntimeError), workers.env_defaults(SPARSERL_PORTABLE_CPU="0"):
+        raise RuntimeError
+    assert "SPARSERL_PORTABLE_CPU" not in os.environ
+
+
 needs_qemu = pytest.mark.skipif(
     QEMU is None or platform.machine() != "x86_64",
     reason="needs qemu-user (apt-get install qemu-user) on x86-64")

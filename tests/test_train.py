@@ -89,16 +89,12 @@ def _strip_timing(rows):
 def test_resume_continues_the_same_run(tmp_path, tmp_path_factory):
     # the stopped and resumed trainers repeat the first one's programs: compiled once with the
     # session's compilation cache (tests/compile_cache.py; this module's compile counts stay out)
-    with compile_cache_in_process(tmp_path_factory):
-        _resume_continues_the_same_run(tmp_path)
-
-
-def _resume_continues_the_same_run(tmp_path):
     common = ("train.iterations=3", "sft.steps=8", "train.save_every=1")
-    Trainer(_cfg(tmp_path / "a", *common)).run()
-    # the same run, stopped after 2 iterations, then resumed
-    Trainer(_cfg(tmp_path / "b", *common[1:], "train.iterations=2")).run()
-    Trainer(_cfg(tmp_path / "b", *common)).run()
+    with compile_cache_in_process(tmp_path_factory):
+        Trainer(_cfg(tmp_path / "a", *common)).run()
+        # the same run, stopped after 2 iterations, then resumed
+        Trainer(_cfg(tmp_path / "b", *common[1:], "train.iterations=2")).run()
+        Trainer(_cfg(tmp_path / "b", *common)).run()
     a, b = _strip_timing(read_metrics(tmp_path / "a")), _strip_timing(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2, 3]
     for ra, rb in zip(a, b):
