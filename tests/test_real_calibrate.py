@@ -62,6 +62,7 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     md = (out / "results.md").read_text()
     assert "## Run 1: min_value=1, max_value=20" in md and "## Run 2:" in md and "max_value=30" in md
     assert "Command: `python experiments/real/calibrate.py --config" in md and "first" in md
+    assert md.count("Provenance: commit") == 2 and "portable CPU settings" in md  # one per run
     assert json.loads((out / "results.json").read_text()) == data
     with pytest.raises(FileNotFoundError, match="model.checkpoint="):
         calibrate.main(["--config", CONFIG, "--out", str(out), "model.checkpoint=/nonexistent"])

@@ -99,6 +99,7 @@ def test_eviction(checkpoint, noise, tmp_path):
         assert 0.3 < tight["kv_saving"] < 1 and tight["kl_k3"] > 100 * max(dense["kl_k3"], 1e-9)
         assert tight["abs_dlogp_max"] > 100 * logp_noise
     assert "tiny source" in md and "Sparse-RL (methods.md 1.7)" in md
+    assert "Provenance: commit" in md and data["provenance"]["cores"] >= 1  # recorded by the run
     report.rerender(str(out))  # the tables again from results.json: the same file
     assert (out / "results.md").read_text() == md
 

@@ -31,6 +31,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+import figprov  # noqa: E402  (the provenance sentence every results.md carries)
 TARGET = (0.2, 0.6)  # greedy accuracy wanted before RL
 
 
@@ -177,6 +179,7 @@ def run(args, argv=None, save=lambda run_data: None) -> dict:
                 arms[-1]["same_as_dense"] = float(np.mean([
                     x == y for x, y in zip(arms[-1]["responses"], dense_greedy["responses"])]))
             run_data["wall_s"] = time.perf_counter() - t0
+            run_data["provenance"] = figprov.provenance(os.sched_getaffinity(0), run_data["wall_s"])
             save(run_data)  # after every arm: a stopped run keeps the arms it finished
     return run_data
 
@@ -216,11 +219,13 @@ def _options(r: dict) -> str:
                      if not (k == "instruction" and v == default)) or "defaults"
 
 
-def render(runs: list[dict]) -> str:
+def render(runs: list[dict], results_json: str | None = None) -> str:
     first = runs[0]
+    legacy = [i for i, r in enumerate(runs, 1) if "provenance" not in r]
     lines = [
         f"# Calibration: {first['task']} on {first['checkpoint']}",
         "",
+        *([f"Runs {legacy[0]}-{legacy[-1]}. " + figprov.provenance_line({}, results_json), ""] if legacy else []),
         "Held-out task prompts (the evaluation seed stream) in the checkpoint's chat template, e.g.",
         "",
         "```",
@@ -261,6 +266,7 @@ def render(runs: list[dict]) -> str:
             "",
             f"Command: `{r['command']}`",
             "",
+            *([figprov.provenance_line(r), ""] if "provenance" in r else []),
             *([r["note"], ""] if r["note"] else []),
             f"{r['prompts']} prompts ({r['prompt_tokens']['mean']:.1f} tokens on average, "
             f"{r['prompt_tokens']['min']}-{r['prompt_tokens']['max']}), responses up to "
@@ -308,7 +314,7 @@ def writer(out: str, fresh: bool):
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
         with open(os.path.join(out, "results.md"), "w") as f:
-            f.write(render(data["runs"]))
+            f.write(render(data["runs"], path))
 
     return save, data
 
@@ -320,10 +326,11 @@ def main(argv=None) -> dict:
     task = load_config(args.config, args.overrides).data.task
     out = args.out or os.path.join(REPO, "experiments", "results", "real", "calibration", str(task))
     if args.rerender:
-        with open(os.path.join(out, "results.json")) as f:
+        path = os.path.join(out, "results.json")
+        with open(path) as f:
             data = json.load(f)
         with open(os.path.join(out, "results.md"), "w") as f:
-            f.write(render(data["runs"]))
+            f.write(render(data["runs"], path))
         return data
     save, data = writer(out, args.fresh)
     run(args, argv, save)
@@ -331,7 +338,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(HERE))
     import workers  # imports no JAX
 
     workers.set_portable_cpu_env()  # the numerics of the project's other CPU experiments

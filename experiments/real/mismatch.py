@@ -124,6 +124,7 @@ def main(argv=None) -> dict:
     data = {"eviction": eviction, "quantization": quantization, "lengths": lengths}[args.measurement](args)
     data["wall_s"] = time.perf_counter() - t0
     data["cores"] = len(workers.available_cores())
+    data["provenance"] = report.figprov.provenance(workers.available_cores(), data["wall_s"])
     data["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
     report.write(args.measurement, args.out, data, argv)
     return data

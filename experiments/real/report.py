@@ -18,6 +18,8 @@ import numpy as np  # noqa: E402
 import refs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+import figprov  # noqa: E402  (the provenance sentence every results.md carries)
 plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7})
 
 
@@ -303,7 +305,8 @@ def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None
     cmd = cmd or command(argv)
     md = markdown(data)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{md}\n\n![{name}]({name}.png)\n")
+        prov = figprov.provenance_line(data, os.path.join(out_dir, "results.json"))
+        f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{prov}\n\n{md}\n\n![{name}]({name}.png)\n")
         if name in CAPTIONS:
             f.write(f"\n{CAPTIONS[name](data)}\n")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
