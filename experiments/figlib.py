@@ -1,7 +1,8 @@
 """The figure scaffold (experiments/fig_*.py, default.py and the other result scripts), and the
 one import a figure script needs: the public names of its parts are gathered here.
 
-A figure script declares one `Figure`: a name (its results directory), its own arguments, a `run`
+A figure script declares one `Figure`: a name (its results directory), its own arguments (the
+names it picks from with `choices`, the KV budgets it sweeps with `budgets`, others by `arguments`), a `run`
 (train and evaluate through a `Study`, return the numbers) and a `render` (numbers -> tables, PNGs,
 caption); `Figure.main` is the whole command line: the common arguments (--config, --out,
 --runs-dir, --seeds, --warm-starts, --eval-prompts, --smoke, --replot, key=value overrides),
@@ -15,13 +16,15 @@ config), `config.yaml` (the base config) and `<name>.png`.
 The parts, one concern each:
 - figruns.py: `Study` and `Run` (runs trained once into `<runs_dir>/<config hash>/`, shared by
   figures, resumed when interrupted; warm starts; parallel single-core workers), `summarize`,
-  `scores`, `run_variants`.
+  `scores`, `accuracies`, `run_variants`.
 - figstats.py: the rules every table applies, declared once: `collapsed` and
-  `reward_collapse_iteration` (collapse), `diff_se`, `tie_verdict`, `compare` and
-  `comparison_table` (is a difference a difference); `fmt` and `mean_std`. docs/reproducing.md
-  states the rules in words.
-- figplot.py: paper-column style (`PANEL_W`, 8 pt), `curve`, `band`, `symlog_axis`,
-  `ablation_figure`, `band_legend_below`, `run_title`, `save_figure`.
+  `reward_collapse_iteration` (collapse), `diff_se`, `tie_verdict`, `compare`, `compare_arms` and
+  `comparison_lines` (is a difference a difference); the tables (`md_table`, `stat_cells`,
+  `arm_cells`, `per_warm_start_table`); `fmt` and `mean_std`. docs/reproducing.md states the
+  rules in words.
+- figplot.py: paper-column style (`PANEL_W`, 8 pt, `panels`), `curve`, `mean_curves`, `band`,
+  `symlog_axis`, `ablation_figure`, `run_bars`, `heatmap`, `band_legend_below`, `run_title`,
+  `save_figure`.
 - figprov.py: `provenance` and the sentence results.md writes of it.
 """
 
@@ -36,17 +39,21 @@ import time
 from typing import Callable, Sequence
 
 import workers  # imports no JAX
-from figplot import (BAND_CAPTION, DPI, PANEL_W, ablation_figure, band, band_legend_below,
-                     config_name, curve, plt, run_bars, run_title, runs_phrase, save_figure,
-                     sparse_curve, spread, symlog_axis)
+from figplot import (BAND_CAPTION, DPI, PANEL_W, ablation_figure, band, band_legend_below, clipped_err,
+                     config_name, curve, heatmap, iteration_axis, mean_curves, mean_line, panels, plt,
+                     run_bars, run_title, runs_phrase, save_figure, seeds_caption, sparse_curve, spread,
+                     symlog_axis)
 from figprov import PORTABLE_SINCE, command_line, cpu_model, provenance, provenance_line
 from figruns import (DEFAULT_CONFIG, DEFAULT_RUNS, EVAL_PROMPTS, FROM_WARM_START, HERE, REPO,
-                     RESULTS_EPOCH, SMOKE_OVERRIDES, Run, Study, config_key, run_variants, scores,
-                     summarize, warm_rows)
-from figstats import (COLLAPSE_FRACTION, COLLAPSE_NOTE, REWARD_WINDOW, TIE_NOTE, TIE_SE,
-                      Comparison, collapse_cells, collapsed, compare, comparison_table, diff_se, fmt,
-                      last_quarter, mean_std, reward_collapse_iteration, run_mean, tie_verdict, unit_of,
-                      warm_dense_of, warm_note, warm_starts_of, with_reward_rule)
+                     RESULTS_EPOCH, SMOKE_OVERRIDES, Run, Study, accuracies, config_key, run_variants,
+                     scores, summarize, warm_rows)
+from figstats import (ACC_METRICS, COLLAPSE_FRACTION, COLLAPSE_HEADERS, COLLAPSE_NOTE, REWARD_WINDOW,
+                      TIE_NOTE, TIE_SE, Column, Comparison, arm_cells, collapse_cells, collapsed, compare,
+                      compare_arms, comparison_lines, comparison_table, diff_se, fmt, headers,
+                      iteration_time, last_quarter, md_table, mean_std, per_warm_start_table,
+                      ratio_of_means, results_of, reward_collapse_iteration, run_mean,
+                      seconds_per_iteration, seed_collapse_cells, seed_rows, stat_cells, tie_verdict,
+                      unit_of, warm_dense_of, warm_note, warm_starts_of, with_reward_rule)
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 
 # The figure library's public names: the scaffold's own and those of its parts.
@@ -56,17 +63,22 @@ __all__ = [
     "warms_of", "load_results", "default_out", "load_config", "dump_config", "TrainConfig", "workers",
     # runs (figruns)
     "HERE", "REPO", "DEFAULT_CONFIG", "DEFAULT_RUNS", "SMOKE_OVERRIDES", "FROM_WARM_START",
-    "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "scores",
+    "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "scores", "accuracies",
     "warm_rows", "run_variants",
     # the rules and a table's numbers (figstats)
     "COLLAPSE_FRACTION", "REWARD_WINDOW", "COLLAPSE_NOTE", "TIE_SE", "TIE_NOTE", "collapsed",
     "reward_collapse_iteration", "collapse_cells", "with_reward_rule", "warm_note", "diff_se",
-    "tie_verdict", "Comparison", "unit_of", "compare", "comparison_table", "last_quarter",
-    "run_mean", "warm_starts_of", "warm_dense_of", "mean_std", "fmt",
+    "tie_verdict", "Comparison", "unit_of", "compare", "ACC_METRICS", "compare_arms",
+    "comparison_lines", "comparison_table", "last_quarter", "run_mean", "warm_starts_of",
+    "warm_dense_of", "results_of", "mean_std", "fmt", "ratio_of_means", "iteration_time",
+    "seconds_per_iteration",
+    # tables (figstats)
+    "Column", "COLLAPSE_HEADERS", "md_table", "headers", "stat_cells", "arm_cells",
+    "per_warm_start_table", "seed_rows", "seed_collapse_cells",
     # plotting (figplot)
-    "PANEL_W", "DPI", "plt", "BAND_CAPTION", "band", "config_name", "runs_phrase", "run_title",
-    "symlog_axis", "ablation_figure", "band_legend_below", "curve", "sparse_curve", "spread",
-    "run_bars", "save_figure",
+    "PANEL_W", "DPI", "plt", "BAND_CAPTION", "seeds_caption", "band", "clipped_err", "config_name",
+    "runs_phrase", "run_title", "symlog_axis", "ablation_figure", "band_legend_below", "curve", "mean_line",
+    "mean_curves", "sparse_curve", "spread", "run_bars", "heatmap", "panels", "iteration_axis", "save_figure",
     # provenance (figprov)
     "PORTABLE_SINCE", "command_line", "cpu_model", "provenance", "provenance_line",
 ]
@@ -94,6 +106,8 @@ class Figure:
     run: Callable[[argparse.Namespace, "Study | None"], dict]
     render: Callable[[dict, "TrainConfig | None", str], Rendered]
     arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    choices: dict[str, Sequence[str]] | None = None  # e.g. {"--variants": VARIANTS}: names to pick (default all)
+    budgets: Sequence[int] | None = None  # --budgets default: the KV budgets swept
     seeds: Sequence[int] | None = (0,)  # --seeds default; None: the script has no seeds
     seeds_help: str = "train.seed of the RL runs (on every warm start)"
     warm_starts: Sequence[int] | None = None  # --warm-starts default; None: warm start 0 only
@@ -131,6 +145,10 @@ class Figure:
                                "with --smoke)")
             p.add_argument("overrides", nargs="*", help="key=value settings applied to every run "
                            "(after --smoke's: they win)")
+        for option, names in (self.choices or {}).items():
+            p.add_argument(option, nargs="+", default=list(names), choices=list(names))
+        if self.budgets is not None:
+            p.add_argument("--budgets", type=int, nargs="+", default=list(self.budgets))
         if self.arguments:
             self.arguments(p)
         return p

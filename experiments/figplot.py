@@ -1,7 +1,7 @@
 """Figure style at paper-column width (every panel about PANEL_W inches wide, at most two panels a
 row, no text below 8 pt) and the plotting helpers figure scripts share: mean ± std curves over
 runs, bands clipped to a metric's range, a symmetric-log axis, the ablation layout, one legend
-below the panels, titles saying what was run.
+below the panels, titles saying what was run, bars of runs and heatmaps of per-run cells.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator  # noqa: E402
 
 from figruns import DEFAULT_CONFIG  # noqa: E402
 from figstats import mean_std  # noqa: E402
@@ -33,6 +33,13 @@ BAND_CAPTION = ("Lines and bars: mean over runs (warm starts x seeds); shaded ba
                 "metric's range.")
 
 
+def seeds_caption(marks: str, seeds: Sequence[int], note: str = "") -> str:
+    """A caption's sentence on `marks` (points or bars) that are means over seeds with ± one std
+    error bars, and the seeds."""
+    return (f"{marks}: mean over seeds; error bars: ± one sample standard deviation over seeds, clipped at 0 "
+            f"(none with one seed{note}). Seeds {seeds}.")
+
+
 def band(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None) -> None:
     """A ± one-standard-deviation band clipped to the metric's range [floor, ceil]."""
     lo, hi = m - s, m + s
@@ -41,6 +48,14 @@ def band(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = No
     if ceil is not None:
         lo, hi = np.minimum(lo, ceil), np.minimum(hi, ceil)
     ax.fill_between(x, lo, hi, color=colour, alpha=0.2, lw=0)
+
+
+def clipped_err(means, stds, floor: float | None = 0.0, ceil: float | None = None) -> list[np.ndarray]:
+    """Error bars of ± one standard deviation clipped to the metric's range [floor, ceil]: the
+    lengths [below, above] each mean (matplotlib's xerr / yerr)."""
+    means, stds = np.asarray(means, np.float64), np.asarray(stds, np.float64)
+    below = stds if floor is None else np.minimum(stds, np.maximum(means - floor, 0.0))
+    return [below, stds if ceil is None else np.minimum(stds, np.maximum(ceil - means, 0.0))]
 
 
 def config_name(command: str, default_config: str = DEFAULT_CONFIG) -> str:
@@ -62,13 +77,16 @@ def runs_phrase(seeds: Sequence[int], warms: Sequence[int] = (0,)) -> str:
 
 
 def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "",
-              warms: Sequence[int] = (0,), default_config: str = DEFAULT_CONFIG) -> str:
-    """A suptitle saying what was run: config, task, KV policy and budget, runs, iterations."""
+              warms: Sequence[int] = (0,), default_config: str = DEFAULT_CONFIG,
+              setting: str | None = None, runs: str | None = None) -> str:
+    """A suptitle saying what was run: `what`, then the config and task with `setting` (default:
+    the KV policy, budget and buffer), then `runs` (default: the runs and the iterations of rollouts)."""
     kv = cfg.kv
     head = f"{what}\n" if what else ""
-    return (f"{head}{config_name(command, default_config)} (task {cfg.data.task}), {kv.policy} budget {kv.budget} + "
-            f"buffer {kv.buffer}\n{runs_phrase(seeds, warms)}, "
-            f"{cfg.train.iterations} iterations of {cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
+    setting = setting or f"{kv.policy} budget {kv.budget} + buffer {kv.buffer}"
+    runs = runs or (f"{runs_phrase(seeds, warms)}, {cfg.train.iterations} iterations of "
+                    f"{cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
+    return f"{head}{config_name(command, default_config)} (task {cfg.data.task}), {setting}\n{runs}"
 
 
 def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
@@ -108,30 +126,16 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
                      layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[bar_h * -(-len(bars) // 2), 1.55 * n_multi_rows])
     bar_axes = np.atleast_1d(top.subplots(-(-len(bars) // 2), min(len(bars), 2))).ravel()
-    y = np.arange(len(names))
     for ax, (key, xlabel, spec, log) in zip(bar_axes, bars):
-        stats = [mean_std(r[key] for r in results[n]) for n in names]
-        means = np.array([m for m, _ in stats])
-        stds = np.array([s for _, s in stats])
-        lo = np.minimum(stds, np.maximum(means, 0.0))  # no error bar below the metric's floor, 0
-        ax.barh(y, means, xerr=[lo, stds], color=[colours[n] for n in names], capsize=2, alpha=0.85,
-                error_kw={"elinewidth": 0.8})
-        for yi, n in zip(y, names):
-            vals = [r[key] for r in results[n]]
-            if len(vals) > 1:
-                ax.plot(vals, yi + np.linspace(-0.15, 0.15, len(vals)), "k.", ms=2.5)
-        ax.set_yticks(y, [labels.get(n, n) for n in names])
+        means, stds = run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours,
+                               horizontal=True, value_fmt=spec, labels=[labels.get(n, n) for n in names])
         if ax is not bar_axes[0] and len(bar_axes) == 2:  # same rows as its left neighbour
             ax.tick_params(labelleft=False)
-        ax.invert_yaxis()
         ax.set_xlabel(xlabel)
         if log:
             symlog_axis(ax, np.concatenate([means, means + stds]))
         else:
             ax.set_xlim(0, max(1e-9, float(np.nanmax(means + stds))) * 1.3)
-        for yi, m, s in zip(y, means, stds):
-            ax.annotate(f"{m:{spec}}", (max(m + s, 0), yi),
-                        xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     multi = np.atleast_2d(bottom.subplots(n_multi_rows, 2, sharex=True, sharey=True))
     for i, ax in enumerate(multi.ravel()):
         if i >= len(names):
@@ -141,9 +145,7 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
         if reference in histories and name != reference:
             x, m, _ = curve(histories[reference], "reward/mean")
             ax.plot(x, m, "--", color="0.55", lw=1)
-        x, m, s = curve(histories[name], "reward/mean")
-        ax.plot(x, m, color=colours[name], lw=1.2)
-        band(ax, x, m, s, colours[name], 0.0, 1.0)
+        mean_curves(ax, {name: histories[name]}, colours, "reward/mean", 0.0, 1.0)
         ax.set_title(labels.get(name, name), fontsize=8, pad=2)
         if i % 2 == 0:
             ax.set_ylabel("train reward\n(mean per rollout)")
@@ -152,6 +154,18 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
             ax.xaxis.set_tick_params(labelbottom=True)
     fig.suptitle(title)
     return fig
+
+
+def panels(rows: int, height: float, width: float = 2 * PANEL_W, **kw):
+    """A figure of `rows` rows of two panels (paper-column width, constrained layout) and its axes, flat."""
+    fig, axes = plt.subplots(rows, 2, figsize=(width, height), layout="constrained", **kw)
+    return fig, axes.ravel()
+
+
+def iteration_axis(ax) -> None:
+    """An x axis of training iterations: labelled, whole numbers only."""
+    ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def band_legend_below(fig, ax, ncol: int | None = None) -> None:
@@ -177,6 +191,26 @@ def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.nda
     return np.arange(1, len(m) + 1), m, s
 
 
+def mean_line(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None, fmt: str = "-",
+              **plot_kw) -> None:
+    """A mean over runs (line) and its ± one standard deviation band clipped to [floor, ceil]."""
+    ax.plot(x, m, fmt, color=colour, **plot_kw)
+    band(ax, x, m, s, colour, floor, ceil)
+
+
+def mean_curves(ax, histories: dict[str, Sequence[list[dict]]], colours: dict[str, str], key: str,
+                floor: float | None = 0.0, ceil: float | None = None, lw: float = 1.2,
+                one_run_dashed: bool = False, **plot_kw) -> None:
+    """Per arm, one logged metric per iteration: the mean over the arm's runs and a ± one std band
+    clipped to [floor, ceil]; with `one_run_dashed` an arm of one run is dashed, without a band."""
+    for name, hs in histories.items():
+        x, m, s = curve(hs, key)
+        if one_run_dashed and len(hs) == 1:  # no spread to show
+            ax.plot(x, m, "--", color=colours[name], lw=lw, **plot_kw)
+        else:
+            mean_line(ax, x, m, s, colours[name], floor, ceil, lw=lw, **plot_kw)
+
+
 def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Like curve() for a metric logged at some iterations only (e.g. eval/accuracy every
     train.eval_every): the iterations where every run logged it."""
@@ -185,9 +219,7 @@ def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray,
         have = {i + 1 for i, row in enumerate(h) if key in row}
         steps = have if steps is None else steps & have
     x = np.array(sorted(steps or ()), np.int64)
-    ys = np.array([[h[i - 1][key] for i in x] for h in histories], np.float64).reshape(len(histories), len(x))
-    std = ys.std(0, ddof=1) if len(histories) > 1 else np.zeros(len(x))
-    return x, ys.mean(0), std
+    return x, *spread([[h[i - 1][key] for i in x] for h in histories])
 
 
 def save_figure(out_dir: str, fig, name: str) -> None:
@@ -201,18 +233,18 @@ def save_figure(out_dir: str, fig, name: str) -> None:
 
 def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colours: dict[str, str],
              horizontal: bool = False, floor: float | None = 0.0,
-             marks: dict[str, float | None] | None = None, value_fmt: str | None = None
-             ) -> tuple[np.ndarray, np.ndarray]:
+             marks: dict[str, float | None] | None = None, value_fmt: str | None = None,
+             labels: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One bar per name at its mean over runs, an error bar of ± one sample standard deviation
     (none for one run; clipped at `floor`, the metric's range), every run a black dot, a black
-    dash across the bar at `marks[name]` where given (e.g. a paper's number), and with
-    `value_fmt` the mean written past the bar's end. Returns the means and standard deviations."""
+    dash across the bar at `marks[name]` where given (e.g. a paper's number), with `value_fmt`
+    the mean written past the bar's end, and with `labels` the bars' tick labels (horizontal bars
+    top to bottom; vertical ones slanted). Returns the means and standard deviations."""
     stats = [mean_std(values[n]) for n in names]
     means, stds = np.array([m for m, _ in stats]), np.array([s for _, s in stats])
-    below = stds if floor is None else np.minimum(stds, np.maximum(means - floor, 0.0))
     pos = np.arange(len(names))
     draw = ax.barh if horizontal else ax.bar
-    err = {"xerr" if horizontal else "yerr": [below, stds]}
+    err = {"xerr" if horizontal else "yerr": clipped_err(means, stds, floor)}
     draw(pos, means, color=[colours[n] for n in names], alpha=0.85, capsize=2,
          error_kw={"elinewidth": 0.8}, **err)
     for p, n in zip(pos, names):
@@ -229,4 +261,30 @@ def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colou
             ax.annotate(f"{means[p]:{value_fmt}}", (end, p) if horizontal else (p, end), fontsize=8,
                         xytext=(3, 0) if horizontal else (0, 3), textcoords="offset points",
                         va="center" if horizontal else "bottom", ha="left" if horizontal else "center")
+    if labels is not None and horizontal:
+        ax.set_yticks(pos, labels)
+        ax.invert_yaxis()
+    elif labels is not None:
+        ax.set_xticks(pos, labels, rotation=30, ha="right", rotation_mode="anchor")
     return means, stds
+
+
+def heatmap(ax, cells: Sequence[Sequence[Sequence[float]]], rows: Sequence, columns: Sequence,
+            vmin: float, vmax: float, cmap: str, spec: str = "{:.2f}"):
+    """A grid of per-run values (cells[i][j]: one value per run): colour by the mean, text the mean
+    and, with several runs, ± their sample standard deviation; rows and columns labelled. Text is
+    dark where the colour is light (viridis above 60%; a diverging map in its middle)."""
+    stats = [[(float(np.mean(v)), mean_std(v)[1] if len(v) > 1 else None) for v in r] for r in cells]
+    mat = np.array([[m for m, _ in r] for r in stats])
+    im = ax.imshow(mat, vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
+    for i in range(mat.shape[0]):
+        for j in range(mat.shape[1]):
+            m, sd = stats[i][j]
+            text = spec.format(m) + ("" if sd is None else f"\n±{sd:.2f}")
+            level = (m - vmin) / max(vmax - vmin, 1e-9)  # where the colour sits on its scale
+            light = level >= 0.6 if vmin == 0 else 0.2 < level < 0.8  # viridis: light above; RdBu: mid
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=0.9,
+                    color="k" if light else "w")
+    ax.set_xticks(range(len(columns)), [str(c) for c in columns])
+    ax.set_yticks(range(len(rows)), rows)
+    return im

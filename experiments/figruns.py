@@ -2,7 +2,7 @@
 hash>/` (`config_key`: the settings that differ from the defaults) and every later call, from any
 figure, reuses it; an interrupted run resumes from its last checkpoint. Warm starts are runs too
 (SFT seed k, `Study.warm_start_dir(k)`); `Study.train_all` trains warm starts and arms in parallel
-single-core processes (workers.py). `summarize` / `scores` are the numbers every table quotes of a
+single-core processes (workers.py). `summarize` / `scores` / `accuracies` are the numbers every table quotes of a
 run; `run_variants` trains a figure's variants x warm starts x seeds.
 """
 
@@ -274,6 +274,12 @@ def scores(run: Run, sparse_policy: str, n: int | None = None) -> dict:
     sparse = run.evaluate({"policy": sparse_policy}, n=n)
     return {"dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
             "sparse_acc": sparse["accuracy"], "sparse_kv_saving": sparse["kv_saving"], **summarize(run)}
+
+
+def accuracies(runs: Sequence[Run], kv_overrides: dict, n: int | None = None) -> list[float]:
+    """Each run's final accuracy under its KV settings with `kv_overrides` applied (Run.evaluate,
+    cached), on `n` held-out prompts: one number per seed."""
+    return [r.evaluate(kv_overrides, n=n)["accuracy"] for r in runs]
 
 
 def warm_rows(study: Study, warms: Sequence[int], n: int, policy: str | None = None) -> dict:

@@ -4,9 +4,11 @@ states them in words), and the numbers a table quotes.
 Collapse: `collapsed` (final dense-inference accuracy below half the warm start's) and, beside it,
 `reward_collapse_iteration` (the train reward's moving average falls below half its first
 value). Ties: `diff_se` (the SE of a difference of two evaluations) and `tie_verdict` (a difference
-counts only beyond 2 SE at every run pair, all with one sign); `compare` pairs the runs of two arms
-and `comparison_table` writes the verdicts. Scripts reach these through figlib (figlib.collapsed is
-the name the results cite).
+counts only beyond 2 SE at every run pair, all with one sign); `compare` pairs the runs of two arms,
+`compare_arms` every listed pair of a figure's arms, and `comparison_lines` writes the verdicts.
+Tables: `md_table` with `stat_cells` (mean ± std over runs per column) and `arm_cells` (those and
+both collapse rules); `per_warm_start_table` each arm on each warm start. Scripts reach these
+through figlib (figlib.collapsed is the name the results cite).
 """
 
 from __future__ import annotations
@@ -115,9 +117,13 @@ class Comparison:
     units: list[str]
 
     @property
+    def sign(self) -> int:
+        """The tie rule's verdict: +1 a ahead, -1 b ahead, 0 a tie."""
+        return tie_verdict(self.diffs, self.ses)
+
+    @property
     def verdict(self) -> str:
-        v = tie_verdict(self.diffs, self.ses)
-        return {1: f"**{self.a} ahead**", -1: f"**{self.b} ahead**", 0: "tie"}[v]
+        return {1: f"**{self.a} ahead**", -1: f"**{self.b} ahead**", 0: "tie"}[self.sign]
 
     def mean_se(self) -> tuple[float, float]:
         """The mean difference and its standard error from the spread over pairs (0 for one)."""
@@ -151,6 +157,23 @@ def compare(a: str, a_rows: Sequence[dict], b: str, b_rows: Sequence[dict] | dic
             for g in groups + [pairs]]
 
 
+# The accuracies two arms are compared on: row key -> the metric's name in the table.
+ACC_METRICS = {"dense_acc": "dense inference", "sparse_acc": "sparse inference"}
+
+
+def compare_arms(results: dict[str, Sequence[dict]], pairs: Iterable[tuple[str, str]],
+                 metrics: dict[str, str], n: int) -> list[Comparison]:
+    """`compare` a - b for every pair (a, b) of `pairs` whose arms are both in `results` (arm ->
+    runs' rows, paired by warm start and seed), on every key of `metrics` (row key -> its name)."""
+    return [c for a, b in pairs if a in results and b in results for key, what in metrics.items()
+            for c in compare(a, results[a], b, results[b], key, n, metric=what)]
+
+
+def comparison_lines(comparisons: Sequence[Comparison], heading: str) -> list[str]:
+    """results.md's paired-differences block: `heading`, the comparison table, the tie rule."""
+    return ["", heading, "", *comparison_table(comparisons), "", TIE_NOTE]
+
+
 def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
     """Markdown lines: one row per comparison with every pair's difference (and 2 SE), the mean ±
     its SE over pairs, and the tie rule's verdict."""
@@ -171,6 +194,70 @@ TIE_NOTE = (
     "difference over pairs and its standard error from their spread.")
 
 
+# ----------------------------------------------------------------------------- tables
+
+Column = tuple[str, str, str]  # (header, row key, fmt spec)
+COLLAPSE_HEADERS = ("collapsed (accuracy rule)", "collapsed (reward rule)")
+
+
+def md_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines: the header row, the rule under it, one row per list of cells."""
+    return [f"| {' | '.join(header)} |", "|---" * len(header) + "|", *(f"| {' | '.join(r)} |" for r in body)]
+
+
+def headers(columns: Sequence[Column]) -> list[str]:
+    """The header cells of `columns`."""
+    return [h for h, _, _ in columns]
+
+
+def stat_cells(rows: Sequence[dict], columns: Sequence[Column], missing: str = "-") -> list[str]:
+    """One cell per column: `fmt` (mean ± std over the runs' `rows`) of its key, `missing` where
+    the rows do not carry it."""
+    return [fmt([r[k] for r in rows], spec) if k in rows[0] else missing for _, k, spec in columns]
+
+
+def arm_cells(rows: Sequence[dict], columns: Sequence[Column], warms: dict[int, dict]) -> list[str]:
+    """An arm's table cells: `stat_cells`, then both collapse rules (`collapse_cells`, each run
+    against its own warm start's dense accuracy in `warms`)."""
+    return [*stat_cells(rows, columns), *collapse_cells(rows, warm_dense_of(rows, warms))]
+
+
+def per_warm_start_table(results: dict[str, list[dict]], warms: dict[int, dict]) -> list[str]:
+    """With several warm starts: each arm's dense / sparse accuracy on each (mean ± std over its
+    seeds) and its collapses there by the accuracy rule; nothing with one warm start."""
+    if len(warms) < 2:
+        return []
+    body = []
+    for w, row in sorted(warms.items()):
+        mine = [[r for r in rows if r.get("warm_start", 0) == w] for rows in results.values()]
+        body.append([f"{w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f})",
+                     *(f"{fmt([r['dense_acc'] for r in m])} / {fmt([r['sparse_acc'] for r in m])} "
+                       f"({collapse_cells(m, [row['dense_acc']] * len(m))[0]})" for m in mine)])
+    return ["", "Per warm start (mean ± std over its seeds; dense / sparse inference; collapsed by the "
+            "accuracy rule):", "", *md_table(["warm start (dense / sparse acc.)", *results], body)]
+
+
+def seed_rows(per_seed: dict[str, Sequence | None]) -> list[dict]:
+    """Rows {"seed": i, key: values[i], ...} of results that store one list per key (the seed is
+    the list index; a key whose list is None is left out): the rows the table and comparison
+    helpers take."""
+    lists = {k: v for k, v in per_seed.items() if v is not None}
+    return [{"seed": i, **{k: v[i] for k, v in lists.items()}} for i in range(len(next(iter(lists.values()))))]
+
+
+def seed_collapse_cells(dense_acc: Sequence[float], iterations: Sequence | None,
+                        warm_dense: float) -> tuple[str, str]:
+    """`collapse_cells` of results that store per-seed lists: the runs' dense accuracies and their
+    reward-rule collapse iterations (None: not kept), all from one warm start."""
+    runs = seed_rows({"dense_acc": dense_acc, "collapse_iteration": iterations})
+    return collapse_cells(runs, [warm_dense] * len(runs))
+
+
+def ratio_of_means(a: Sequence[float], b: Sequence[float]) -> float:
+    """mean(a) / mean(b) (b's mean floored at 1e-9): e.g. Sparse-RL's accuracy as a fraction of dense's."""
+    return np.mean(a) / max(np.mean(b), 1e-9)
+
+
 # ----------------------------------------------------------------------------- a run's numbers
 
 
@@ -185,6 +272,17 @@ def run_mean(history: list[dict], key: str, default: float = 0.0) -> float:
     return float(np.mean([h.get(key, default) for h in history])) if history else float("nan")
 
 
+def iteration_time(metrics: dict) -> float:
+    """One logged iteration's seconds: the sum of its time/* phases."""
+    return sum(v for k, v in metrics.items() if k.startswith("time/"))
+
+
+def seconds_per_iteration(history: list[dict]) -> float:
+    """The median seconds of an iteration after the first (which compiles; all of a one-iteration run)."""
+    seconds = [iteration_time(x) for x in history]
+    return float(np.median(seconds[1:] or seconds))
+
+
 def warm_starts_of(data: dict) -> dict[int, dict]:
     """A results.json's warm starts {k: row} (results before warm starts: one, k = 0, from
     'warm_start' or fig b's 'warm_dense_acc'); {} when none was recorded."""
@@ -195,6 +293,12 @@ def warm_starts_of(data: dict) -> dict[int, dict]:
     if "warm_dense_acc" in data:
         return {0: {"dense_acc": data["warm_dense_acc"]}}
     return {}
+
+
+def results_of(data: dict, key: str = "results") -> tuple[dict[int, dict], dict[str, list[dict]]]:
+    """A results.json's warm starts and its arms' rows (data[key]: arm -> one row per run), each
+    row with the reward rule's collapse iteration (from its history where it lacks one)."""
+    return warm_starts_of(data), with_reward_rule(data[key], data.get("histories"))
 
 
 def warm_dense_of(rows: Sequence[dict], warms: dict[int, dict]) -> list[float | None]:
