@@ -47,6 +47,10 @@ ARMS = fig_a_curves.ARMS
 DEFAULT_WARM_STARTS = (0, 1, 2)
 DEFAULT_SEEDS = (0, 1)
 DEFAULT_OVERRIDES = ("train.iterations=40",)
+COLUMNS = (  # (header, row key, format) of the table, around its KV saving column (a percentage)
+    ("acc. dense inference", "dense_acc", ".3f"), ("acc. sparse inference", "sparse_acc", ".3f"),
+    ("token reject", "token_reject_rate", ".3f"), ("seq reject", "seq_reject_rate", ".3f"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"), ("train reward (last 25%)", "train_reward_last25", ".3f"))
 # The per-seed numbers the metrics fingerprint hashes (the default experiment's row before figlib's
 # rows; experiments/results/default/fingerprint_smoke.json holds their hash).
 _FINGERPRINT_KEYS = {"dense_acc": "dense_acc", "sparse_acc": "sparse_acc", "sparse_kv_saving": "sparse_kv_saving",
@@ -129,9 +133,22 @@ def _upgrade(data: dict) -> dict:
             "legacy": {"portable_cpu": res.get("portable_cpu"), "wall_s": res["seconds"]}}
 
 
+def table(per_seed: dict, warms: dict) -> list[str]:
+    """One row per warm start and per arm (mean ± std over runs), with both collapse rules."""
+    body = [[f"warm start {w}", f"{row['dense_acc']:.3f}", f"{row['sparse_acc']:.3f}", *["-"] * 7]
+            for w, row in sorted(warms.items())]
+    for arm, rows in per_seed.items():
+        saving = fmt([100 * r["train_kv_saving"] for r in rows], ".1f")
+        body.append([arm, *figlib.stat_cells(rows, COLUMNS[:2]), f"{saving}%",
+                     *figlib.arm_cells(rows, COLUMNS[2:], warms)])
+    return figlib.md_table(["model", *figlib.headers(COLUMNS[:2]), "KV saving (train rollouts)",
+                            *figlib.headers(COLUMNS[2:]), "collapsed (accuracy rule)",
+                            "collapsed (reward rule, at iteration)"], body)
+
+
 def render(data: dict, base, command: str) -> figlib.Rendered:
     data = _upgrade(data)
-    warms, per_seed, histories = fig_a_curves.normalized(data)
+    warms, per_seed = figlib.results_of(data, "per_seed")
     n = base.train.eval_prompts
     kvc = base.kv
     runs = len(next(iter(per_seed.values())))
@@ -141,35 +158,20 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"{base.train.iterations} iterations of {base.rollout.prompts}x{base.rollout.samples} rollouts; "
         f"warm starts (SFT seeds) {sorted(warms)}, RL seeds {data['seeds']} on each: {runs} runs per arm; "
         f"accuracy is avg@1 on {n} held-out prompts (temperature {base.rollout.temperature}).", "",
-        "| model | acc. dense inference | acc. sparse inference | KV saving (train rollouts) "
-        "| token reject | seq reject | mismatch KL (k3) | train reward (last 25%) | collapsed (accuracy rule) "
-        "| collapsed (reward rule, at iteration) |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
-    for w, row in sorted(warms.items()):
-        lines.append(f"| warm start {w} | {row['dense_acc']:.3f} | {row['sparse_acc']:.3f} | - | - | - | - | - | - | - |")
-    for arm, rows in per_seed.items():
-        col = lambda key, spec=".3f": fmt([r[key] for r in rows], spec)  # noqa: E731
-        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
-        saving = fmt([100 * r["train_kv_saving"] for r in rows], ".1f")
-        lines.append(f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {saving}% | {col('token_reject_rate')} "
-                     f"| {col('seq_reject_rate')} | {col('mismatch_kl_k3', '.4f')} | {col('train_reward_last25')} "
-                     f"| {acc} | {reward} |")
-    saving = np.mean([r["sparse_kv_saving"] for r in per_seed["sparse_rl"]])
-    lines += ["", figlib.COLLAPSE_NOTE, "",
-              f"Mean ± std over {runs} run(s). Sparse inference KV saving: {saving:.1%} of the entries a "
-              "dense cache holds.",
-              *fig_a_curves.per_warm_start_table(per_seed, warms),
-              *fig_a_curves.comparisons(per_seed, warms, n)]
+        *table(per_seed, warms),
+        "", figlib.COLLAPSE_NOTE, "",
+        f"Mean ± std over {runs} run(s). Sparse inference KV saving: "
+        f"{np.mean([r['sparse_kv_saving'] for r in per_seed['sparse_rl']]):.1%} of the entries a dense cache holds.",
+        *figlib.per_warm_start_table(per_seed, warms), *fig_a_curves.comparisons(per_seed, n)]
     if "legacy" in data:
         portable = {True: "on", False: "off", None: "not recorded"}[data["legacy"]["portable_cpu"]]
         lines += ["", f"Recorded by this run: portable CPU settings {portable}, wall time "
                   f"{data['legacy']['wall_s']:.0f} s."]
     title = figlib.run_title(base, command, data["seeds"], "Default experiment: dense vs naive sparse vs "
                              "Sparse-RL rollouts", sorted(warms), default_config=CONFIG)
-    fig, _ = fig_a_curves.curves_figure(histories, warms, per_seed, base, n, title)
-    caption = "Figure: " + fig_a_curves.curves_caption(False, base, n) + (
-        f" {figlib.BAND_CAPTION} Warm starts {sorted(warms)}, seeds {data['seeds']}.")
-    return figlib.Rendered("Default experiment", "\n".join(lines), {"curves": fig}, caption)
+    fig, _ = fig_a_curves.curves_figure(data["histories"], warms, per_seed, base, n, title)
+    return figlib.Rendered("Default experiment", "\n".join(lines), {"curves": fig},
+                           fig_a_curves.curves_caption(False, base, n, warms, data["seeds"]))
 
 
 FIGURE = figlib.Figure("default", __doc__, lambda args, study: experiment(study, args.seeds, figlib.warms_of(args)),

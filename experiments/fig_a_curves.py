@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
 
 import figlib
-from figlib import fmt
 from sparserl_jax.rl.diagnostics import N_BINS
 
 ARMS = {  # arm -> (rl.mode, sparse rollouts?)
@@ -47,15 +45,16 @@ CURVES = {  # logged metric -> (panel title, y label, floor, ceiling)
     "sars/token_reject_rate": ("tokens the update leaves out", "fraction of response tokens", 0.0, 1.0),
     "response/length_mean": ("response length", "tokens (mean per rollout)", 0.0, None),
 }
-DIAG_TABLE = {  # logged metric -> (column, format), last-quarter means
-    "diag/reject_rate_pos_adv": ("reject A>0", ".3f"),
-    "diag/reject_rate_neg_adv": ("reject A<0", ".3f"),
-    "sars/veto_rate": ("veto rate", ".3f"),
-    "diag/loop_fraction": ("loop fraction", ".3f"),
-    "response/length_mean": ("response length", ".1f"),
-    "mismatch/kl_k3": ("mismatch KL (k3)", ".4f"),
-    "mismatch/kl_k1": ("mean log pi_sparse/pi_old", ".4f"),
-}
+ARM_COLUMNS = (  # (header, row key, format) of the arms' table
+    ("acc. dense inference", "dense_acc", ".3f"), ("acc. sparse inference", "sparse_acc", ".3f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"), ("KV saving (train)", "train_kv_saving", ".1%"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"), ("token reject", "token_reject_rate", ".3f"),
+    ("seq reject", "seq_reject_rate", ".3f"), ("entropy (last 25%)", "entropy_last25", ".3f"))
+DIAG_COLUMNS = (  # (header, logged metric, format) of the diagnostics table, last-quarter means
+    ("reject A>0", "diag/reject_rate_pos_adv", ".3f"), ("reject A<0", "diag/reject_rate_neg_adv", ".3f"),
+    ("veto rate", "sars/veto_rate", ".3f"), ("loop fraction", "diag/loop_fraction", ".3f"),
+    ("response length", "response/length_mean", ".1f"), ("mismatch KL (k3)", "mismatch/kl_k3", ".4f"),
+    ("mean log pi_sparse/pi_old", "mismatch/kl_k1", ".4f"))
 DIAG_CURVES = {  # panel title -> ([(logged metric, line style)], y label)
     "SARS token rejection (solid A>0, dashed A<0)": (
         [("diag/reject_rate_pos_adv", "-"), ("diag/reject_rate_neg_adv", "--")], "fraction of response tokens"),
@@ -86,7 +85,7 @@ def collect(study: figlib.Study, seeds, warms, n_eval: int, extra=()) -> dict:
         first = [h[0]["mismatch/kl_k3"] for h, r in zip(histories["naive_sparse"], results["naive_sparse"])
                  if h and r["warm_start"] == w]
         warm[w]["mismatch_kl_k3"] = float(np.mean(first)) if first else float("nan")
-    diag = {arm: [{key: figlib.last_quarter(h, key, np.nan) for key in DIAG_TABLE} for h in hs]
+    diag = {arm: [{key: figlib.last_quarter(h, key, np.nan) for _, key, _ in DIAG_COLUMNS} for h in hs]
             for arm, hs in histories.items()}
     return {"warm_starts": {str(w): row for w, row in warm.items()}, "seeds": list(seeds),
             "per_seed": results, "histories": histories, "diagnostics": diag, "eval_prompts": n_eval,
@@ -106,76 +105,39 @@ def arguments(p) -> None:
 # ----------------------------------------------------------------------------- tables
 
 
-def arm_table(per_seed: dict, warms: dict, n_eval: int) -> list[str]:
+def arm_table(per_seed: dict, warms: dict) -> list[str]:
     """One row per warm start and per arm (mean ± std over runs), with both collapse rules."""
-    lines = ["| model | acc. dense inference | acc. sparse inference | train reward (last 25%) | "
-             "KV saving (train) | mismatch KL (k3) | token reject | seq reject | entropy (last 25%) | "
-             "collapsed (accuracy rule) | collapsed (reward rule, at iteration) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for w, row in sorted(warms.items()):
-        kl = f"{row['mismatch_kl_k3']:.4f} (first rollout)" if "mismatch_kl_k3" in row else "-"
+    body = []
+    for w, row in sorted(warms.items()):  # a warm start: its accuracies and its first rollout's mismatch
         sparse = f"{row['sparse_acc']:.3f}" if "sparse_acc" in row else "-"
-        lines.append(f"| warm start {w} | {row['dense_acc']:.3f} | {sparse} | - | - | {kl} | - | - | - | - | - |")
-    for arm, rows in per_seed.items():
-        col = lambda k, spec=".3f": fmt([r[k] for r in rows], spec)  # noqa: E731
-        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
-        entropy = col("entropy_last25") if "entropy_last25" in rows[0] else "-"
-        lines.append(
-            f"| {arm} | {col('dense_acc')} | {col('sparse_acc')} | {col('train_reward_last25')} | "
-            f"{col('train_kv_saving', '.1%')} | {col('mismatch_kl_k3', '.4f')} | {col('token_reject_rate')} | "
-            f"{col('seq_reject_rate')} | {entropy} | {acc} | {reward} |")
-    return lines
+        kl = f"{row['mismatch_kl_k3']:.4f} (first rollout)" if "mismatch_kl_k3" in row else "-"
+        body.append([f"warm start {w}", f"{row['dense_acc']:.3f}", sparse, "-", "-", kl, *["-"] * 5])
+    body += [[arm, *figlib.arm_cells(rows, ARM_COLUMNS, warms)] for arm, rows in per_seed.items()]
+    return figlib.md_table(["model", *figlib.headers(ARM_COLUMNS), "collapsed (accuracy rule)",
+                            "collapsed (reward rule, at iteration)"], body)
 
 
-def per_warm_start_table(per_seed: dict, warms: dict) -> list[str]:
-    """With several warm starts: each arm's accuracy and collapses on each (mean ± std over seeds)."""
-    if len(warms) < 2:
-        return []
-    lines = ["", "Per warm start (mean ± std over its seeds; dense / sparse inference; collapsed by the "
-             "accuracy rule):", "",
-             "| warm start (dense / sparse acc.) | " + " | ".join(per_seed) + " |", "|---" * (len(per_seed) + 1) + "|"]
-    for w, row in sorted(warms.items()):
-        cells = []
-        for rows in per_seed.values():
-            mine = [r for r in rows if r.get("warm_start", 0) == w]
-            acc, _ = figlib.collapse_cells(mine, [row["dense_acc"]] * len(mine))
-            cells.append(f"{fmt([r['dense_acc'] for r in mine])} / {fmt([r['sparse_acc'] for r in mine])} "
-                         f"({acc})")
-        lines.append(f"| {w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f}) | "
-                     + " | ".join(cells) + " |")
-    return lines
-
-
-def comparisons(per_seed: dict, warms: dict, n_eval: int) -> list[str]:
-    """The tie rule's verdicts: Sparse-RL vs naive sparse and vs dense, naive sparse vs dense."""
-    cs = []
-    pairs = [("sparse_rl", "naive_sparse", ("dense_acc", "sparse_acc")), ("sparse_rl", "dense", ("dense_acc",)),
-             ("naive_sparse", "dense", ("dense_acc",))]
-    names = {"dense_acc": "dense inference", "sparse_acc": "sparse inference"}
-    for a, b, keys in pairs:
-        if a in per_seed and b in per_seed:
-            for key in keys:
-                cs += figlib.compare(a, per_seed[a], b, per_seed[b], key, n_eval, metric=names[key])
-    lines = ["", f"Paired differences (same warm start and seed; {n_eval} prompts per evaluation):", "",
-             *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
+def comparisons(per_seed: dict, n_eval: int) -> list[str]:
+    """The tie rule's verdicts: Sparse-RL vs naive sparse (dense and sparse inference), Sparse-RL
+    and naive sparse vs dense (dense inference); Sparse-RL's accuracy as a fraction of dense's."""
+    cs = (figlib.compare_arms(per_seed, [("sparse_rl", "naive_sparse")], figlib.ACC_METRICS, n_eval)
+          + figlib.compare_arms(per_seed, [("sparse_rl", "dense"), ("naive_sparse", "dense")],
+                                {"dense_acc": "dense inference"}, n_eval))
+    lines = figlib.comparison_lines(
+        cs, f"Paired differences (same warm start and seed; {n_eval} prompts per evaluation):")
     if "sparse_rl" in per_seed and "dense" in per_seed:
-        ratio = [a["dense_acc"] / max(b["dense_acc"], 1e-9) for a, b in zip(per_seed["sparse_rl"], per_seed["dense"])]
-        means = np.mean([r["dense_acc"] for r in per_seed["sparse_rl"]]) / max(
-            np.mean([r["dense_acc"] for r in per_seed["dense"]]), 1e-9)
+        srl, dense = ([r["dense_acc"] for r in per_seed[arm]] for arm in ("sparse_rl", "dense"))
         lines += ["", f"Sparse-RL's dense-inference accuracy as a fraction of the dense arm's: per run "
-                  f"{', '.join(f'{x:.2f}' for x in ratio)}; ratio of the means {means:.0%}."]
+                  f"{', '.join(f'{a / max(b, 1e-9):.2f}' for a, b in zip(srl, dense))}; ratio of the means "
+                  f"{figlib.ratio_of_means(srl, dense):.0%}."]
     return lines
 
 
 def diagnostics_table(diag: dict) -> list[str]:
-    lines = ["", "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
-             "update leaves out, SARS and IBR-mask alike):", "",
-             "| arm | " + " | ".join(col for col, _ in DIAG_TABLE.values()) + " |",
-             "|---|" + "---|" * len(DIAG_TABLE)]
-    for arm, rows in diag.items():
-        lines.append(f"| {arm} | " + " | ".join(fmt([r[k] for r in rows], spec)
-                                                for k, (_, spec) in DIAG_TABLE.items()) + " |")
-    return lines
+    return ["", "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
+            "update leaves out, SARS and IBR-mask alike):", "",
+            *figlib.md_table(["arm", *figlib.headers(DIAG_COLUMNS)],
+                             ([arm, *figlib.stat_cells(rows, DIAG_COLUMNS)] for arm, rows in diag.items()))]
 
 
 # ----------------------------------------------------------------------------- figures
@@ -200,21 +162,15 @@ def final_accuracy_panel(ax, per_seed: dict, warms: dict, colours: dict, n_eval:
         if all("sparse_acc" in w for w in warms.values()):
             ax.axhline(np.mean([w["sparse_acc"] for w in warms.values()]), color="0.4", lw=0.8, ls=":")
     ax.set_xticks(range(len(per_seed)), [LABELS.get(a, a) for a in per_seed])
-    ax.set_xlim(-0.6, len(per_seed) - 0.4)
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"final accuracy, every run ({n_eval} prompts)", fontsize=9)
-    ax.set_ylabel("accuracy (avg@1)")
+    ax.set(xlim=(-0.6, len(per_seed) - 0.4), ylim=(-0.02, 1.02), ylabel="accuracy (avg@1)",
+           title=f"final accuracy, every run ({n_eval} prompts)")
 
 
 def _metric_panel(ax, histories: dict, colours: dict, key: str, title: str, ylabel: str, floor, ceil) -> None:
     """One logged metric per iteration: mean over runs, ± one std band clipped to [floor, ceil]."""
-    for arm, hs in histories.items():
-        x, m, s = figlib.curve(hs, key)
-        ax.plot(x, m, color=colours[arm], lw=1.2)
-        figlib.band(ax, x, m, s, colours[arm], floor, ceil)
-    ax.set_title(title, fontsize=9)
-    ax.set_ylabel(ylabel)
-    ax.set_xlabel("iteration")
+    figlib.mean_curves(ax, histories, colours, key, floor, ceil)
+    ax.set(title=title, ylabel=ylabel)
+    figlib.iteration_axis(ax)
     if key == "mismatch/kl_k3":  # spikes of ~10 next to drifts of ~1e-2: log above 1e-3, floor 0
         ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
         ax.set_ylim(bottom=0)
@@ -222,7 +178,6 @@ def _metric_panel(ax, histories: dict, colours: dict, key: str, title: str, ylab
         ax.set_ylim(-0.02, ceil + 0.02)
     else:
         ax.set_ylim(bottom=0)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: dict, dense_eval: bool) -> None:
@@ -232,30 +187,25 @@ def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: d
     last = max(len(h) for hs in histories.values() for h in hs)
     for i, (arm, hs) in enumerate(histories.items()):
         x, m, s = figlib.sparse_curve(hs, EVAL_KEY)
-        ax.plot(x, m, "-o", ms=3, color=colours[arm], lw=1.2)
-        figlib.band(ax, x, m, s, colours[arm], 0.0, 1.0)
+        figlib.mean_line(ax, x, m, s, colours[arm], 0.0, 1.0, "-o", ms=3, lw=1.2)
         key = "sparse_acc" if ARMS.get(arm, ("", False))[1] and not dense_eval else "dense_acc"
         fm, fs = figlib.mean_std(r[key] for r in per_seed[arm])
-        ax.errorbar(last + max(last, 4) * 0.03 * (i + 1), fm, yerr=[[min(fs, fm)], [min(fs, 1 - fm)]],
+        ax.errorbar(last + max(last, 4) * 0.03 * (i + 1), fm, yerr=figlib.clipped_err([fm], [fs], 0.0, 1.0),
                     fmt="D", ms=4, color=colours[arm], capsize=2)
     if warms:
         ax.plot(0, np.mean([w["dense_acc"] for w in warms.values()]), "*", ms=9, color="k")
         if all("sparse_acc" in w for w in warms.values()):
             ax.plot(0, np.mean([w["sparse_acc"] for w in warms.values()]), "*", ms=9, color="k", mfc="white")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("held-out accuracy (" + ("dense inference)" if dense_eval else "the arm's rollout KV)"),
-                 fontsize=9)
-    ax.set_ylabel("accuracy (avg@1)")
-    ax.set_xlabel("iteration")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(ylim=(-0.02, 1.02), ylabel="accuracy (avg@1)",
+           title="held-out accuracy (" + ("dense inference)" if dense_eval else "the arm's rollout KV)"))
+    figlib.iteration_axis(ax)
 
 
 def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: int, title: str):
     """Six panels, two a row: train reward, held-out accuracy during training (policy entropy for
     runs that logged none), every run's final accuracy, mismatch KL, tokens left out, response
     length. Returns the figure and whether held-out accuracy was logged during training."""
-    fig, axes = figlib.plt.subplots(3, 2, figsize=(2 * figlib.PANEL_W, 7.6), layout="constrained")
-    axes = axes.ravel()
+    fig, axes = figlib.panels(3, 7.6)
     colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
     for key, ax in zip(CURVES, (axes[0], axes[3], axes[4], axes[5])):
         _metric_panel(ax, histories, colours, key, *CURVES[key])
@@ -288,18 +238,15 @@ def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: in
 def diagnostics_figure(histories: dict, title: str):
     """The diagnostics per iteration (mean over runs, one colour per arm) and the relative position
     of rejected tokens at the final iteration; two panels a row."""
-    fig, axes = figlib.plt.subplots(3, 2, figsize=(2 * figlib.PANEL_W, 7.2), layout="constrained")
-    axes = axes.ravel()
+    fig, axes = figlib.panels(3, 7.2)
     colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
     for ax, (title_, (keys, ylabel)) in zip(axes, DIAG_CURVES.items()):
         for arm, hs in histories.items():
             for key, style in keys:
                 x, m, _ = figlib.curve(hs, key)
                 ax.plot(x, m, style, color=colours[arm], label=LABELS.get(arm, arm) if style == "-" else None)
-        ax.set_title(title_, fontsize=9)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=title_, ylabel=ylabel)
+        figlib.iteration_axis(ax)
         if "KL" in title_:
             ax.set_yscale("symlog", linthresh=1e-3, linscale=0.5)
         ax.set_ylim(bottom=0)
@@ -310,9 +257,8 @@ def diagnostics_figure(histories: dict, title: str):
                         for h in hs if h], axis=0)
         ax.bar(centres + (i - (len(histories) - 1) / 2) * width / N_BINS, hist,
                width=width / N_BINS, color=colours[arm])
-    ax.set_title("rejected tokens by position (last iteration)", fontsize=9)
-    ax.set_xlabel("relative position in the response, j / M")
-    ax.set_ylabel("fraction of rejected tokens")
+    ax.set(title="rejected tokens by position (last iteration)", ylabel="fraction of rejected tokens",
+           xlabel="relative position in the response, j / M")
     figlib.band_legend_below(fig, axes[0])
     fig.suptitle(title)
     return fig
@@ -321,14 +267,8 @@ def diagnostics_figure(histories: dict, title: str):
 # ----------------------------------------------------------------------------- render
 
 
-def normalized(data: dict) -> tuple[dict, dict, dict]:
-    """(warm starts, per_seed rows with the reward rule filled in, histories) of a results.json."""
-    per_seed = figlib.with_reward_rule(data["per_seed"], data.get("histories"))
-    return figlib.warm_starts_of(data), per_seed, data["histories"]
-
-
 def render(data: dict, base, command: str) -> figlib.Rendered:
-    warms, per_seed, histories = normalized(data)
+    warms, per_seed = figlib.results_of(data, "per_seed")
     seeds, n_eval = data["seeds"], data.get("eval_prompts", base.train.eval_prompts)
     kvc = base.kv
     lines = [
@@ -337,21 +277,20 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"buffer {kvc.buffer}; warm starts (SFT seeds) {sorted(warms) or [0]}, RL seeds {seeds} on each "
         f"(mean ± std over the {len(next(iter(per_seed.values())))} runs). Accuracy is avg@1 on "
         f"{n_eval} held-out prompts at the training temperature.", "",
-        *arm_table(per_seed, warms, n_eval), "", figlib.COLLAPSE_NOTE,
-        *per_warm_start_table(per_seed, warms), *comparisons(per_seed, warms, n_eval)]
-    title = figlib.run_title(base, command, seeds, "Figure a: dense vs naive sparse vs Sparse-RL rollouts", sorted(warms) or [0])
-    figures = {}
-    curves, has_eval = curves_figure(histories, warms, per_seed, base, n_eval, title)
-    figures["curves"] = curves
+        *arm_table(per_seed, warms), "", figlib.COLLAPSE_NOTE,
+        *figlib.per_warm_start_table(per_seed, warms), *comparisons(per_seed, n_eval)]
+    title = figlib.run_title(base, command, seeds, "Figure a: dense vs naive sparse vs Sparse-RL rollouts",
+                             sorted(warms) or [0])
+    curves, has_eval = curves_figure(data["histories"], warms, per_seed, base, n_eval, title)
+    figures = {"curves": curves}
     if "diagnostics" in data:
         lines += [*diagnostics_table(data["diagnostics"]), "", "![diagnostics](diagnostics.png)", "",
                   "Diagnostics figure: each rollout diagnostic per iteration, mean over runs (no bands, "
                   "for legibility), and where in a response the tokens rejected at the last iteration "
                   "sit (mean over runs)."]
-        figures["diagnostics"] = diagnostics_figure(histories, title)
-    caption = "Figure: " + curves_caption(has_eval, base, n_eval) + (
-        f" {figlib.BAND_CAPTION} Warm starts {sorted(warms) or [0]}, seeds {seeds}.")
-    return figlib.Rendered("Figure a: training curves", "\n".join(lines), figures, caption)
+        figures["diagnostics"] = diagnostics_figure(data["histories"], title)
+    return figlib.Rendered("Figure a: training curves", "\n".join(lines), figures,
+                           curves_caption(has_eval, base, n_eval, warms, seeds))
 
 
 def dense_eval(base) -> bool:
@@ -359,8 +298,8 @@ def dense_eval(base) -> bool:
     return getattr(base.train, "eval_kv", "rollout") == "dense"
 
 
-def curves_caption(has_eval: bool, base, n_eval: int) -> str:
-    """What curves.png's marks mean (figure a and the default experiment)."""
+def curves_caption(has_eval: bool, base, n_eval: int, warms: dict, seeds) -> str:
+    """The caption of curves.png: what its marks mean (figure a and the default experiment)."""
     under = ("under dense inference (train.eval_kv=dense)" if dense_eval(base) else
              "under the arm's own rollout KV settings (dense for the dense arm, sparse for the sparse arms)")
     held_out = (
@@ -372,11 +311,11 @@ def curves_caption(has_eval: bool, base, n_eval: int) -> str:
         "These runs logged no held-out accuracy during training (train.eval_every 0): the second panel "
         "is the policy entropy. ")
     return (
-        f"per-iteration training metrics of each arm. {held_out}Final-accuracy panel: every run "
+        f"Figure: per-iteration training metrics of each arm. {held_out}Final-accuracy panel: every run "
         "(filled: dense inference, open: sparse inference; marker: warm start), black bar: the mean; "
         "grey lines: the warm start under dense (solid) and sparse (dotted) inference, dashed: the "
         "collapse threshold (half the warm start's dense accuracy). Mismatch KL on a symmetric-log "
-        "axis (linear below 1e-3).")
+        f"axis (linear below 1e-3). {figlib.BAND_CAPTION} Warm starts {sorted(warms) or [0]}, seeds {seeds}.")
 
 
 FIGURE = figlib.Figure("fig_a_curves", __doc__, run, render, arguments, seeds=(0, 1, 2, 3, 4),

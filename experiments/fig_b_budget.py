@@ -19,7 +19,6 @@ from figlib import fmt
 
 
 def arguments(p) -> None:
-    p.add_argument("--budgets", type=int, nargs="+", default=[16, 24, 32, 48])
     p.add_argument("--mode", default="sparse_rl", help="rl.mode of the budget-specific runs")
 
 
@@ -40,91 +39,76 @@ def run(args, study) -> dict:
             "budget": budget,
             "kv_saving": [r.evaluate(kv, n=n_eval)["kv_saving"] for r in trained],
             "train_kv_saving": [figlib.summarize(r)["train_kv_saving"] for r in trained],
-            "warm_sparse_acc": [warm.evaluate(kv, n=n_eval)["accuracy"]],
-            "dense_trained_sparse_acc": [r.evaluate(kv, n=n_eval)["accuracy"] for r in dense],
-            "trained_sparse_acc": [r.evaluate(kv, n=n_eval)["accuracy"] for r in trained],
-            "trained_dense_acc": [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in trained],
+            "warm_sparse_acc": figlib.accuracies([warm], kv, n_eval),
+            "dense_trained_sparse_acc": figlib.accuracies(dense, kv, n_eval),
+            "trained_sparse_acc": figlib.accuracies(trained, kv, n_eval),
+            "trained_dense_acc": figlib.accuracies(trained, {"policy": "none"}, n_eval),
             "collapse_iteration": [figlib.reward_collapse_iteration(r.history) for r in trained],
         })
-    return {"rows": rows, "dense_trained_dense_acc": [r.evaluate({"policy": "none"}, n=n_eval)["accuracy"] for r in dense],
+    return {"rows": rows, "dense_trained_dense_acc": figlib.accuracies(dense, {"policy": "none"}, n_eval),
             "dense_collapse_iteration": [figlib.reward_collapse_iteration(r.history) for r in dense],
-            "warm_dense_acc": warm.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
+            "warm_dense_acc": figlib.accuracies([warm], {"policy": "none"}, n_eval)[0],
             "seeds": args.seeds, "policy": policy, "mode": args.mode, "eval_prompts": n_eval}
 
 
-def _runs(acc: list[float], its: list | None) -> list[dict]:
-    """Per-seed rows for figlib's collapse and comparison helpers."""
-    return [{"dense_acc": a, "seed": i, **({"collapse_iteration": its[i]} if its is not None else {})}
-            for i, a in enumerate(acc)]
+COLUMNS = (  # (header, key of a budget's row: one value per seed, format); {mode}: the trained runs' mode
+    ("KV saving (eval)", "kv_saving", ".1%"), ("KV saving (train)", "train_kv_saving", ".1%"),
+    ("warm start, sparse inf.", "warm_sparse_acc", ".3f"),
+    ("dense-trained, sparse inf.", "dense_trained_sparse_acc", ".3f"),
+    ("{mode}, sparse inf.", "trained_sparse_acc", ".3f"), ("{mode}, dense inf.", "trained_dense_acc", ".3f"))
 
 
 def render(data: dict, base, command: str) -> figlib.Rendered:
     rows, dense_acc, warm_dense = data["rows"], data["dense_trained_dense_acc"], data["warm_dense_acc"]
     seeds, policy, mode = data["seeds"], data["policy"], data["mode"]
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
-    dense_runs = _runs(dense_acc, data.get("dense_collapse_iteration"))
-    d_acc, d_reward = figlib.collapse_cells(dense_runs, [warm_dense] * len(seeds))
+    d_acc, d_reward = figlib.seed_collapse_cells(dense_acc, data.get("dense_collapse_iteration"), warm_dense)
+    body, cs = [], []
+    for r in rows:
+        ratio = [t / max(d, 1e-9) for t, d in zip(r["trained_sparse_acc"], dense_acc)]
+        body.append([str(r["budget"]), *(fmt(r[k], spec) for _, k, spec in COLUMNS), fmt(ratio, ".0%"),
+                     *figlib.seed_collapse_cells(r["trained_dense_acc"], r.get("collapse_iteration"), warm_dense)])
+        trained = figlib.seed_rows({"acc": r["trained_sparse_acc"]})
+        for other, other_rows in (("dense-trained", figlib.seed_rows({"acc": r["dense_trained_sparse_acc"]})),
+                                  ("warm start", {0: {"acc": r["warm_sparse_acc"][0]}})):  # one model
+            cs += figlib.compare(f"{mode}@{r['budget']}", trained, other, other_rows, "acc", n_eval,
+                                 metric=f"sparse inference at B = {r['budget']}")
     lines = [
         f"Policy {policy}, buffer {base.kv.buffer}; {mode} trained at each budget for "
         f"{base.train.iterations} iterations from warm start 0; seeds {seeds}. Dense inference: warm start "
         f"{warm_dense:.3f}, dense-trained {fmt(dense_acc)} (collapsed: accuracy rule {d_acc}, reward rule "
-        f"{d_reward}).",
-        "",
-        f"| budget | KV saving (eval) | KV saving (train) | warm start, sparse inf. | dense-trained, "
-        f"sparse inf. | {mode}, sparse inf. | {mode}, dense inf. | "
-        f"{mode} sparse / dense-trained dense | collapsed (accuracy rule) | collapsed (reward rule) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    cs = []
-    for r in rows:
-        ratio = [t / max(d, 1e-9) for t, d in zip(r["trained_sparse_acc"], dense_acc)]
-        runs = _runs(r["trained_dense_acc"], r.get("collapse_iteration"))
-        acc, reward = figlib.collapse_cells(runs, [warm_dense] * len(runs))
-        lines.append(
-            f"| {r['budget']} | {fmt(r['kv_saving'], '.1%')} | {fmt(r['train_kv_saving'], '.1%')} | "
-            f"{fmt(r['warm_sparse_acc'])} | {fmt(r['dense_trained_sparse_acc'])} | "
-            f"{fmt(r['trained_sparse_acc'])} | {fmt(r['trained_dense_acc'])} | {fmt(ratio, '.0%')} | "
-            f"{acc} | {reward} |")
-        trained = [{"acc": a, "seed": i} for i, a in enumerate(r["trained_sparse_acc"])]
-        cs += figlib.compare(f"{mode}@{r['budget']}", trained, "dense-trained",
-                             [{"acc": a, "seed": i} for i, a in enumerate(r["dense_trained_sparse_acc"])],
-                             "acc", n_eval, metric=f"sparse inference at B = {r['budget']}")
-        cs += figlib.compare(f"{mode}@{r['budget']}", trained, "warm start", {0: {"acc": r["warm_sparse_acc"][0]}},
-                             "acc", n_eval, metric=f"sparse inference at B = {r['budget']}")
-    lines += ["", figlib.COLLAPSE_NOTE, "", "Paired differences (by seed; the warm start is one model):", "",
-              *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
+        f"{d_reward}).", "",
+        *figlib.md_table(["budget", *(h.format(mode=mode) for h in figlib.headers(COLUMNS)),
+                          f"{mode} sparse / dense-trained dense", *figlib.COLLAPSE_HEADERS], body),
+        "", figlib.COLLAPSE_NOTE,
+        *figlib.comparison_lines(cs, "Paired differences (by seed; the warm start is one model):")]
 
     fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W + 1.5, 3.6), layout="constrained")
     x = [100 * figlib.mean_std(r["kv_saving"])[0] for r in rows]
-    for key, label in (("warm_sparse_acc", "warm start"),
-                       ("dense_trained_sparse_acc", "dense-trained"),
+    for key, label in (("warm_sparse_acc", "warm start"), ("dense_trained_sparse_acc", "dense-trained"),
                        ("trained_sparse_acc", f"{mode} trained at that budget")):
-        m = [figlib.mean_std(r[key]) for r in rows]
-        ax.errorbar(x, [a for a, _ in m], yerr=[[min(s, a) for a, s in m], [s for _, s in m]], marker="o",
-                    ms=4, capsize=3, label=label)
+        m, s = zip(*(figlib.mean_std(r[key]) for r in rows))
+        ax.errorbar(x, m, yerr=figlib.clipped_err(m, s), marker="o", ms=4, capsize=3, label=label)
     ax.axhline(figlib.mean_std(dense_acc)[0], color="gray", ls="--", label="dense-trained, dense inf.")
     top = ax.secondary_xaxis("top")
     top.set_xticks(x, [str(r["budget"]) for r in rows])
     top.set_xlabel(f"training and inference budget B (tokens, + buffer {base.kv.buffer})")
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("KV saving on the evaluation rollouts\n(% of the dense cache's entries not kept)")
-    ax.set_ylabel(f"accuracy under sparse inference\n(avg@1, {n_eval} prompts)")
+    ax.set(ylim=(0, None), xlabel="KV saving on the evaluation rollouts\n(% of the dense cache's entries not kept)",
+           ylabel=f"accuracy under sparse inference\n(avg@1, {n_eval} prompts)")
     figlib.band_legend_below(fig, ax, ncol=2)
-    fig.suptitle(f"Figure b: KV saving vs accuracy\n{figlib.config_name(command)} (task "
-                 f"{base.data.task}), {policy} at budgets B\n{mode} trained at each B; {len(seeds)} "
-                 f"seed{'s' if len(seeds) != 1 else ''}, {base.train.iterations} iterations", fontsize=9)
+    fig.suptitle(figlib.run_title(
+        base, command, seeds, "Figure b: KV saving vs accuracy", setting=f"{policy} at budgets B",
+        runs=f"{mode} trained at each B; {figlib.runs_phrase(seeds)}, {base.train.iterations} iterations"), fontsize=9)
     caption = (
         f"Figure: held-out accuracy (avg@1 on {n_eval} prompts) under sparse inference with {policy} "
         "at budget B (top axis) against the KV saving measured on the evaluation rollouts, "
         f"for the warm start, the dense-trained model and the {mode} model trained at that budget; "
-        "grey dashed: the dense-trained model under dense inference. Points: mean over seeds; error "
-        "bars: ± one sample standard deviation over seeds, clipped at 0 (none with one seed; the "
-        f"warm start is one model). Seeds {seeds}.")
-    return figlib.Rendered("Figure b: KV saving vs accuracy across budgets", "\n".join(lines),
-                           {"budget": fig}, caption)
+        "grey dashed: the dense-trained model under dense inference. "
+        + figlib.seeds_caption("Points", seeds, "; the warm start is one model"))
+    return figlib.Rendered("Figure b: KV saving vs accuracy across budgets", "\n".join(lines), {"budget": fig}, caption)
 
 
-FIGURE = figlib.Figure("fig_b_budget", __doc__, run, render, arguments, seeds=(0,))
+FIGURE = figlib.Figure("fig_b_budget", __doc__, run, render, arguments, seeds=(0,), budgets=(16, 24, 32, 48))
 
 main = FIGURE.main
 

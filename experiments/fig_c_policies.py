@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 import figlib
-from figlib import fmt
 from sparserl_jax.kvcache.policies import POLICIES
 
 MODES = ("naive_sparse", "sparse_rl")
@@ -21,10 +20,6 @@ MODES = ("naive_sparse", "sparse_rl")
 
 MODE_LABELS = {"dense": "dense", "naive_sparse": "naive sparse", "sparse_rl": "Sparse-RL"}
 MODE_COLOURS = {"dense": "0.5", "naive_sparse": "C0", "sparse_rl": "C1"}
-
-
-def arguments(p) -> None:
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
 
 
 def modes_of(policy: str) -> tuple[str, ...]:
@@ -51,48 +46,36 @@ def run(args, study) -> dict:
             "eval_prompts": n_eval, "warm_starts": {"0": warm[0]}}
 
 
+COLUMNS = (  # (header, row key, format) of the table
+    ("acc. dense inf.", "dense_acc", ".3f"), ("acc. sparse inf.", "sparse_acc", ".3f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"), ("KV saving", "train_kv_saving", ".1%"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"), ("token reject", "token_reject_rate", ".3f"),
+    ("seq reject", "seq_reject_rate", ".3f"))
+COMPARED = {"sparse_rl": "Sparse-RL", "naive_sparse": "naive"}  # the modes compared per policy, as named there
+
+
 def render(data: dict, base, command: str) -> figlib.Rendered:
     cells, seeds = data["cells"], data["seeds"]
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
     warms = figlib.warm_starts_of(data)
     kvc = base.kv
+    policies = list(dict.fromkeys(c["policy"] for c in cells))
+    named = {f"{c['policy']} {COMPARED[c['mode']]}": c["per_seed"] for c in cells if c["mode"] in COMPARED}
+    cs = figlib.compare_arms(named, [(f"{p} Sparse-RL", f"{p} naive") for p in policies], figlib.ACC_METRICS, n_eval)
+    kept = "" if "collapse_iteration" in cells[0]["per_seed"][0] else " (These runs kept no histories: '-'.)"
     lines = [
         f"Budget {kvc.budget} + buffer {kvc.buffer}, window {kvc.window}, selection {kvc.selection}; "
         f"{base.train.iterations} iterations; seeds {seeds}. Sparse inference uses the "
-        f"policy the model was trained with (the dense arm: {kvc.policy}).",
-        "",
-        "| rollout policy | mode | acc. dense inf. | acc. sparse inf. | train reward (last 25%) | "
-        "KV saving | mismatch KL (k3) | token reject | seq reject | collapsed (accuracy rule) | "
-        "collapsed (reward rule) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in cells:
-        col = lambda k: [r[k] for r in c["per_seed"]]  # noqa: E731
-        acc, reward = figlib.collapse_cells(c["per_seed"], figlib.warm_dense_of(c["per_seed"], warms))
-        lines.append(
-            f"| {c['policy']} | {c['mode']} | {fmt(col('dense_acc'))} | {fmt(col('sparse_acc'))} | "
-            f"{fmt(col('train_reward_last25'))} | {fmt(col('train_kv_saving'), '.1%')} | "
-            f"{fmt(col('mismatch_kl_k3'), '.4f')} | {fmt(col('token_reject_rate'))} | "
-            f"{fmt(col('seq_reject_rate'))} | {acc} | {reward} |"
-        )
-    by = {(c["policy"], c["mode"]): c["per_seed"] for c in cells}
-    cs = []
-    for policy in dict.fromkeys(c["policy"] for c in cells):
-        if (policy, "sparse_rl") in by and (policy, "naive_sparse") in by:
-            for key, what in (("dense_acc", "dense inference"), ("sparse_acc", "sparse inference")):
-                cs += figlib.compare(f"{policy} Sparse-RL", by[policy, "sparse_rl"], f"{policy} naive",
-                                     by[policy, "naive_sparse"], key, n_eval, metric=what)
-    kept = "" if "collapse_iteration" in cells[0]["per_seed"][0] else " (These runs kept no histories: '-'.)"
-    lines += ["", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE + kept, "",
-              "Paired differences, Sparse-RL minus naive sparse per policy (by seed):", "",
-              *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
+        f"policy the model was trained with (the dense arm: {kvc.policy}).", "",
+        *figlib.md_table(["rollout policy", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS],
+                         ([c["policy"], c["mode"], *figlib.arm_cells(c["per_seed"], COLUMNS, warms)] for c in cells)),
+        "", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE + kept,
+        *figlib.comparison_lines(cs, "Paired differences, Sparse-RL minus naive sparse per policy (by seed):")]
 
-    # one group of bars per rollout policy, one bar per training mode (colour)
-    policies = list(dict.fromkeys(c["policy"] for c in cells))
-    modes = list(dict.fromkeys(c["mode"] for c in cells))
-    width = 0.8 / max(sum(c['policy'] == p for c in cells) for p in policies)
-    fig, axes = figlib.plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.6), layout="constrained")
-    axes = axes.ravel()
+    # one group of bars per rollout policy, one bar per training mode (colour), centred per group
+    groups = {p: [c["mode"] for c in cells if c["policy"] == p] for p in policies}
+    width = 0.8 / max(len(modes) for modes in groups.values())
+    fig, axes = figlib.panels(2, 5.6)
     acc = f"accuracy (avg@1, {n_eval} prompts)"
     for ax, key, ylabel, title in zip(
             axes, ("dense_acc", "sparse_acc", "mismatch_kl_k3", "token_reject_rate"),
@@ -100,37 +83,29 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             ("dense inference", "sparse inference (the training policy;\n"
              f"dense arm: {kvc.policy}), budget {kvc.budget}", "mismatch KL (k3) during training",
              "tokens the update leaves out")):
-        for mode in modes:
-            xs, ms, ss = [], [], []
-            for i, policy in enumerate(policies):
-                here = [c["mode"] for c in cells if c["policy"] == policy]  # bars centred per group
-                for c in cells:
-                    if c["policy"] == policy and c["mode"] == mode:
-                        m, s = figlib.mean_std(r[key] for r in c["per_seed"])
-                        xs.append(i + (here.index(mode) - (len(here) - 1) / 2) * width)
-                        ms.append(m)
-                        ss.append(s)
-            ax.bar(xs, ms, yerr=[np.minimum(ss, np.maximum(ms, 0.0)), ss], width=width, color=MODE_COLOURS.get(mode), capsize=2,
+        for mode in dict.fromkeys(c["mode"] for c in cells):
+            mine = [c for c in cells if c["mode"] == mode]
+            group = [groups[c["policy"]] for c in mine]  # the modes beside each bar
+            xs = [policies.index(c["policy"]) + (g.index(mode) - (len(g) - 1) / 2) * width for c, g in zip(mine, group)]
+            ms, ss = np.array([figlib.mean_std(r[key] for r in c["per_seed"]) for c in mine]).T
+            ax.bar(xs, ms, yerr=figlib.clipped_err(ms, ss), width=width, color=MODE_COLOURS.get(mode), capsize=2,
                    label=MODE_LABELS.get(mode, mode))
         ax.set_xticks(range(len(policies)), policies)
-        ax.set_xlabel("rollout eviction policy")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9)
+        ax.set(xlabel="rollout eviction policy", ylabel=ylabel, title=title)
     figlib.band_legend_below(fig, axes[0])
-    fig.suptitle(f"Figure c: eviction-policy ablation\n{figlib.config_name(command)} (task "
-                 f"{base.data.task}), budget {kvc.budget} + buffer {kvc.buffer}\n{len(seeds)} "
-                 f"seed{'s' if len(seeds) != 1 else ''}, {base.train.iterations} iterations")
+    fig.suptitle(figlib.run_title(base, command, seeds, "Figure c: eviction-policy ablation",
+                                  setting=f"budget {kvc.budget} + buffer {kvc.buffer}",
+                                  runs=f"{figlib.runs_phrase(seeds)}, {base.train.iterations} iterations"))
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts) under dense and under sparse "
         "inference, the mean mismatch KL during training (k3, nats per response token) and the "
         "fraction of response tokens the update leaves out (last 25% of iterations) of models "
         "trained with each rollout eviction policy, without corrections (naive sparse) and with "
-        "them (Sparse-RL); 'none' is the dense-rollout arm. Bars: mean over seeds; error bars: ± one "
-        f"sample standard deviation over seeds, clipped at 0 (none with one seed). Seeds {seeds}.")
+        "them (Sparse-RL); 'none' is the dense-rollout arm. " + figlib.seeds_caption("Bars", seeds))
     return figlib.Rendered("Figure c: eviction-policy ablation", "\n".join(lines), {"policies": fig}, caption)
 
 
-FIGURE = figlib.Figure("fig_c_policies", __doc__, run, render, arguments, seeds=(0,))
+FIGURE = figlib.Figure("fig_c_policies", __doc__, run, render, seeds=(0,), choices={"--policies": POLICIES})
 
 main = FIGURE.main
 

@@ -13,7 +13,6 @@ variant and the paired differences the tie rule judges (figlib).
 from __future__ import annotations
 
 import figlib
-from figlib import fmt
 
 VARIANTS = {  # name -> (rl.mode, extra overrides)
     "none": ("naive_sparse", ()),
@@ -50,37 +49,27 @@ COMPARE = [("both", "none"), ("sars_only", "none"), ("ibr_only", "none"), ("both
            ("both", "ibr_only"), ("both_sequence_level", "both"), ("both_geometric_level", "both")]
 
 
+COLUMNS = (  # (header, row key, format) of the table
+    ("acc. dense inf.", "dense_acc", ".3f"), ("acc. sparse inf.", "sparse_acc", ".3f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"), ("token reject", "token_reject_rate", ".3f"),
+    ("seq reject", "seq_reject_rate", ".3f"), ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
+    ("entropy (last 25%)", "entropy_last25", ".3f"), ("skipped steps", "skipped_steps", ".0f"))
+
+
 def render(data: dict, base, command: str) -> figlib.Rendered:
-    results = figlib.with_reward_rule(data["results"], data.get("histories"))
-    seeds, warms = data["seeds"], figlib.warm_starts_of(data)
-    kvc = base.kv
+    warms, results = figlib.results_of(data)
+    seeds, kvc = data["seeds"], base.kv
     policy = kvc.policy
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
+    cs = figlib.compare_arms(results, COMPARE, figlib.ACC_METRICS, n_eval)
     lines = [
         f"Sparse rollouts with {policy}, budget {kvc.budget} + buffer {kvc.buffer}; "
-        f"{base.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std).",
-        "",
-        "| corrections | mode | acc. dense inf. | acc. sparse inf. | train reward (last 25%) | "
-        "token reject | seq reject | mismatch KL (k3) | entropy (last 25%) | skipped steps | "
-        "collapsed (accuracy rule) | collapsed (reward rule) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rows in results.items():
-        col = lambda k: [r[k] for r in rows]  # noqa: E731
-        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
-        lines.append(
-            f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | {fmt(col('sparse_acc'))} | "
-            f"{fmt(col('train_reward_last25'))} | {fmt(col('token_reject_rate'))} | "
-            f"{fmt(col('seq_reject_rate'))} | {fmt(col('mismatch_kl_k3'), '.4f')} | "
-            f"{fmt(col('entropy_last25'))} | {fmt(col('skipped_steps'), '.0f')} | {acc} | {reward} |"
-        )
-    cs = []
-    for a, b in COMPARE:
-        if a in results and b in results:
-            for key, what in (("dense_acc", "dense inference"), ("sparse_acc", "sparse inference")):
-                cs += figlib.compare(a, results[a], b, results[b], key, n_eval, metric=what)
-    lines += ["", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE, "", "Paired differences (by seed):", "",
-              *figlib.comparison_table(cs), "", figlib.TIE_NOTE]
+        f"{base.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std).", "",
+        *figlib.md_table(["corrections", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS],
+                         ([name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms)]
+                          for name, rows in results.items())),
+        "", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
+        *figlib.comparison_lines(cs, "Paired differences (by seed):")]
     acc = f"accuracy (avg@1, {n_eval} prompts)"
     fig = figlib.ablation_figure(
         results, data["histories"],
@@ -96,9 +85,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     return figlib.Rendered("Figure d: correction ablation", "\n".join(lines), {"corrections": fig}, caption)
 
 
-FIGURE = figlib.Figure("fig_d_corrections", __doc__, run, render, seeds=(0, 1, 2),
-                       arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                                                          choices=list(VARIANTS)))
+FIGURE = figlib.Figure("fig_d_corrections", __doc__, run, render, seeds=(0, 1, 2), choices={"--variants": VARIANTS})
 
 main = FIGURE.main
 

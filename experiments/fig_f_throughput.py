@@ -60,20 +60,15 @@ def render(data: dict, _base, _command: str) -> figlib.Rendered:
         f" on {b['device_kind']} ({b['platform']}), jax {b['jax_version']}, {b['date']}. Batch "
         f"{b['setting']['batch']}, sparse budget {b['setting']['budget']} + buffer {b['setting']['buffer']}."
         if (b := data.get("bench")) else f" ({data['bench_json']})."))
-    lines = [head, "",
-             "| policy | " + " | ".join(f"{n} tokens: tok/s (x dense), KV MiB" for n in lengths) + " |",
-             "|---|" + "---|" * len(lengths)]
+    body = []  # per policy and length: tokens/s (x dense), KV MiB
     for pol in policies:
-        cells = []
-        for n in lengths:
-            r = by.get((pol, n))
-            cells.append("-" if r is None else
-                         f"{r['tokens_per_s']:.0f} ({r.get('speedup_vs_dense', float('nan')):.2f}x), "
-                         f"{r['kv_bytes'] / 2**20:.1f}")
-        lines.append(f"| {pol} | " + " | ".join(cells) + " |")
+        body.append([pol, *("-" if r is None else
+                            f"{r['tokens_per_s']:.0f} ({r.get('speedup_vs_dense', float('nan')):.2f}x), "
+                            f"{r['kv_bytes'] / 2**20:.1f}" for r in (by.get((pol, n)) for n in lengths))])
+    lines = [head, "", *figlib.md_table(["policy", *(f"{n} tokens: tok/s (x dense), KV MiB" for n in lengths)],
+                                        body)]
 
-    fig, axes = figlib.plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 5.4), layout="constrained")
-    axes = axes.ravel()
+    fig, axes = figlib.panels(2, 5.4)
     panels = (("tokens_per_s", "rollout throughput", "tokens / s", 1.0),
               ("speedup_vs_dense", "throughput relative to dense", "x dense tokens / s", 1.0),
               ("step_ms", "decode step time", "ms per step", 1.0),
@@ -84,9 +79,7 @@ def render(data: dict, _base, _command: str) -> figlib.Rendered:
             ax.plot(xs, [by[pol, n][key] * scale for n in xs], marker="o", ms=3, label=pol,
                     color="k" if pol == "none" else None)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("new tokens per sequence")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=9)
+        ax.set(xlabel="new tokens per sequence", ylabel=ylabel, title=title)
     axes[3].set_yscale("log")
     figlib.band_legend_below(fig, axes[0], ncol=len(policies))
     fig.suptitle("Figure f: decode throughput and KV memory vs response length\n"

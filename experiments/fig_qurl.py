@@ -14,7 +14,6 @@ run; rollout tokens/s is measured on this machine (on CPU a quantized dot may be
 from __future__ import annotations
 
 import figlib
-from figlib import fmt
 
 INT8 = ("quant.format=int8",)
 VARIANTS = {  # name -> (rl.mode, sparse KV rollouts?, extra overrides, paper GSM8K accuracy)
@@ -66,40 +65,29 @@ def run(args, study) -> dict:
             "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
 
 
+COLUMNS = (  # (header, row key, format) of the table
+    ("accuracy", "dense_acc", ".3f"), ("train reward (last 25%)", "train_reward_last25", ".3f"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".2e"), ("ACR active", "acr_active", ".4f"),
+    ("rollout tokens/s", "rollout_tokens_per_s", ".0f"))
+
+
 def render(data: dict, b, command: str) -> figlib.Rendered:
-    results = figlib.with_reward_rule(data["results"], data.get("histories"))
-    seeds, warms = data["seeds"], figlib.warm_starts_of(data)
-    sparse = b.kv.policy
+    warms, results = figlib.results_of(data)
+    seeds, sparse = data["seeds"], b.kv.policy
     n_eval = data.get("eval_prompts", b.train.eval_prompts)
+    paper = {name: "—" if VARIANTS[name][3] is None else f"{VARIANTS[name][3]:.2f}" for name in results}
+    cs = figlib.compare_arms(results, [(name, "fp") for name in results if name != "fp"],
+                             {"dense_acc": "dense inference"}, n_eval)
     lines = [
         f"{b.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std); int8 W8A8 rollouts "
         f"(embedding and lm_head full precision), ACR C = {b.rl.acr.c}, invariant s = "
         f"{b.quant.invariant_s}; sparse rows: {sparse}, budget {b.kv.budget} + buffer {b.kv.buffer}. "
-        "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).",
-        "",
-        "| rollouts | mode | accuracy | train reward (last 25%) | mismatch KL (k3) | ACR active | "
-        "rollout tokens/s | collapsed (accuracy rule) | collapsed (reward rule) | paper GSM8K |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rows in results.items():
-        col = lambda k: [r[k] for r in rows]  # noqa: E731
-        paper = VARIANTS[name][3]
-        acc, reward = figlib.collapse_cells(rows, figlib.warm_dense_of(rows, warms))
-        lines.append(
-            f"| {name} | {VARIANTS[name][0]} | {fmt(col('dense_acc'))} | "
-            f"{fmt(col('train_reward_last25'))} | {fmt(col('mismatch_kl_k3'), '.2e')} | "
-            f"{fmt(col('acr_active'), '.4f')} | {fmt(col('rollout_tokens_per_s'), '.0f')} | {acc} | {reward} | "
-            f"{'—' if paper is None else f'{paper:.2f}'} |"
-        )
-    cs = []
-    if "fp" in results:
-        for name in results:
-            if name != "fp":
-                cs += figlib.compare(name, results[name], "fp", results["fp"], "dense_acc", n_eval,
-                                     metric="dense inference")
-    lines += ["", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE, "",
-              "Paired differences from full-precision rollouts (by seed):", "", *figlib.comparison_table(cs),
-              "", figlib.TIE_NOTE]
+        "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).", "",
+        *figlib.md_table(["rollouts", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS, "paper GSM8K"],
+                         ([name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms), paper[name]]
+                          for name, rows in results.items())),
+        "", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
+        *figlib.comparison_lines(cs, "Paired differences from full-precision rollouts (by seed):")]
     title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also "
                              "evict KV)")
     fig = figlib.ablation_figure(
@@ -119,9 +107,7 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
     return figlib.Rendered("Figure QuRL: quantized rollouts", "\n".join(lines), {"qurl": fig}, caption)
 
 
-FIGURE = figlib.Figure("fig_qurl", __doc__, run, render, seeds=(0, 1, 2),
-                       arguments=lambda p: p.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                                                          choices=list(VARIANTS)))
+FIGURE = figlib.Figure("fig_qurl", __doc__, run, render, seeds=(0, 1, 2), choices={"--variants": VARIANTS})
 
 main = FIGURE.main
 
