@@ -27,8 +27,6 @@ import os
 import figlib
 import numpy as np
 import step_timing
-from figlib import fmt
-from matplotlib import pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator, PercentFormatter
@@ -137,16 +135,16 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
         f"seeds {seeds} (mean ± std); n = {N_GROUP}; max {b.rollout.max_new_tokens} new tokens; stacked "
         f"arm: {arm('sparse_int8_sorted_partial', b)[1]} budget {b.kv.budget} + buffer {b.kv.buffer}, int8 "
         "W8A8 rollouts. Paper: bubble 74% -> 5.8% (on-policy) / 3.4% (partial), rollout throughput "
-        "+7.6% / +39.5%.", "", TIMING + ("" if timed else UNTIMED), "",
-        f"| variant | mode | {' | '.join(h for h, _, _ in COLUMNS)} | rollout tokens/s vs baseline | "
-        "paper bubble | paper throughput |", "|---" * (len(COLUMNS) + 5) + "|"]
+        "+7.6% / +39.5%.", "", TIMING + ("" if timed else UNTIMED), ""]
     base_tps = np.mean([r["rollout_tokens_per_s"] for r in results["baseline"]]) if "baseline" in results else None
+    body = []
     for name, rows in results.items():
-        cells = [fmt([r[k] for r in rows], spec) if k in rows[0] else "—" for _, k, spec in COLUMNS]
-        bubble, gain = VARIANTS[name][3], VARIANTS[name][4]
-        lines.append(f"| {name} | {VARIANTS[name][0]} | {' | '.join(cells)} | " + (
-            "—" if base_tps is None else f"{np.mean([r['rollout_tokens_per_s'] for r in rows]) / base_tps:.2f}x")
-            + f" | {'—' if bubble is None else f'{bubble:.1%}'} | {'—' if gain is None else f'+{gain:.1%}'} |")
+        mode, _, _, bubble, gain = VARIANTS[name]
+        body.append([name, mode, *figlib.stat_cells(rows, COLUMNS, "—"), "—" if base_tps is None else
+                     f"{np.mean([r['rollout_tokens_per_s'] for r in rows]) / base_tps:.2f}x",
+                     "—" if bubble is None else f"{bubble:.1%}", "—" if gain is None else f"+{gain:.1%}"])
+    lines += figlib.md_table(["variant", "mode", *figlib.headers(COLUMNS), "rollout tokens/s vs baseline",
+                              "paper bubble", "paper throughput"], body)
     title = (f"Figure SortedRL: length-aware rollout scheduling, {figlib.runs_phrase(seeds)}\n"
              f"{figlib.config_name(command, LONG_TAIL_CONFIG)} (task {b.data.task}, up to "
              f"{b.rollout.max_new_tokens} new tokens): {update_batches(b)} update batches of "
@@ -172,15 +170,13 @@ def _figure(results: dict, histories: dict, base_tps: float | None, title: str):
     """Throughput and wall bubble bars (the paper's numbers marked), cumulative rollout time against
     cumulative rollout tokens, and the train reward per group, every arm in its own colour."""
     names, colours = list(results), {n: f"C{i}" for i, n in enumerate(VARIANTS)}
-    fig, ((tps_ax, bub_ax), (time_ax, rew_ax)) = plt.subplots(2, 2, figsize=(2 * figlib.PANEL_W, 6.4),
-                                                              layout="constrained")
+    fig, (tps_ax, bub_ax, time_ax, rew_ax) = figlib.panels(2, 6.4)
     for ax, key, ylabel in ((tps_ax, "rollout_tokens_per_s", "rollout tokens / s\n(steady state)"),
                             (bub_ax, "bubble_wall", "bubble ratio, Eq. 4\n(share of rollout wall time)")):
         marks = {n: VARIANTS[n][3] if key == "bubble_wall" else base_tps * (1 + VARIANTS[n][4])
                  if base_tps and VARIANTS[n][4] else None for n in names}
-        figlib.run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours, marks=marks)
-        ax.set_xticks(np.arange(len(names)), [LABELS[n] for n in names], rotation=30, ha="right",
-                      rotation_mode="anchor")
+        figlib.run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours, marks=marks,
+                        labels=[LABELS[n] for n in names])
         ax.set_ylabel(ylabel)
     bub_ax.set_ylim(0, 1)
     bub_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
@@ -189,8 +185,8 @@ def _figure(results: dict, histories: dict, base_tps: float | None, title: str):
         rewards = figlib.spread([_reward_by_group(h) for h in histories[name]])
         for ax, x, (m, s) in ((time_ax, tokens, figlib.spread([r["rollout_s_cum"] for r in results[name]])),
                               (rew_ax, N_GROUP * np.arange(1, len(rewards[0]) + 1), rewards)):
-            ax.plot(x, m, marker=".", ms=3, lw=1.2, color=colours[name])
-            figlib.band(ax, x, m, s, colours[name], 0.0, 1.0 if ax is rew_ax else None)
+            figlib.mean_line(ax, x, m, s, colours[name], 0.0, 1.0 if ax is rew_ax else None, marker=".", ms=3,
+                             lw=1.2)
     handles = [Patch(color=colours[n], alpha=0.85, label=LABELS[n].replace("\n", " ")) for n in names]
     handles.append(Line2D([], [], ls="--", color="black", lw=1.5, label="paper"))
     top = max(r["tokens_cum"][-1] for rows in results.values() for r in rows)
@@ -208,8 +204,7 @@ def _figure(results: dict, histories: dict, base_tps: float | None, title: str):
 
 
 FIGURE = figlib.Figure("fig_sortedrl", __doc__, run, render, seeds=(0, 1, 2), eval_prompts=False,
-                       default_config=LONG_TAIL_CONFIG, arguments=lambda p: p.add_argument(
-                           "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS)))
+                       default_config=LONG_TAIL_CONFIG, choices={"--variants": VARIANTS})
 main = FIGURE.main
 
 if __name__ == "__main__":

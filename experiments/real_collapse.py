@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import figlib  # noqa: E402
 import numpy as np  # noqa: E402
 import workers  # noqa: E402
-from matplotlib import pyplot as plt  # noqa: E402
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_collapse")
@@ -172,13 +171,9 @@ def row(run: figlib.Run, seed: int, untrained_acc: float) -> dict:
         "evals": {str(k): v for k, v in evals.items()},
         "collapsed": bool(figlib.collapsed(final, untrained_acc)),
         "collapse_iteration": figlib.reward_collapse_iteration(h),
-        "seconds_per_iteration": float(np.median([iteration_time(x) for x in h[1:]] or [iteration_time(h[0])])),
+        "seconds_per_iteration": figlib.seconds_per_iteration(h),  # the first compiles
         **figlib.summarize(run),
     }
-
-
-def iteration_time(metrics: dict) -> float:
-    return sum(v for k, v in metrics.items() if k.startswith("time/"))
 
 
 # ----------------------------------------------------------------------------- render
@@ -186,25 +181,22 @@ def iteration_time(metrics: dict) -> float:
 
 def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
     res, n = data["results"], data["eval_prompts"]
-    comps = []
-    for a, b in (("naive", "dense"), ("sparse_rl", "dense"), ("sparse_rl", "naive")):
-        comps += figlib.compare(a, res[a], b, res[b], "dense_acc", n, metric="final held-out accuracy")
-    by = {(c.a, c.b): c for c in comps}
+    comps = figlib.compare_arms(res, (("naive", "dense"), ("sparse_rl", "dense"), ("sparse_rl", "naive")),
+                                {"dense_acc": "final held-out accuracy"}, n)
+    by = {(c.a, c.b): c.sign for c in comps}
     coll = {arm: sum(r["collapsed"] for r in rows) for arm, rows in res.items()}
     k = len(data["seeds"])
-    naive_dense = figlib.tie_verdict(by[("naive", "dense")].diffs, by[("naive", "dense")].ses)
     if coll["naive"] == k and coll["dense"] == 0:
         claim = "**supported**"
-    elif coll["naive"] == 0 and naive_dense == 0:
+    elif coll["naive"] == 0 and by["naive", "dense"] == 0:
         claim = "**refuted** in this setting and budget (no seed collapses; naive ties dense)"
     else:
         claim = "**open**"
-    srl_dense = figlib.tie_verdict(by[("sparse_rl", "dense")].diffs, by[("sparse_rl", "dense")].ses)
-    if coll["sparse_rl"] == 0 and srl_dense >= 0:
+    if coll["sparse_rl"] == 0 and by["sparse_rl", "dense"] >= 0:
         srl = "**supported**" + ("" if coll["naive"] else " (trivially: nothing collapses here)")
     else:
         srl = "**not supported**"
-    ratio = np.mean([r["dense_acc"] for r in res["sparse_rl"]]) / max(np.mean([r["dense_acc"] for r in res["dense"]]), 1e-9)
+    ratio = figlib.ratio_of_means(*([r["dense_acc"] for r in res[arm]] for arm in ("sparse_rl", "dense")))
     lines = [
         f"- Collapse (accuracy rule): dense {coll['dense']} of {k}, naive {coll['naive']} of {k}, "
         f"Sparse-RL {coll['sparse_rl']} of {k}; reward rule: "
@@ -221,29 +213,25 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     setting = SETTINGS[data["setting"]]
     res, n, k = data["results"], data["eval_prompts"], len(data["seeds"])
     fmt = figlib.fmt
-    lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "",
-             "| arm | seeds | held-out acc. it 0 | it " + " | it ".join(
-                 sorted({kk for rows in res.values() for r in rows for kk in r["evals"]}, key=int))
-             + " | collapsed (acc. rule) | collapsed (reward rule, at) | train reward last25 | mismatch k3 "
-             "| SARS token reject | SARS resp. reject | KV saving | s / iteration |",
-             "|---|---|---|" + "---|" * len({kk for rows in res.values() for r in rows for kk in r["evals"]})
-             + "---|---|---|---|---|---|---|---|"]
-    points = sorted({kk for rows in res.values() for r in rows for kk in r["evals"]}, key=int)
+    points = sorted({p for rows in res.values() for r in rows for p in r["evals"]}, key=int)
+    columns = (("train reward last25", "train_reward_last25", ".3f"), ("mismatch k3", "mismatch_kl_k3", ".3f"),
+               ("SARS token reject", "token_reject_rate", ".1%"), ("SARS resp. reject", "seq_reject_rate", ".1%"),
+               ("KV saving", "train_kv_saving", ".1%"), ("s / iteration", "seconds_per_iteration", ".0f"))
+    body = []
     for arm, rows in res.items():
-        col = lambda key, spec=".3f": fmt([r[key] for r in rows], spec)  # noqa: E731
-        acc_rule = f"{sum(r['collapsed'] for r in rows)} of {k}"
         its = [r["collapse_iteration"] for r in rows]
-        rew_rule = f"{sum(i is not None for i in its)} of {k} ({', '.join('-' if i is None else str(i) for i in its)})"
-        lines.append(
-            f"| {arm} ({ARMS[arm][2]}) | {k} | {col('untrained_acc')} | "
-            + " | ".join(fmt([r["evals"][p] for r in rows]) for p in points)
-            + f" | {acc_rule} | {rew_rule} | {col('train_reward_last25')} | {col('mismatch_kl_k3', '.3f')} | "
-            f"{col('token_reject_rate', '.1%')} | {col('seq_reject_rate', '.1%')} | {col('train_kv_saving', '.1%')} | "
-            f"{col('seconds_per_iteration', '.0f')} |")
+        at = ", ".join("-" if i is None else str(i) for i in its)
+        body.append([f"{arm} ({ARMS[arm][2]})", str(k), fmt([r["untrained_acc"] for r in rows]),
+                     *(fmt([r["evals"][p] for r in rows]) for p in points),
+                     f"{sum(r['collapsed'] for r in rows)} of {k}", f"{sum(i is not None for i in its)} of {k} ({at})",
+                     *figlib.stat_cells(rows, columns)])
+    lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "",
+             *figlib.md_table(["arm", "seeds", "held-out acc. it 0", *(f"it {p}" for p in points),
+                               "collapsed (acc. rule)", "collapsed (reward rule, at)", *figlib.headers(columns)], body)]
     vlines, comps = verdicts(data)
-    lines += ["", "Mean ± sample std over seeds. Paired differences of the final held-out accuracy (same "
-              "seed: same prompts and draws):", "", *figlib.comparison_table(comps), "", figlib.TIE_NOTE, "",
-              "**Verdicts** (by the plan's rules):", "", *vlines]
+    lines += [*figlib.comparison_lines(comps, "Mean ± sample std over seeds. Paired differences of the final "
+                                       "held-out accuracy (same seed: same prompts and draws):"),
+              "", "**Verdicts** (by the plan's rules):", "", *vlines]
     fig = figure(data)
     caption = (
         f"Figure: {setting.label} on SmolLM2-135M-Instruct (chat arithmetic), {k} seeds per arm; lines: "
@@ -258,9 +246,9 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
 
 def figure(data: dict):
     res, hists = data["results"], data["histories"]
-    fig, axes = plt.subplots(4, 2, figsize=(2 * figlib.PANEL_W, 9.0), layout="constrained")
+    fig, axes = figlib.panels(4, 9.0)
     colours = dict(zip(ARMS, ("tab:blue", "tab:red", "tab:green")))
-    for ax, (keys, ylabel, title) in zip(axes.flat, CURVES):
+    for ax, (keys, ylabel, title) in zip(axes, CURVES):
         for arm, hs in hists.items():
             for j, key in enumerate(keys):
                 style = "-" if j == len(keys) - 1 or len(keys) == 1 else "--"
@@ -275,19 +263,17 @@ def figure(data: dict):
                 x, m, s = figlib.curve(hs, key)
                 if np.isnan(m).all():
                     continue
-                ax.plot(x, m, style, color=colours[arm], lw=1.1, label=ARMS[arm][2] if j == 0 else None)
-                figlib.band(ax, x, m, s, colours[arm], floor=0.0)
+                figlib.mean_line(ax, x, m, s, colours[arm], 0.0, None, style, lw=1.1,
+                                 label=ARMS[arm][2] if j == 0 else None)
         if keys[0] == "eval/accuracy":
             half = 0.5 * np.mean([r["untrained_acc"] for rows in res.values() for r in rows])
             ax.axhline(half, color="grey", ls=":", lw=1)
         if keys[0] == "kv/saving":
             ax.axhspan(0.35, 0.53, color="grey", alpha=0.2, lw=0)
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
-        ax.set_ylabel(ylabel)
+        ax.set(title=title, xlabel="iteration", ylabel=ylabel)
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(f"Sparse-RL on SmolLM2-135M, {SETTINGS[data['setting']].label}: {len(data['seeds'])} seeds per arm")
-    figlib.band_legend_below(fig, axes.flat[-1], ncol=3)
+    figlib.band_legend_below(fig, axes[-1], ncol=3)
     return fig
 
 

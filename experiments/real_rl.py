@@ -38,7 +38,6 @@ from figlib import fmt  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_rl")
@@ -91,14 +90,13 @@ def row(run: figlib.Run, n_eval: int) -> dict:
     """One run's numbers: dense full-precision accuracy of the final weights and its training-time
     statistics (iteration means unless named last25)."""
     h = run.history
-    seconds = [iteration_time(x) for x in h]
     return {
         "dense_acc": run.evaluate({"policy": "none"}, n=n_eval)["accuracy"],
         "reward_first25": float(np.mean([x["reward/mean"] for x in h[: max(len(h) // 4, 1)]])),
         "acr_active": figlib.run_mean(h, "acr/active_frac"),
         "rollout_tokens_per_s": figlib.run_mean(h, "throughput/rollout_tokens_per_s"),
         "bubble": figlib.run_mean(h, "rollout/bubble_wall"),
-        "seconds_per_iteration": float(np.median(seconds[1:] or seconds)),  # the first compiles
+        "seconds_per_iteration": figlib.seconds_per_iteration(h),  # the first compiles
         "iterations": len(h),
         **figlib.summarize(run),
     }
@@ -130,14 +128,9 @@ def run(args, study: figlib.Study) -> dict:
     return {"results": results, "histories": histories, "meta": meta}
 
 
-def iteration_time(metrics: dict) -> float:
-    """One logged iteration's seconds: the sum of its time/* phases."""
-    return sum(v for k, v in metrics.items() if k.startswith("time/"))
-
-
 def iteration_seconds(histories: dict) -> float:
     """Every logged iteration's seconds, summed over all runs (core-seconds: one core each)."""
-    return sum(iteration_time(x) for hs in histories.values() for h in hs for x in h)
+    return sum(figlib.iteration_time(x) for hs in histories.values() for h in hs for x in h)
 
 
 def eval_se(meta: dict) -> float:
@@ -146,8 +139,15 @@ def eval_se(meta: dict) -> float:
     return float(np.sqrt(max(p * (1 - p), 1e-12) / meta["eval_prompts"]))
 
 
+COLUMNS = (  # (header, row key, format) of the arms' table, after its arm, seeds and iterations
+    ("dense acc", "dense_acc", ".3f"), ("reward first25", "reward_first25", ".3f"),
+    ("reward last25", "train_reward_last25", ".3f"), ("KV saving", "train_kv_saving", ".1%"),
+    ("mismatch KL k3", "mismatch_kl_k3", ".2e"), ("SARS token reject (last25)", "token_reject_rate", ".1%"),
+    ("ACR active", "acr_active", ".1%"), ("rollout tok/s", "rollout_tokens_per_s", ".1f"),
+    ("bubble", "bubble", ".1%"), ("s / iteration", "seconds_per_iteration", ".0f"))
+
+
 def tables(results: dict, meta: dict) -> str:
-    col = lambda name, k, spec=".3f": fmt([r[k] for r in results[name]], spec)  # noqa: E731
     lines = [
         "Untrained model: " + ", ".join(f"{a:.3f} (seed {s})" for s, a in meta["untrained_by_seed"].items())
         + " accuracy (avg@1 sampled at the rollout "
@@ -159,18 +159,9 @@ def tables(results: dict, meta: dict) -> str:
         "reward (sampled accuracy on prompts never seen before) "
         "over the first / last quarter of the iterations.",
         "",
-        "| arm | seeds | iterations | dense acc | reward first25 | reward last25 | KV saving | mismatch KL k3 "
-        "| SARS token reject (last25) | ACR active | rollout tok/s | bubble | s / iteration |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in results:
-        lines.append(
-            f"| {name} ({ARMS[name].label}) | {len(results[name])} | {results[name][0]['iterations']} | "
-            f"{col(name, 'dense_acc')} | {col(name, 'reward_first25')} | {col(name, 'train_reward_last25')} | "
-            f"{col(name, 'train_kv_saving', '.1%')} | {col(name, 'mismatch_kl_k3', '.2e')} | "
-            f"{col(name, 'token_reject_rate', '.1%')} | {col(name, 'acr_active', '.1%')} | "
-            f"{col(name, 'rollout_tokens_per_s', '.1f')} | {col(name, 'bubble', '.1%')} | "
-            f"{col(name, 'seconds_per_iteration', '.0f')} |")
+        *figlib.md_table(["arm", "seeds", "iterations", *figlib.headers(COLUMNS)],
+                         ([f"{name} ({ARMS[name].label})", str(len(rows)), str(rows[0]["iterations"]),
+                           *figlib.stat_cells(rows, COLUMNS)] for name, rows in results.items()))]
     lines += ["", "Comparisons: dense accuracy change from the untrained model evaluated with the same "
               "seed (mean ± std over seeds); then each arm minus the first arm of the comparison, "
               "paired by seed (every seed's difference):", ""]
@@ -231,12 +222,10 @@ def figure(data: dict, b):
     acc_ax = fig.add_subplot(grid[0, 0])
     kl_ax = fig.add_subplot(grid[0, 1], sharey=acc_ax)
     figlib.run_bars(acc_ax, names, {n: [r["dense_acc"] for r in results[n]] for n in names}, colours,
-                    horizontal=True)
+                    horizontal=True, labels=[_label(n, results) for n in names])
     untrained, two_se = meta["untrained_dense_acc"], 2 * eval_se(meta)
     acc_ax.axvspan(max(untrained - two_se, 0.0), untrained + two_se, color="0.85", lw=0, zorder=0)
     acc_ax.axvline(untrained, color="0.45", lw=1.2, zorder=0.5)
-    acc_ax.set_yticks(np.arange(len(names)), [_label(n, results) for n in names])
-    acc_ax.invert_yaxis()
     acc_ax.set_xlim(0, max(untrained + two_se, max(r["dense_acc"] for rs in results.values() for r in rs)) * 1.15)
     acc_ax.set_xlabel(f"held-out accuracy after training\n(avg@1, {meta['eval_prompts']} prompts, dense fp)")
     kl = {n: [r["mismatch_kl_k3"] for r in results[n]] for n in names}
@@ -248,16 +237,11 @@ def figure(data: dict, b):
     for i, (title, arms, paper) in enumerate(comparisons):
         ax = fig.add_subplot(grid[1 + i // 2, i % 2], sharey=first)
         first = first or ax
-        for name in arms:
-            x, m, s = figlib.curve(histories[name], "reward/mean")
-            one = len(histories[name]) == 1
-            ax.plot(x, m, "--" if one else "-", color=colours[name], lw=1.3, marker=".", ms=4)
-            if not one:
-                figlib.band(ax, x, m, s, colours[name], 0.0, 1.0)
+        figlib.mean_curves(ax, {n: histories[n] for n in arms}, colours, "reward/mean", 0.0, 1.0, lw=1.3,
+                           one_run_dashed=True, marker=".", ms=4)
         ax.set_title(f"{title} (beside {paper})" if paper != "-" else
                      "stacked: all three methods" if title == "stacked" else title)
-        ax.set_xlabel("iteration")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        figlib.iteration_axis(ax)
         if i % 2 == 0:
             ax.set_ylabel("train reward\n(sampled accuracy, new prompts)")
     first.set_ylim(bottom=0.0)
@@ -273,13 +257,12 @@ def figure(data: dict, b):
 
 
 def arguments(p) -> None:
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     p.add_argument("--eval-prompts", type=int, help="held-out prompts of the final evaluations "
                    "(default: train.eval_prompts)")
 
 
 FIGURE = figlib.Figure(
-    "real/rl", __doc__, run, render, arguments=arguments, seeds=(0, 1), eval_prompts=False,
+    "real/rl", __doc__, run, render, arguments=arguments, seeds=(0, 1), eval_prompts=False, choices={"--arms": ARMS},
     seeds_help="seeds of the two-seed arms; one-seed arms (sorted, stacked) take the first",
     default_config=CONFIG, runs_dir=RUNS, smoke=SMOKE)
 
