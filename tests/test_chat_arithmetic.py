@@ -119,6 +119,7 @@ def test_config_loads_with_the_calibrated_settings():
     get_task(cfg.data.task, **dict(cfg.data.task_options))
 
 
+@pytest.mark.slow
 def test_config_trains_on_a_tiny_chat_checkpoint(tmp_path):
     """The config's settings, shrunk (lengths, budget, batch) onto a tiny random Llama with the char
     tokenizer's chat template: one iteration of sparse rollouts and a GRPO update, then an eval."""

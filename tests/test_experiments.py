@@ -2,13 +2,16 @@
 
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import pytest
-from compile_cache import compile_cache_in_process
+from compile_cache import compile_cache_env, compile_cache_in_process
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
 
 import default as default_experiment  # noqa: E402
 
@@ -23,10 +26,24 @@ def _compile_cache(tmp_path_factory):
         yield
 
 
-def test_default_experiment_smoke(tmp_path):
-    """The default experiment over two warm starts x one seed: figure a's arms, both collapse rules,
-    verdicts per warm start and pooled, provenance, arms.json, the fingerprint of warm start 0."""
-    data = default_experiment.main(["--smoke", "--seeds", "0", "--warm-starts", "0", "1", "--out", str(tmp_path)])
+@pytest.mark.slow
+@pytest.mark.xdist_group("default_smoke")  # test_portable_cpu's fingerprint compiles the same programs
+def test_default_experiment_smoke(tmp_path, tmp_path_factory):
+    """`python experiments/default.py --smoke` over two warm starts x one seed, as a user runs it
+    (its worker process, here on one core, portable CPU settings): figure a's arms, both collapse rules, verdicts per
+    warm start and pooled, provenance, arms.json, the fingerprint of warm start 0. Its workers'
+    programs are the fingerprint's (same config, same flags): the session's compilation cache
+    compiles them once for both tests."""
+    import fingerprint
+
+    env = compile_cache_env(tmp_path_factory, {k: v for k, v in os.environ.items()
+                                               if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")})
+    one_core = min(os.sched_getaffinity(0))  # one worker process: every program compiles once, not per core
+    proc = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "default.py"), "--smoke", "--seeds", "0",
+                           "--warm-starts", "0", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=EXPERIMENTS,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {one_core}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("results.md", "results.json", "curves.png", "config.yaml", "arms.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -38,7 +55,7 @@ def test_default_experiment_smoke(tmp_path):
     assert "| warm start 1 |" in md and "| sparse_rl |" in md and " of 2 (at " in md  # both rules
     assert "| sparse_rl - naive_sparse | dense inference, warm start 1 |" in md  # verdict per warm start
     assert "[arms.json](arms.json)" in md
-    for arm, rows in data["per_seed"].items():
+    for arm, rows in saved["per_seed"].items():
         assert [(r["warm_start"], r["seed"]) for r in rows] == [(0, 0), (1, 0)]
         assert all(0.0 <= r["dense_acc"] <= 1.0 and 0.0 <= r["sparse_acc"] <= 1.0 for r in rows)
         assert all((r["train_kv_saving"] > 0.2) == (arm != "dense") for r in rows)  # the sparse arms evict
@@ -49,9 +66,13 @@ def test_default_experiment_smoke(tmp_path):
     assert arms["dense/w1/seed0"]["config"]["model"]["init_from"].endswith(arms["warm_start1/sft"]["run"])
     assert arms["warm_start1/sft"]["run"] != arms["warm_start0/sft"]["run"]  # two SFT draws
     assert os.path.isdir(tmp_path / "runs")  # a fresh experiment keeps its runs in <out>/runs
-    assert set(data["fingerprint"]) == {"warm_start_params", "first_rollout_tokens",
-                                        "first_rollout_logprobs", "first_rollout_kept", "metrics"}
-    assert data["fingerprint"]["metrics"] == default_experiment.metrics_fingerprint(saved)
+    assert set(saved["fingerprint"]) == {"warm_start_params", "first_rollout_tokens",
+                                         "first_rollout_logprobs", "first_rollout_kept", "metrics"}
+    assert saved["fingerprint"]["metrics"] == default_experiment.metrics_fingerprint(saved)
+    committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
+    if (committed["jax"], committed["cpu"]) == (jax.__version__, fingerprint.cpu_model()):
+        # the workers train warm start 0 bit for bit as the one-process fingerprint does
+        assert saved["fingerprint"]["warm_start_params"] == committed["warm_start_params"]
 
 
 def test_warm_start_spread_smoke(tmp_path):

@@ -106,6 +106,7 @@ def _probe(mode: str, size: str, emulated: bool) -> list[str]:
     return _run(["-c", PROBE, str(EXPERIMENTS), mode, size], emulated=emulated, timeout=300).split()
 
 
+@pytest.mark.slow
 @needs_qemu
 def test_kernels_equal_on_an_emulated_avx2_cpu():
     """Small dots, reductions, softmax and rsqrt give the same bits here and on an emulated EPYC
@@ -136,6 +137,7 @@ def _fingerprint(path: Path, tmp_path_factory) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("default_smoke")  # test_experiments' default smoke compiles the same programs
 def test_fingerprint_matches_the_committed_one(tmp_path, tmp_path_factory):
     """`python experiments/fingerprint.py` on this machine: the default experiment at smoke size
     reproduces the committed fingerprint (same jax version, same CPU model), bit for bit. Another

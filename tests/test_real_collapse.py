@@ -28,6 +28,7 @@ def _compile_cache(tmp_path_factory):
         yield
 
 
+@pytest.mark.slow
 def test_smoke_study_and_replot(tmp_path):
     from hf_fixtures import make_tiny_hf_checkpoint
 

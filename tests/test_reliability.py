@@ -55,6 +55,7 @@ def _finish(proc, timeout=300):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"),
                     reason="needs 2 cores and taskset")
+@pytest.mark.slow
 def test_same_metrics_on_one_and_two_cores(tmp_path):
     """The default experiment's config (16 rows, a 5-step warm start, 2 iterations) in a
     pinned process (experiments/workers.py) under taskset -c 1 and taskset -c 0,1 (it pins
@@ -91,6 +92,7 @@ def _tree(run_dir):
         return step, c.restore(path)
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_path_factory):
     """Killed between iterations 1 and 2 (before the first checkpoint), then while writing
     checkpoint 4 (after iterations 3 and 4 were logged); each restart resumes. Every metric and

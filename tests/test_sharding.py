@@ -113,6 +113,7 @@ def test_unknown_param_and_cache_specs():
     assert few.k[0] == P("data", None) and few.window_q[0] == P("data", "tensor")
 
 
+@pytest.mark.slow
 def test_sharded_decode_attention_and_sampler_match_one_device_without_gathering_the_cache():
     """tests/sampler_sharded_worker.py: decode attention under shard_map (data, fsdp, tensor
     layouts; XLA reference and interpreted kernel), a sharded decode step and the sparse sampler
@@ -126,6 +127,7 @@ def test_sharded_decode_attention_and_sampler_match_one_device_without_gathering
     assert "SAMPLER SHARDED OK" in proc.stdout
 
 
+@pytest.mark.slow
 def test_trainer_runs_on_an_8_device_mesh(tmp_path):
     """Two Sparse-RL iterations with params and batches sharded over data 2 x fsdp 2 x tensor 2."""
     code = (

@@ -31,6 +31,7 @@ def warm_start(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_no_compilation_after_the_first_iteration(arm, warm_start, tmp_path):
     cfg = load_config([SMOKE], [

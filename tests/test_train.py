@@ -104,6 +104,7 @@ def test_resume_continues_the_same_run(tmp_path, tmp_path_factory):
     assert a[-1]["update/tokens"] > 0
 
 
+@pytest.mark.slow
 def test_training_raises_the_reward_on_an_easy_task(tmp_path):
     """Sparse-RL (snapkv rollouts) on sums of 0..1: a short warm start, then 10 RL iterations."""
     cfg = load_config([SMOKE, SMOKE.replace("smoke.yaml", "learns.yaml")],
@@ -117,6 +118,7 @@ def test_training_raises_the_reward_on_an_easy_task(tmp_path):
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
 
 
+@pytest.mark.slow
 def test_donated_update_keeps_the_reference_params(tmp_path):
     """The update step donates params and optimizer state (rl.update.donate): their old buffers
     are gone after a step, while pi_ref, a copy taken at start(), still reads as the warm start."""
@@ -139,6 +141,7 @@ def test_donated_update_keeps_the_reference_params(tmp_path):
     trainer.save()  # the new params and optimizer state are live buffers
 
 
+@pytest.mark.slow
 def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path):
     """Every program of the loop (rollout, learner widths, evaluation) compiles in the first
     iteration; later iterations compile nothing (a compile counter, not a timing). The periodic

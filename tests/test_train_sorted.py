@@ -34,6 +34,7 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
+@pytest.mark.slow
 def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     run = Trainer(_cfg(tmp_path / "a", "train.iterations=3"))
     run.run()

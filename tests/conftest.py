@@ -1,0 +1,35 @@
+"""The suite's run order under pytest-xdist, and a check that its test groups hold.
+
+Order: the long tests (marked `slow`) start first. xdist hands tests to its workers in
+collection order (the `xdist_group` groups first, the largest before the smaller); a long test
+collected last leaves the other worker idle while it runs, while starting the long ones first
+lets the short ones fill the gaps, so the workers finish together. Only the order changes: no
+test depends on another having run.
+
+Groups: tests marked `xdist_group(name)` share compiled programs (or a compilation cache) on one
+worker. xdist tells a group by a suffix it writes into each node id; pytest 9.2 keeps node ids
+elsewhere and drops the suffix, so every group silently splits over the workers and compiles
+its programs twice (requirements-test.txt pins pytest below 9.2); with that pair installed the
+run stops at once and says so.
+"""
+
+from importlib.metadata import version
+
+import pytest
+
+
+def _release(name: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version(name).split(".")[:2] if p.isdigit())
+
+
+def pytest_configure(config):
+    if (getattr(config.option, "dist", "no") == "loadgroup" and _release("pytest") >= (9, 2)
+            and _release("pytest-xdist") <= (3, 8)):
+        raise pytest.UsageError(
+            f"--dist loadgroup: pytest {version('pytest')} drops pytest-xdist {version('pytest-xdist')}'s "
+            "test groups (every xdist_group would split over the workers); install the pinned pytest "
+            "(requirements-test.txt: pytest<9.2)")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept within each
