@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,23 +27,25 @@ def _compile_cache(tmp_path_factory):
         yield
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("default_smoke")  # test_portable_cpu's fingerprint compiles the same programs
+# not marked slow: its group starts with test_portable_cpu's fingerprint (slow, one process), whose
+# compiled programs this run then loads from the session's cache
+@pytest.mark.xdist_group("default_smoke")
 def test_default_experiment_smoke(tmp_path, tmp_path_factory):
     """`python experiments/default.py --smoke` over two warm starts x one seed, as a user runs it
-    (its worker process, here on one core, portable CPU settings): figure a's arms, both collapse rules, verdicts per
-    warm start and pooled, provenance, arms.json, the fingerprint of warm start 0. Its workers'
-    programs are the fingerprint's (same config, same flags): the session's compilation cache
-    compiles them once for both tests."""
+    (its worker process, here on one core, portable CPU settings): figure a's arms, both collapse
+    rules, verdicts per warm start and pooled, provenance, arms.json, the fingerprint of warm
+    start 0. Its worker's programs are the fingerprint's (same config, same flags): the session's
+    compilation cache compiles them once for both tests."""
     import fingerprint
 
     env = compile_cache_env(tmp_path_factory, {k: v for k, v in os.environ.items()
                                                if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")})
-    one_core = min(os.sched_getaffinity(0))  # one worker process: every program compiles once, not per core
-    proc = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "default.py"), "--smoke", "--seeds", "0",
+    # on one core (the docs' taskset pinning): one worker process, every program compiled once
+    taskset = shutil.which("taskset")
+    pin = [taskset, "-c", str(min(os.sched_getaffinity(0)))] if taskset else []
+    proc = subprocess.run([*pin, sys.executable, os.path.join(EXPERIMENTS, "default.py"), "--smoke", "--seeds", "0",
                            "--warm-starts", "0", "1", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=EXPERIMENTS,
-                          preexec_fn=lambda: os.sched_setaffinity(0, {one_core}))
+                          capture_output=True, text=True, env=env, timeout=900, cwd=EXPERIMENTS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("results.md", "results.json", "curves.png", "config.yaml", "arms.json"):
         assert (tmp_path / name).stat().st_size > 0, name
