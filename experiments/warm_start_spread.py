@@ -48,9 +48,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     lines = [f"Warm starts of `{figlib.config_name(command)}` (task {base.data.task}), one per SFT seed "
              f"(train.seed); sparse inference with {base.kv.policy} (buffer {base.kv.buffer}); avg@1 on "
              f"{base.train.eval_prompts} held-out prompts.", "",
-             "| SFT seed | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    lines += [f"| {r['seed']} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |" for r in rows]
-    lines.append("| mean ± std | " + " | ".join(fmt([r[c] for r in rows], ".3f") for c in cols) + " |")
+             *figlib.md_table(["SFT seed", *cols], [*([str(r["seed"]), *(f"{r[c]:.3f}" for c in cols)] for r in rows),
+                                                    ["mean ± std", *(fmt([r[c] for r in rows], ".3f") for c in cols)]])]
     lines += ["", "KV saving under sparse inference (mean ± std over the SFT seeds): "
               + ", ".join(f"budget {b}: {fmt([r[f'kv_saving@{b}'] for r in rows], '.1%')}" for b in budgets) + "."]
     fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.0), layout="constrained")

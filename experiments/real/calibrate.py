@@ -219,13 +219,18 @@ def _options(r: dict) -> str:
                      if not (k == "instruction" and v == default)) or "defaults"
 
 
+def _run_span(numbers: list[int]) -> str:
+    """'Run 3. ' or 'Runs 1-8. ': the runs a sentence speaks of (consecutive: the earliest ones)."""
+    return f"Run {numbers[0]}. " if len(numbers) == 1 else f"Runs {numbers[0]}-{numbers[-1]}. "
+
+
 def render(runs: list[dict], results_json: str | None = None) -> str:
     first = runs[0]
     legacy = [i for i, r in enumerate(runs, 1) if "provenance" not in r]
     lines = [
         f"# Calibration: {first['task']} on {first['checkpoint']}",
         "",
-        *([f"Runs {legacy[0]}-{legacy[-1]}. " + figprov.provenance_line({}, results_json), ""] if legacy else []),
+        *([_run_span(legacy) + figprov.provenance_line({}, results_json), ""] if legacy else []),
         "Held-out task prompts (the evaluation seed stream) in the checkpoint's chat template, e.g.",
         "",
         "```",
