@@ -91,11 +91,15 @@ def warm_start_fingerprint(trainer) -> dict:
             "first_rollout_kept": _sha(out.kept_positions)}
 
 
-def metrics_fingerprint(data: dict) -> str:
-    """One hash of the warm starts' and every arm's per-run metrics, as exact floats."""
+def metrics_fingerprint(data: dict, warm: int | None = None) -> str:
+    """One hash of the warm starts' and every arm's per-run metrics, as exact floats; of one warm
+    start's (`warm`) alone: the hash of a run with only that warm start (experiments/fingerprint.py's
+    is warm start 0's)."""
     keys = ("dense_acc", "sparse_acc", "sparse_kv_saving")
-    warms = [sorted((k, w[k]) for k in keys) for _, w in sorted(figlib.warm_starts_of(data).items())]
-    rows = [[arm, [sorted((k, r[src]) for k, src in _FINGERPRINT_KEYS.items()) for r in data["per_seed"][arm]]]
+    warms = [sorted((k, w[k]) for k in keys) for i, w in sorted(figlib.warm_starts_of(data).items())
+             if warm in (None, i)]
+    rows = [[arm, [sorted((k, r[src]) for k, src in _FINGERPRINT_KEYS.items()) for r in data["per_seed"][arm]
+                   if warm in (None, r.get("warm_start", 0))]]
             for arm in ARMS]
     head = warms[0] if len(warms) == 1 else warms  # one warm start: the hash of the earlier layout
     return hashlib.sha256(json.dumps([head, rows]).encode()).hexdigest()[:16]

@@ -34,13 +34,19 @@ def compute(config: str = CONFIG) -> dict:
 
     jax.devices()  # start the backend here: parallel_map then runs every arm in this process
     import default
-    from figlib import smoke_overrides
 
-    overrides = [*smoke_overrides(config), "train.progress=false"]
     with tempfile.TemporaryDirectory() as out:
-        results = default.run(config, overrides, out, seeds=(0,), warms=(0,), log=lambda *a: None)
+        results = default.run(config, overrides(config), out, seeds=(0,), warms=(0,), log=lambda *a: None)
     return {"config": os.path.relpath(config, os.path.dirname(HERE)), "jax": jax.__version__,
             "cpu": cpu_model(), "portable_cpu": workers.portable_cpu_enabled(), **results["fingerprint"]}
+
+
+def overrides(config: str = CONFIG) -> list[str]:
+    """The fingerprint's run: `python experiments/default.py --smoke` (whose results.json holds the
+    same fingerprint for its first warm start), without a progress bar."""
+    from figlib import smoke_overrides
+
+    return [*smoke_overrides(config), "train.progress=false"]
 
 
 def cpu_model() -> str:

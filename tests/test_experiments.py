@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from compile_cache import compile_cache_env, compile_cache_in_process
+from compile_cache import compile_cache_in_process
 
 EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 sys.path.insert(0, str(EXPERIMENTS))
@@ -27,19 +27,17 @@ def _compile_cache(tmp_path_factory):
         yield
 
 
-# not marked slow: its group starts with test_portable_cpu's fingerprint (slow, one process), whose
-# compiled programs this run then loads from the session's cache
-@pytest.mark.xdist_group("default_smoke")
-def test_default_experiment_smoke(tmp_path, tmp_path_factory):
+@pytest.mark.slow
+def test_default_experiment_smoke(tmp_path):
     """`python experiments/default.py --smoke` over two warm starts x one seed, as a user runs it
     (its worker process, here on one core, portable CPU settings): figure a's arms, both collapse
-    rules, verdicts per warm start and pooled, provenance, arms.json, the fingerprint of warm
-    start 0. Its worker's programs are the fingerprint's (same config, same flags): the session's
-    compilation cache compiles them once for both tests."""
+    rules, verdicts per warm start and pooled, provenance, arms.json, and the fingerprint of warm
+    start 0, which on the CPU model and jax version that committed it equals
+    experiments/results/default/fingerprint_smoke.json bit for bit (what `python
+    experiments/fingerprint.py` computes in one process: the same run with one warm start)."""
     import fingerprint
 
-    env = compile_cache_env(tmp_path_factory, {k: v for k, v in os.environ.items()
-                                               if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")})
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")}
     # on one core (the docs' taskset pinning): one worker process, every program compiled once
     taskset = shutil.which("taskset")
     pin = [taskset, "-c", str(min(os.sched_getaffinity(0)))] if taskset else []
@@ -69,13 +67,16 @@ def test_default_experiment_smoke(tmp_path, tmp_path_factory):
     assert arms["dense/w1/seed0"]["config"]["model"]["init_from"].endswith(arms["warm_start1/sft"]["run"])
     assert arms["warm_start1/sft"]["run"] != arms["warm_start0/sft"]["run"]  # two SFT draws
     assert os.path.isdir(tmp_path / "runs")  # a fresh experiment keeps its runs in <out>/runs
-    assert set(saved["fingerprint"]) == {"warm_start_params", "first_rollout_tokens",
-                                         "first_rollout_logprobs", "first_rollout_kept", "metrics"}
-    assert saved["fingerprint"]["metrics"] == default_experiment.metrics_fingerprint(saved)
+    mine = saved["fingerprint"]
+    assert set(mine) == {"warm_start_params", "first_rollout_tokens", "first_rollout_logprobs",
+                         "first_rollout_kept", "metrics"}
+    assert mine["metrics"] == default_experiment.metrics_fingerprint(saved)
+    assert default_experiment.metrics_fingerprint(saved, warm=0) != mine["metrics"]  # warm start 1 counts
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
     if (committed["jax"], committed["cpu"]) == (jax.__version__, fingerprint.cpu_model()):
-        # the workers train warm start 0 bit for bit as the one-process fingerprint does
-        assert saved["fingerprint"]["warm_start_params"] == committed["warm_start_params"]
+        # bit for bit: the warm start, its first sparse rollout and every arm's metrics at warm start 0
+        assert {**mine, "metrics": default_experiment.metrics_fingerprint(saved, warm=0)} == {
+            k: committed[k] for k in mine}, proc.stdout[-2000:]
 
 
 def test_warm_start_spread_smoke(tmp_path):

@@ -1,8 +1,9 @@
 """Bit-identical numbers on every x86-64 CPU with AVX2 (experiments/workers.py, portable CPU
-settings): this machine's fingerprint of the default experiment equals the committed one, and a
-CPU without AVX-512 (EPYC Rome, emulated by qemu-user) computes what this one computes."""
+settings): experiments/fingerprint.py is the default smoke's first warm start and tells which field
+differs (tests/test_experiments.py checks the default smoke's fingerprint against the committed one
+bit for bit), and a CPU without AVX-512 (EPYC Rome, emulated by qemu-user) computes what this one
+computes."""
 
-import importlib.metadata
 import json
 import os
 import platform
@@ -13,7 +14,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from compile_cache import compile_cache_env
 
 REPO = Path(__file__).parent.parent
 EXPERIMENTS = REPO / "experiments"
@@ -125,32 +125,48 @@ def test_large_dots_equal_on_an_emulated_avx2_cpu():
     assert _probe("portable", "large", emulated=False) == _probe("portable", "large", emulated=True)
 
 
-def _fingerprint(path: Path, tmp_path_factory) -> tuple[dict, str]:
-    """experiments/fingerprint.py in a fresh process (the workers' settings), with the session's
-    compilation cache."""
-    cmd, base = _python_cmd(emulated=False)
-    proc = subprocess.run(cmd + ["fingerprint.py", "--json", str(path)], capture_output=True,
-                          text=True, env=compile_cache_env(tmp_path_factory, base),
-                          timeout=600, cwd=EXPERIMENTS)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: differs from the committed one
-    return json.loads(path.read_text()), proc.stdout
+def test_fingerprint_is_the_default_smoke_at_warm_start_0(tmp_path):
+    """`python experiments/fingerprint.py` computes in one process what `default.py --smoke`
+    computes for its first warm start: the same resolved config (tests/test_experiments.py's
+    default smoke compares that run's fingerprint with the committed one bit for bit)."""
+    import argparse
+    import dataclasses
+
+    import default
+    import figlib
+    import fingerprint
+    from sparserl_jax.config import load_config
+
+    args = argparse.Namespace(replot=None, smoke=True, config=default.CONFIG, overrides=[],
+                              runs_dir=str(tmp_path))
+    smoke = figlib.study_from_args(args, [0], None, default.DEFAULT_OVERRIDES).base
+    mine = load_config([fingerprint.CONFIG], fingerprint.overrides())
+    assert os.path.samefile(fingerprint.CONFIG, default.CONFIG)
+    assert dataclasses.replace(mine, train=dataclasses.replace(mine.train, progress=True)) == \
+        dataclasses.replace(smoke, train=dataclasses.replace(smoke.train, progress=True))
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("default_smoke")  # test_experiments' default smoke compiles the same programs
-def test_fingerprint_matches_the_committed_one(tmp_path, tmp_path_factory):
-    """`python experiments/fingerprint.py` on this machine: the default experiment at smoke size
-    reproduces the committed fingerprint (same jax version, same CPU model), bit for bit. Another
-    CPU model skips before computing it (see the residual in reproducibility.md); the AVX2 cap
-    that makes CPUs agree is part of the workers' settings (test_portable_env_merges_with_user_flags)
-    and its effect on kernels is checked under emulation above."""
+def test_fingerprint_compares_field_by_field(tmp_path, monkeypatch, capsys):
+    """fingerprint.py's verdict: 0 and "reproduces" when every field but the CPU equals the file's,
+    1 and one line per differing field otherwise (with the reason when jax or the settings differ);
+    --write records this machine's."""
     import fingerprint
 
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
-    here = {"jax": importlib.metadata.version("jax"), "cpu": fingerprint.cpu_model()}
-    for what in ("jax", "cpu"):
-        if here[what] != committed[what]:
-            pytest.skip(f"fingerprint committed on {what} {committed[what]!r}, this is {here[what]!r}")
-    mine, out = _fingerprint(tmp_path / "host.json", tmp_path_factory)
-    assert mine == committed, out
-    assert "reproduces" in out
+    path = tmp_path / "fp.json"
+    path.write_text(json.dumps(committed))
+    here = {**committed, "cpu": "another CPU"}
+    monkeypatch.setattr(fingerprint, "compute", lambda: dict(here))
+    assert fingerprint.main(["--out", str(path), "--json", str(tmp_path / "mine.json")]) == 0
+    assert "reproduces" in capsys.readouterr().out
+    assert json.loads((tmp_path / "mine.json").read_text()) == here
+    here["metrics"] = "0" * 16
+    assert fingerprint.main(["--out", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"differs: metrics: this machine '{'0' * 16}', committed '{committed['metrics']}'" in out
+    assert "committed on " + committed["cpu"] in out
+    here["portable_cpu"] = False
+    assert fingerprint.main(["--out", str(path)]) == 1
+    assert "SPARSERL_PORTABLE_CPU=0" in capsys.readouterr().out
+    assert fingerprint.main(["--out", str(path), "--write"]) == 0
+    assert json.loads(path.read_text()) == here

@@ -4,6 +4,7 @@
 regrouped by length or not, one or several minibatches and epochs), the bucket planning, and no
 compilation after the first batch (a compile counter, not a timing)."""
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -76,10 +77,11 @@ def _batch():
     return params, ref_params, packed, noise, adv
 
 
-@pytest.mark.parametrize("name,i", [(n, i) for n, (_, paths) in CASES.items() for i in range(len(paths))])
-def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
-    cfg, paths = CASES[name]
-    path = paths[i]
+@functools.cache
+def _case(name: str):
+    """A case's batch, the padded update's result on it and its bucketed learner, built once for
+    all of the case's paths (the learner compiles every path of a batch shape at its first call)."""
+    cfg, _ = CASES[name]
     params, ref_params, packed, noise, adv = _batch()
     score = update_lib.make_score_fn(MC, cfg.update)
     old = score(params, packed["tokens"])
@@ -88,11 +90,18 @@ def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
                      ref_logp=score(ref_params, packed["tokens"]), advantages=adv)
     want_params, _, want = update_lib.make_update_fn(MC, cfg, SGD_COUNTING)(
         params, SGD_COUNTING.init(params), ref_batch)
-
+    host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
     upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False)
+    return params, ref_params, host, old, want_params, want, upd
+
+
+@pytest.mark.parametrize("name,i", [(n, i) for n, (_, paths) in CASES.items() for i in range(len(paths))])
+def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
+    cfg, paths = CASES[name]
+    path = paths[i]
+    params, ref_params, host, old, want_params, want, upd = _case(name)
     assert upd.paths(8) == paths
     monkeypatch.setattr(upd, "choose", lambda lengths, widths: path)  # this path, whatever it costs
-    host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
     lengths = buckets.row_lengths(host["response_mask"])
     assert len(set(lengths)) > 3 and lengths.max() > 8  # rows of many widths, some at the full width
     got_params, state, out = upd(params, ref_params, SGD_COUNTING.init(params), host)

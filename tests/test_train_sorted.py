@@ -2,6 +2,7 @@
 at a group boundary and resumed gives the same metrics."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -44,9 +45,13 @@ def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     assert eng.P == run.cfg.data.max_prompt_len
     assert eng._segment._cache_size() == 1 and eng._harvest._cache_size() == 1
     assert eng._insert._cache_size() <= 4
-    # killed after 2 iterations (the end of the first group), then resumed
-    Trainer(_cfg(tmp_path / "b", "train.iterations=2")).run()
-    Trainer(_cfg(tmp_path / "b", "train.iterations=3")).run()
+    # killed after logging iteration 3, before its checkpoint: resumed from checkpoint 2 (the end of
+    # the first group), it truncates the log and computes iteration 3 again
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "3")
+    logged = []
+    Trainer(_cfg(tmp_path / "b", "train.iterations=3"), log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
+    assert any("at iteration 2" in line for line in logged), logged
     a, b = _strip(read_metrics(tmp_path / "a")), _strip(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2, 3]
     assert a[-1]["sorted/group"] == 1.0 and a[1]["sorted/staleness_max"] <= 1.0
