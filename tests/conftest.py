@@ -13,9 +13,21 @@ its programs twice (requirements-test.txt pins pytest below 9.2); with that pair
 run stops at once and says so.
 """
 
+import os
 from importlib.metadata import version
 
 import pytest
+
+# Compiling is most of this suite's time (75% of test_engine's and test_sampler's), and its programs
+# are small and run a few times: XLA's LLVM backend at optimisation level 0 compiles them a third
+# faster (XLA's own HLO passes and the dot and reduction libraries are unchanged; the generated
+# loops may round differently in the last place, which the tests' tolerances, derived from the
+# computation, allow; bit-for-bit checks compare programs built with the same flags). Set before a
+# test starts JAX's backend, inherited by the processes tests start (the default experiment's smoke
+# test runs with a user's environment instead); a level already in XLA_FLAGS wins.
+_OPT_LEVEL = "--xla_backend_optimization_level"
+if _OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_OPT_LEVEL}=0".strip()
 
 
 def _release(name: str) -> tuple[int, ...]:

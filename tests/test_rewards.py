@@ -108,6 +108,9 @@ def test_model_text_is_never_evaluated(monkeypatch, tmp_path):
     import math_verify.parser
     import sympy.parsing.sympy_parser as sp
 
+    # imported here before the spy: text with letters makes latex2sympy import sympy's units on
+    # first use, whose module sympifies its own prefix names ('yotta', 'Y', ...) through the parser
+    import sympy.physics.units  # noqa: F401
     seen = []
     real = sp.parse_expr
 
