@@ -50,7 +50,8 @@ def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "3")
     logged = []
-    Trainer(_cfg(tmp_path / "b", "train.iterations=3"), log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
+    Trainer(_cfg(tmp_path / "b", "train.iterations=3"),
+            log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
     assert any("at iteration 2" in line for line in logged), logged
     a, b = _strip(read_metrics(tmp_path / "a")), _strip(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2, 3]
