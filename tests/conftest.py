@@ -1,4 +1,8 @@
-"""The suite's run order under pytest-xdist, and a check that its test groups hold.
+"""The suite's compiler setting, its run order under pytest-xdist, and a check that its test
+groups hold.
+
+Compiler: XLA's LLVM backend at optimisation level 0 (below; docs/testing.md says what stays a
+user's).
 
 Order: the long tests (marked `slow`) start first. xdist hands tests to its workers in
 collection order (the `xdist_group` groups first, the largest before the smaller); a long test
