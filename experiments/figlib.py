@@ -46,7 +46,7 @@ from figplot import (BAND_CAPTION, DPI, PANEL_W, ablation_figure, band, band_leg
 from figprov import PORTABLE_SINCE, command_line, cpu_model, provenance, provenance_line
 from figruns import (DEFAULT_CONFIG, DEFAULT_RUNS, EVAL_PROMPTS, FROM_WARM_START, HERE, REPO,
                      RESULTS_EPOCH, SMOKE_OVERRIDES, Run, Study, accuracies, config_key, run_variants,
-                     scores, summarize, warm_rows)
+                     scores, summarize, summarize_history, warm_rows)
 from figstats import (ACC_METRICS, COLLAPSE_FRACTION, COLLAPSE_HEADERS, COLLAPSE_NOTE, REWARD_WINDOW,
                       TIE_NOTE, TIE_SE, Column, Comparison, arm_cells, collapse_cells, collapsed, compare,
                       compare_arms, comparison_lines, comparison_table, diff_se, fmt, headers,
@@ -63,7 +63,8 @@ __all__ = [
     "warms_of", "load_results", "default_out", "load_config", "dump_config", "TrainConfig", "workers",
     # runs (figruns)
     "HERE", "REPO", "DEFAULT_CONFIG", "DEFAULT_RUNS", "SMOKE_OVERRIDES", "FROM_WARM_START",
-    "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "scores", "accuracies",
+    "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "summarize_history", "scores",
+    "accuracies",
     "warm_rows", "run_variants",
     # the rules and a table's numbers (figstats)
     "COLLAPSE_FRACTION", "REWARD_WINDOW", "COLLAPSE_NOTE", "TIE_SE", "TIE_NOTE", "collapsed",

@@ -152,9 +152,13 @@ class Study:
         self._warm_dirs: dict[int, str] = {}
         self.arms: dict[str, dict] = {}  # every run this study returned: name -> resolved config
 
+    def resolve(self, overrides: Sequence[str]) -> TrainConfig:
+        """The config of the run of the base config + `overrides` (its identity: config_key)."""
+        return load_config([self.config], self.overrides + ["train.progress=false", *overrides])
+
     def train(self, name: str, overrides: Sequence[str]) -> Run:
         """Train (or resume, or reuse when finished) the run of the base config + `overrides`."""
-        cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides])
+        cfg = self.resolve(overrides)
         out_dir = os.path.join(self.runs_dir, config_key(cfg))
         cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides,
                                                          f"train.out_dir={out_dir}"])
@@ -253,7 +257,11 @@ def _evaluate_and_release(run: Run, evals) -> None:
 
 def summarize(run: Run) -> dict:
     """The training-time numbers every table quotes, and the reward rule's collapse iteration."""
-    h = run.history
+    return summarize_history(run.history)
+
+
+def summarize_history(h: list[dict]) -> dict:
+    """summarize's numbers from a run's per-iteration metrics alone (e.g. a committed record)."""
     return {
         "train_reward_last25": last_quarter(h, "reward/mean"),
         "train_kv_saving": run_mean(h, "kv/saving"),

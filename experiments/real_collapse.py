@@ -2,13 +2,18 @@
 SmolLM2-135M-Instruct, and does Sparse-RL (SARS + IBR) prevent it? (Sparse-RL Table 1 / Fig. 3)
 
   python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m
-  python experiments/real_collapse.py                         # setting rkv48: 3 arms x 3 seeds, resumable
-  python experiments/real_collapse.py --setting streaming32   # the larger-mismatch setting
-  python experiments/real_collapse.py --replot experiments/results/real/collapse/rkv48
+  python experiments/real_collapse.py --commit-records     # setting rkv64: 3 arms x 3 seeds
+  python experiments/real_collapse.py --setting rkv48      # the larger mismatch (only if rkv64 has no collapse)
+  python experiments/real_collapse.py --render-only        # results.md from the records present
+  python experiments/real_collapse.py --replot experiments/results/real/collapse/rkv64
 
-Every run is a single-core process (experiments/workers.py), one per core, resumable after a
-kill (the trainer's exact resume; finished runs are reused). The plan below was fixed before the
-first run and is written into every results.md beside the outcome.
+Every run is a single-core process (experiments/workers.py), one per core. A study takes longer
+than one machine is held here, so each run leaves a record the moment it finishes
+(experiments/run_records.py: <out>/records/<arm>-seed<k>.json, committed with --commit-records);
+the same command on another machine trains only the planned runs without a record (a run
+directory kept on the machine resumes from its checkpoint). results.md and the figure show the
+runs recorded so far and state no verdict until every planned run is there. The plan below was
+fixed before the first run and is written into every results.md beside the outcome.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import figlib  # noqa: E402
 import numpy as np  # noqa: E402
+import run_records  # noqa: E402
 import workers  # noqa: E402
+from sparserl_jax.config import to_dict  # noqa: E402
 
-CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
+CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_collapse.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_collapse")
 
 ITERATIONS = 20
@@ -42,55 +49,61 @@ class Setting:
     why: str
 
 
+DEFAULT_SETTING = "rkv64"
 SETTINGS = {
+    "rkv64": Setting(
+        "R-KV, budget 64 + buffer 16",
+        ("kv.policy=rkv", "kv.budget=64", "kv.buffer=16"),
+        "the calibrated config's eviction (experiments/results/real/calibration/chat_arithmetic, "
+        "the collapse study's setting): a budget above the 57-token prompt, a third of the KV saved"),
     "rkv48": Setting(
         "R-KV, budget 48 + buffer 16",
         ("kv.policy=rkv", "kv.budget=48", "kv.buffer=16"),
-        "the calibrated config's eviction: k3 KL 0.15 per token between sampler and pi_old and 23% "
-        "of the tokens rejected by SARS in the 4-iteration study (experiments/results/real/rl), "
-        "55-57% of the KV entries saved"),
-    "streaming32": Setting(
-        "StreamingLLM, budget 32 + buffer 16",
-        ("kv.policy=streaming", "kv.budget=32", "kv.buffer=16"),
-        "run only if nothing collapses under rkv48: the largest mismatch of the eviction table "
-        "(experiments/results/real/eviction: k3 KL 0.20, 26% SARS token rejection, 59% saving at "
-        "budget 32), a sink + recent window that drops the question from the cache mid-response"),
+        "run only if nothing collapses under rkv64: the larger mismatch of a budget below the prompt "
+        "(the first compression evicts part of the question), calibrated the same way before it runs "
+        "(every target but budget > prompt)"),
 }
 ARMS = {  # name -> (rl.mode, sparse rollouts?, label)
     "dense": ("dense", False, "dense rollouts"),
-    "naive": ("naive_sparse", True, "sparse rollouts, no correction"),
-    "sparse_rl": ("sparse_rl", True, "sparse rollouts + Sparse-RL (SARS + IBR)"),
+    "naive": ("naive_sparse", True, "sparse, no correction"),
+    "sparse_rl": ("sparse_rl", True, "sparse + Sparse-RL"),
 }
+HORIZON_GAIN = 0.10  # held-out accuracy the dense arm is expected to gain within ITERATIONS
 
 PLAN = f"""\
-**Plan, fixed before the runs.** Base: experiments/configs/real/smollm2_chat_arithmetic.yaml (chat
-arithmetic, 4 prompts x 4 samples an iteration at temperature 0.7, up to 256 new tokens, lr 1e-5,
-beta 1e-4, one optimizer step an iteration). Arms: dense rollouts (rl.mode=dense), sparse rollouts
+**Plan, fixed before the runs** (2026-11-26; it replaces the plan of the earlier, uncalibrated
+setting, which never ran to the end). Base: experiments/configs/real/smollm2_collapse.yaml, calibrated
+on the untrained model before any RL run against targets written down first
+(experiments/results/real/calibration/chat_arithmetic/results.md, "The collapse study's setting"):
+sums of two numbers 1-9 in SmolLM2's chat template ("Think step by step. At the end, write "The
+answer is" and the number."; the reward reads a \\boxed{{}}, else the answer line, else the last
+number), 4 prompts x 8 samples an iteration at temperature 0.6, up to 192 new tokens, lr 1e-5,
+beta 1e-4, one optimizer step an iteration. Arms: dense rollouts (rl.mode=dense), sparse rollouts
 trained as if on-policy (naive_sparse) and sparse rollouts with Sparse-RL (sparse_rl: SARS + IBR at
 the authors' settings), the two sparse arms under the setting's KV eviction. Seeds {list(SEEDS)} per arm
 (train.seed: prompts, sampling). {ITERATIONS} iterations a run.
+Horizon: the dense arm is expected to gain at least {HORIZON_GAIN:.2f} of held-out accuracy (about 2 SE of a
+difference of two {EVAL_PROMPTS}-prompt evaluations) within {ITERATIONS} iterations, on the mean over seeds;
+if it does not, no verdict on collapse is stated (a model that does not learn can show neither
+collapse nor stability) and the next study doubles the horizon.
 Evaluation: held-out accuracy (greedy decoding on {EVAL_PROMPTS} prompts never trained on, the same
 prompts at every point of a seed) under dense inference (the policy itself), at iterations 0 (the
-untrained model, per seed), {EVAL_EVERY} and {ITERATIONS}; its binomial SE is sqrt(p (1 - p) / {EVAL_PROMPTS})
-(0.04 at p = 0.27, the calibrated greedy accuracy) and a difference of two evaluations has SE
-sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) (figlib.diff_se). Amended once, after the untrained model's
-first evaluations and before any RL result: the plan first evaluated avg@1 sampled at the rollout
-temperature, which gave the untrained model 0.10 and 0.05 (seeds 0 and 1): a collapse threshold of
-3-6 correct prompts of 128, under the noise of one evaluation; greedy decoding (26.6% in the
-calibration) leaves a halving 3 SE to show.
+untrained model, per seed), {EVAL_EVERY} and {ITERATIONS}; a difference of two evaluations has SE
+sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) (figlib.diff_se).
 Collapse rule (one for every arm): a run has collapsed when its final held-out accuracy is below half
 of the untrained model's at its seed (figlib.collapsed with the untrained model as the warm start);
 the train-reward rule (figlib.reward_collapse_iteration: the 5-iteration moving average of the train
-reward below half its first value) is reported beside it for every run.
+reward below half its first value) is reported beside it for every run; the accuracy rule leads.
 Hypothesis (the paper's claim): naive sparse training collapses while dense does not, and Sparse-RL
 does not collapse and stays level with dense.
-Verdicts: the collapse claim is **supported** if the naive arm collapses at every seed and dense at
-none, **refuted** (in this setting and budget) if the naive arm collapses at no seed while its final
-accuracy ties dense by the tie rule (every seed's difference within 2 SE), **open** otherwise (mixed
-seeds, or no collapse but a clear drop). Sparse-RL's claim is **supported** if it collapses at no seed
-and ties or beats dense at every seed, **not supported** if it collapses at any seed or is behind dense
-by the tie rule. If nothing collapses within the budget under rkv48, the same study runs under
-streaming32 (the larger mismatch), and each setting gets its own verdict."""
+Verdicts (only when every planned run is recorded): the collapse claim is **supported** if the naive
+arm collapses at every seed and dense at none, **refuted** (in this setting and budget) if the naive
+arm collapses at no seed while its final accuracy ties dense by the tie rule (every seed's
+difference within 2 SE of that difference), **open** otherwise (k of n seeds, or no collapse but a
+clear drop). Sparse-RL's claim is **supported** if it collapses at no seed and ties or beats dense at
+every seed, **not supported** if it collapses at any seed or is behind dense by the tie rule. If
+nothing collapses under rkv64, the same study runs under rkv48 (the larger mismatch), and each
+setting gets its own verdict."""
 
 CURVES = (  # (metric(s), y label, title)
     (("eval/accuracy",), "accuracy (avg@1)", "held-out accuracy, dense inference"),
@@ -117,53 +130,104 @@ def untrained(seed: int) -> list[str]:
     return ["rl.mode=dense", "kv.policy=none", f"train.seed={seed}", "train.iterations=0"]
 
 
+def plan(seeds, setting: Setting, smoke: bool = False) -> list[tuple[str, list[str]]]:
+    """Every planned run as (name, overrides), in the order they start: the untrained model's
+    evaluation per seed, then per seed dense, naive, Sparse-RL (dense seed 0 first: the horizon
+    check reads it)."""
+    return ([(f"untrained/seed{s}", untrained(s)) for s in seeds]
+            + [(f"{arm}/seed{s}", overrides(setting, arm, s, smoke)) for s in seeds for arm in ARMS])
+
+
 def _job(job) -> str:
-    """Worker: train (or resume, or reuse) one run; the untrained model is evaluated here."""
-    config, base, runs_dir, name, over, n_eval = job
-    run = figlib.Study(config, base, runs_dir).train(name, [*over, "train.progress=true"])
+    """Worker: train (or resume) one run, evaluate the untrained model where it is one, and write
+    (and commit, if asked) its record the moment it finishes."""
+    config, base, runs_dir, records_dir, name, over, n_eval, commit = job
+    start = figlib.provenance(workers.available_cores(), None)  # the commit at the run's start
+    t0 = time.perf_counter()
+    study = figlib.Study(config, base, runs_dir)
+    run = study.train(name, [*over, "train.progress=true"])
+    evals = {}
     if run.cfg.train.iterations == 0:
-        run.evaluate({"policy": "none"}, n=n_eval)
-    return run.out_dir
+        t_eval = time.perf_counter()
+        res = run.evaluate({"policy": "none"}, n=n_eval)
+        evals["0"] = {"accuracy": res["accuracy"], "n": n_eval, "mean_length": res["mean_length"],
+                      "seconds": time.perf_counter() - t_eval}
+    for i, x in enumerate(run.history, 1):
+        if "eval/accuracy" in x:
+            evals[str(i)] = {"accuracy": x["eval/accuracy"], "n": run.cfg.train.eval_prompts}
+    config_tree = to_dict(run.cfg)
+    config_tree["train"]["out_dir"] = None  # the machine's run directory: not part of the record
+    path = run_records.write(records_dir, {
+        "name": name, "overrides": list(over), "config_key": figlib.config_key(run.cfg),
+        "config": config_tree, "history": run.history, "evals": evals,
+        "provenance": {**start, "wall_s": round(time.perf_counter() - t0, 1)},
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    })
+    if commit:
+        run_records.commit(path, f"real-model collapse study: the record of {name} ({_setting_of(records_dir)}), "
+                                 f"{len(run.history)} iterations")
+    return path
 
 
-def base_overrides(args) -> list[str]:
+def _setting_of(records_dir: str) -> str:
+    return os.path.basename(os.path.dirname(os.path.abspath(records_dir)))
+
+
+def base_overrides(args, setting: Setting) -> list[str]:
     it = 2 if args.smoke else args.iterations
     every = 1 if args.smoke else args.eval_every
     extra = ["rollout.max_new_tokens=16", "rollout.prompts=2", "rollout.samples=2", "data.max_prompt_len=160",
              "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2",
              "rl.update.score_batch_size=4"] if args.smoke else []
-    return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense", "train.eval_temperature=0",
-            f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=32",
+    return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense",
+            "train.eval_temperature=0", f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=32",
             f"train.save_every={1 if args.smoke else 5}", "train.keep_checkpoints=2", *extra, *args.overrides]
 
 
 def run(args, study) -> dict:
+    """Train the planned runs that have no record yet (one single-core worker per core), then
+    gather every record there is: the results hold what is recorded, complete or not."""
     setting = SETTINGS[args.setting]
     args.eval_prompts = args.eval_prompts or (4 if args.smoke else EVAL_PROMPTS)
+    records_dir = args.records or os.path.join(args.out, "records")
     # this study's own base overrides (its --smoke shrinks the real config; no SFT runs here)
-    base = base_overrides(args)
+    base = base_overrides(args, setting)
     study.overrides, study.base = base, figlib.load_config([study.config], base)
-    jobs = [(f"untrained/seed{s}", untrained(s)) for s in args.seeds]
-    jobs += [(f"{arm}/seed{s}", overrides(setting, arm, s, args.smoke)) for s in args.seeds for arm in ARMS]
+    jobs = plan(args.seeds, setting, args.smoke)
+    keys = {name: figlib.config_key(study.resolve(o)) for name, o in jobs}
+    todo = [] if args.render_only else run_records.missing(records_dir, keys.items())
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} planned runs recorded in {records_dir}; "
+          f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}", flush=True)
     t0 = time.perf_counter()
-    workers.parallel_map(_job, [(args.config, base, args.runs_dir, n, o, args.eval_prompts) for n, o in jobs],
-                         study.cores)
-    wall = time.perf_counter() - t0
-    before = {s: study.train(f"untrained/seed{s}", untrained(s)).evaluate({"policy": "none"}, n=args.eval_prompts)
-              for s in args.seeds}
+    workers.parallel_map(_job, [(args.config, base, args.runs_dir, records_dir, n, o, args.eval_prompts,
+                                 args.commit_records) for n, o in jobs if n in todo], study.cores)
+    records = {name: run_records.read(records_dir, name, keys[name]) for name, _ in jobs}
+    study.arms.update({name: {"overrides": r["overrides"], "run": r["config_key"], "config": r["config"]}
+                       for name, r in records.items() if r is not None})  # arms.json
+    return {**collect(records, args.seeds), "setting": args.setting, "eval_prompts": args.eval_prompts,
+            "iterations": study.base.train.iterations, "train_wall_s": time.perf_counter() - t0,
+            "cores": len(study.cores), "plan": PLAN, "trained_now": todo}
+
+
+def collect(records: dict[str, dict | None], seeds) -> dict:
+    """Results, histories and per-run provenance from the records present (a seed's arm needs the
+    untrained model's record of that seed)."""
+    before = {s: r["evals"]["0"] for s in seeds if (r := records[f"untrained/seed{s}"]) is not None}
     results, histories = {}, {}
     for arm in ARMS:
-        runs = [study.train(f"{arm}/seed{s}", overrides(setting, arm, s, args.smoke)) for s in args.seeds]
-        histories[arm] = [r.history for r in runs]
-        results[arm] = [row(r, s, before[s]["accuracy"]) for r, s in zip(runs, args.seeds)]
-    return {"setting": args.setting, "seeds": list(args.seeds), "results": results, "histories": histories,
-            "untrained": {str(s): before[s] for s in args.seeds}, "eval_prompts": args.eval_prompts,
-            "iterations": study.base.train.iterations, "train_wall_s": wall, "cores": len(study.cores),
-            "plan": PLAN}
+        recs = [(s, records[f"{arm}/seed{s}"]) for s in seeds if s in before]
+        recs = [(s, r) for s, r in recs if r is not None]
+        results[arm] = [row(r["history"], s, before[s]["accuracy"]) for s, r in recs]
+        histories[arm] = [r["history"] for _, r in recs]
+    runs = {name: {"commit": r["provenance"]["commit"], "uncommitted_changes": r["provenance"]["uncommitted_changes"],
+                   "cpu": r["provenance"]["cpu"], "jax": r["provenance"]["jax"], "wall_s": r["provenance"]["wall_s"],
+                   "finished": r["finished"]} for name, r in records.items() if r is not None}
+    return {"seeds": list(seeds), "results": results, "histories": histories,
+            "untrained": {str(s): v for s, v in before.items()}, "runs": runs,
+            "planned_runs": len(records), "recorded_runs": len(runs)}
 
 
-def row(run: figlib.Run, seed: int, untrained_acc: float) -> dict:
-    h = run.history
+def row(h: list[dict], seed: int, untrained_acc: float) -> dict:
     evals = {i + 1: x["eval/accuracy"] for i, x in enumerate(h) if "eval/accuracy" in x}
     final = evals[len(h)]
     return {
@@ -172,7 +236,7 @@ def row(run: figlib.Run, seed: int, untrained_acc: float) -> dict:
         "collapsed": bool(figlib.collapsed(final, untrained_acc)),
         "collapse_iteration": figlib.reward_collapse_iteration(h),
         "seconds_per_iteration": figlib.seconds_per_iteration(h),  # the first compiles
-        **figlib.summarize(run),
+        **figlib.summarize_history(h),
     }
 
 
@@ -186,13 +250,21 @@ def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
     by = {(c.a, c.b): c.sign for c in comps}
     coll = {arm: sum(r["collapsed"] for r in rows) for arm, rows in res.items()}
     k = len(data["seeds"])
-    if coll["naive"] == k and coll["dense"] == 0:
+    gain = float(np.mean([r["dense_acc"] - r["untrained_acc"] for r in res["dense"]]))
+    learned = gain >= HORIZON_GAIN
+    if not learned:
+        claim = (f"**no verdict**: the dense arm gained {gain:+.3f} in {data['iterations']} iterations, below the "
+                 f"horizon's {HORIZON_GAIN:.2f} (the plan: a model that does not learn shows neither collapse nor "
+                 "stability; the next study doubles the horizon)")
+    elif coll["naive"] == k and coll["dense"] == 0:
         claim = "**supported**"
     elif coll["naive"] == 0 and by["naive", "dense"] == 0:
         claim = "**refuted** in this setting and budget (no seed collapses; naive ties dense)"
     else:
         claim = "**open**"
-    if coll["sparse_rl"] == 0 and by["sparse_rl", "dense"] >= 0:
+    if not learned:
+        srl = "**no verdict** (the horizon, above)"
+    elif coll["sparse_rl"] == 0 and by["sparse_rl", "dense"] >= 0:
         srl = "**supported**" + ("" if coll["naive"] else " (trivially: nothing collapses here)")
     else:
         srl = "**not supported**"
@@ -202,6 +274,8 @@ def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
         f"Sparse-RL {coll['sparse_rl']} of {k}; reward rule: "
         + ", ".join(f"{arm} {sum(r['collapse_iteration'] is not None for r in rows)} of {k}"
                     for arm, rows in res.items()) + ".",
+        f"- Horizon: the dense arm gained {gain:+.3f} of held-out accuracy (mean over {k} seeds; expected >= "
+        f"{HORIZON_GAIN:.2f}).",
         f"- Naive sparse training collapses (paper: yes, Fig. 3): {claim}.",
         f"- Sparse-RL keeps training stable at the level of dense (paper: ~97% of dense accuracy, Table 1): "
         f"{srl}; here {ratio:.0%} of dense (mean final accuracy, {k} seeds).",
@@ -211,45 +285,83 @@ def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
 
 def render(data: dict, base, command: str) -> figlib.Rendered:
     setting = SETTINGS[data["setting"]]
-    res, n, k = data["results"], data["eval_prompts"], len(data["seeds"])
+    res, n = data["results"], data["eval_prompts"]
     fmt = figlib.fmt
+    complete = data["recorded_runs"] == data["planned_runs"]
     points = sorted({p for rows in res.values() for r in rows for p in r["evals"]}, key=int)
     columns = (("train reward last25", "train_reward_last25", ".3f"), ("mismatch k3", "mismatch_kl_k3", ".3f"),
                ("SARS token reject", "token_reject_rate", ".1%"), ("SARS resp. reject", "seq_reject_rate", ".1%"),
                ("KV saving", "train_kv_saving", ".1%"), ("s / iteration", "seconds_per_iteration", ".0f"))
     body = []
     for arm, rows in res.items():
+        if not rows:
+            continue
         its = [r["collapse_iteration"] for r in rows]
         at = ", ".join("-" if i is None else str(i) for i in its)
-        body.append([f"{arm} ({ARMS[arm][2]})", str(k), fmt([r["untrained_acc"] for r in rows]),
-                     *(fmt([r["evals"][p] for r in rows]) for p in points),
-                     f"{sum(r['collapsed'] for r in rows)} of {k}", f"{sum(i is not None for i in its)} of {k} ({at})",
+        m = len(rows)
+        body.append([f"{arm} ({ARMS[arm][2]})", ", ".join(str(r["seed"]) for r in rows),
+                     fmt([r["untrained_acc"] for r in rows]),
+                     *(fmt([r["evals"][p] for r in rows if p in r["evals"]]) for p in points),
+                     f"{sum(r['collapsed'] for r in rows)} of {m}", f"{sum(i is not None for i in its)} of {m} ({at})",
                      *figlib.stat_cells(rows, columns)])
-    lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "",
-             *figlib.md_table(["arm", "seeds", "held-out acc. it 0", *(f"it {p}" for p in points),
-                               "collapsed (acc. rule)", "collapsed (reward rule, at)", *figlib.headers(columns)], body)]
-    vlines, comps = verdicts(data)
-    lines += [*figlib.comparison_lines(comps, "Mean ± sample std over seeds. Paired differences of the final "
-                                       "held-out accuracy (same seed: same prompts and draws):"),
-              "", "**Verdicts** (by the plan's rules):", "", *vlines]
+    status = (f"**{data['recorded_runs']} of {data['planned_runs']} planned runs recorded**"
+              + ("." if complete else ": the study is not finished, so no verdict is stated (each finished run's "
+                 "record is committed as it finishes; the same command trains only the missing runs)."))
+    lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "", status, ""]
+    if body:
+        lines += figlib.md_table(["arm", "seeds", "held-out acc. it 0", *(f"it {p}" for p in points),
+                                  "collapsed (acc. rule)", "collapsed (reward rule, at)", *figlib.headers(columns)],
+                                 body)
+    if complete:
+        vlines, comps = verdicts(data)
+        lines += [*figlib.comparison_lines(comps, "Mean ± sample std over seeds. Paired differences of the final "
+                                           "held-out accuracy (same seed: same prompts and draws):"),
+                  "", "**Verdicts** (by the plan's rules):", "", *vlines]
+    lines += ["", *cost_lines(data), "", *record_lines(data)]
     fig = figure(data)
     caption = (
-        f"Figure: {setting.label} on SmolLM2-135M-Instruct (chat arithmetic), {k} seeds per arm; lines: "
+        f"Figure: {setting.label} on SmolLM2-135M-Instruct (chat arithmetic), runs recorded so far per arm; lines: "
         "mean over seeds, bands: ± one sample std over seeds (clipped to each metric's range); held-out "
         f"accuracy (greedy) on {n} prompts under dense inference at iterations 0, {EVAL_EVERY}, {data['iterations']} "
         "(points; the grey dotted line: half the untrained model's, the collapse threshold). Grey band in the "
-        "KV-saving panel: the paper's 35-53% fewer KV entries (Sparse-RL Table 1). Training runs: "
-        f"{data['cores']} single-core processes, wall time {data['train_wall_s'] / 60:.0f} min (finished runs reused).")
+        "KV-saving panel: the paper's 35-53% fewer KV entries (Sparse-RL Table 1).")
     return figlib.Rendered(f"Sparse-RL's collapse claim on SmolLM2-135M: {data['setting']}", "\n".join(lines),
                            {"collapse": fig}, caption)
 
 
+def cost_lines(data: dict) -> list[str]:
+    """What the study costs here: seconds per iteration (median after the first) and per
+    evaluation, and the whole plan at that rate on one core."""
+    per_it = [r["seconds_per_iteration"] for rows in data["results"].values() for r in rows]
+    evals = [v["seconds"] for v in data["untrained"].values() if "seconds" in v]
+    if not per_it:
+        return ["Cost: no finished training run recorded yet."]
+    it_s, eval_s = float(np.median(per_it)), float(np.median(evals)) if evals else float("nan")
+    n_runs = len(ARMS) * len(data["seeds"])
+    n_evals = len(data["seeds"]) * (1 + len(ARMS) * (data["iterations"] // EVAL_EVERY))
+    total_h = (n_runs * data["iterations"] * it_s + n_evals * eval_s) / 3600
+    return [f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "
+            f"first iteration's compile excluded), {eval_s:.0f} s an evaluation of {data['eval_prompts']} prompts; "
+            f"the whole plan ({n_runs} runs x {data['iterations']} iterations, {n_evals} evaluations) "
+            f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine."]
+
+
+def record_lines(data: dict) -> list[str]:
+    """Each recorded run's provenance: where and from which commit it ran."""
+    rows = [[name, r["finished"], r["commit"] + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
+             r["cpu"], r["jax"], f"{r['wall_s'] / 60:.0f} min"] for name, r in sorted(data["runs"].items())]
+    return ["Records (experiments/results/real/collapse/<setting>/records/, one per finished run):", "",
+            *figlib.md_table(["run", "finished", "commit at its start", "CPU", "jax", "wall time"], rows)]
+
+
 def figure(data: dict):
     res, hists = data["results"], data["histories"]
-    fig, axes = figlib.panels(4, 9.0)
+    fig, axes = figlib.panels(4, 8.5, width=figlib.PANEL_W)  # one paper column
     colours = dict(zip(ARMS, ("tab:blue", "tab:red", "tab:green")))
     for ax, (keys, ylabel, title) in zip(axes, CURVES):
         for arm, hs in hists.items():
+            if not hs:
+                continue
             for j, key in enumerate(keys):
                 style = "-" if j == len(keys) - 1 or len(keys) == 1 else "--"
                 if key == "eval/accuracy":
@@ -265,22 +377,28 @@ def figure(data: dict):
                     continue
                 figlib.mean_line(ax, x, m, s, colours[arm], 0.0, None, style, lw=1.1,
                                  label=ARMS[arm][2] if j == 0 else None)
-        if keys[0] == "eval/accuracy":
-            half = 0.5 * np.mean([r["untrained_acc"] for rows in res.values() for r in rows])
-            ax.axhline(half, color="grey", ls=":", lw=1)
+        untrained = [r["untrained_acc"] for rows in res.values() for r in rows]
+        if keys[0] == "eval/accuracy" and untrained:
+            ax.axhline(0.5 * np.mean(untrained), color="grey", ls=":", lw=1)
         if keys[0] == "kv/saving":
             ax.axhspan(0.35, 0.53, color="grey", alpha=0.2, lw=0)
         ax.set(title=title, xlabel="iteration", ylabel=ylabel)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"Sparse-RL on SmolLM2-135M, {SETTINGS[data['setting']].label}: {len(data['seeds'])} seeds per arm")
+    fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs")
     figlib.band_legend_below(fig, axes[-1], ncol=3)
     return fig
 
 
 def arguments(p) -> None:
-    p.add_argument("--setting", default="rkv48", choices=list(SETTINGS))
+    p.add_argument("--setting", default=DEFAULT_SETTING, choices=list(SETTINGS))
     p.add_argument("--iterations", type=int, default=ITERATIONS)
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    p.add_argument("--records", help="where each finished run's record goes (default <out>/records): "
+                   "planned runs with a matching record are not trained again")
+    p.add_argument("--commit-records", action="store_true",
+                   help="git-commit each record the moment its run finishes (a study spanning machines)")
+    p.add_argument("--render-only", action="store_true",
+                   help="train nothing: results.md and the figure from the records present")
 
 
 FIGURE = figlib.Figure(
@@ -292,7 +410,7 @@ def main(argv=None) -> dict:
     """FIGURE.main, writing each setting to experiments/results/real/collapse/<setting> by default."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--out" not in argv and "--replot" not in argv:
-        setting = argv[argv.index("--setting") + 1] if "--setting" in argv else "rkv48"
+        setting = argv[argv.index("--setting") + 1] if "--setting" in argv else DEFAULT_SETTING
         argv += ["--out", os.path.join(figlib.HERE, "results", "real", "collapse", setting)]
     if "--runs-dir" not in argv and "--replot" not in argv:
         argv += ["--runs-dir", RUNS]

@@ -50,8 +50,12 @@ def evaluate_examples(
     batch_size: int = 64,
     max_prompt_len: int = 1 << 30,
     mesh=None,
+    on_rollout: Callable | None = None,
 ) -> dict:
     """avg@k accuracy, mean response length and KV saving of `sampler_cfg` on `examples`.
+
+    `on_rollout(prompt_tokens, prompt_lens, out)`, if given, sees every sampler call's padded
+    prompts and RolloutOutput (host arrays), e.g. to score the sampled tokens under another policy.
 
     With a mesh (`params` laid out on it) every process passes the same examples; each batch's
     rows are split over the processes' devices and the outputs gathered to all of them
@@ -70,6 +74,8 @@ def evaluate_examples(
             params, model_cfg, tokens, plens, jax.random.key(seed), sampler_cfg, mesh,
             request_ids=np.arange(first, first + len(ids)),
         )
+        if on_rollout is not None:
+            on_rollout(tokens, plens, out)
         for i, e in enumerate(x for x in chunk for _ in range(k)):
             n = int(out.lengths[i])
             text = tokenizer.decode(out.tokens[i, :n].tolist())

@@ -11,10 +11,11 @@ import pytest
 from sparserl_jax.config import load_config
 from sparserl_jax.data.tasks import get_task
 from sparserl_jax.data.tasks.chat_arithmetic import (INSTRUCTION, evaluate_expression,
-                                                     extract_answer_line)
+                                                     extract_answer_line, extract_last_number)
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real",
                       "smollm2_chat_arithmetic.yaml")
+COLLAPSE_CONFIG = os.path.join(os.path.dirname(CONFIG), "smollm2_collapse.yaml")
 
 
 def test_prompts_are_seeded_questions_with_the_instruction():
@@ -77,6 +78,19 @@ def test_answer_line_can_be_switched_off_and_negative_labels():
     assert extract_answer_line("no marker 12") is None
 
 
+@pytest.mark.parametrize("response, reward", [
+    ("First 20 + 50 = 70, then 3 + 8 = 11, 70 + 11 = 81.", 1.0),  # no marker: the last number
+    ("So 81 is the sum, not 1,080", 0.0),  # the last number, even when wrong
+    ("The answer is 80. Or maybe 81.", 0.0),  # an answer line wins over the last number
+    ("\\boxed{80}, 81", 0.0),  # and a box over both
+    ("no number at all", 0.0),
+])
+def test_last_number_fallback(response, reward):
+    assert get_task("chat_arithmetic", last_number=True).reward(response, "81") == reward
+    assert get_task("chat_arithmetic").reward("First 70 + 11 = 81.", "81") == 0.0  # off by default
+    assert extract_last_number("from -3 to 1,234.5") == "1234.5" and extract_last_number("none") is None
+
+
 def test_demonstration_earns_the_reward():
     task = get_task("chat_arithmetic", ops="+-*", n_terms=3)
     for prompt, label in task.sample(np.random.default_rng(5), 20):
@@ -110,8 +124,9 @@ def test_not_a_prompt():
 # ---------------------------------------------------------------- the RL config
 
 
-def test_config_loads_with_the_calibrated_settings():
-    cfg = load_config([CONFIG])
+@pytest.mark.parametrize("config", [CONFIG, COLLAPSE_CONFIG])
+def test_config_loads_with_the_calibrated_settings(config):
+    cfg = load_config([config])
     assert cfg.data.task == "chat_arithmetic" and cfg.data.chat_template is True
     assert cfg.model.checkpoint == "checkpoints/smollm2-135m"
     assert cfg.rollout.max_new_tokens >= 128 and cfg.kv.policy == "rkv"

@@ -33,6 +33,16 @@ def test_group_and_length_stats():
     assert L["at_cap"] == 0.25 and L["ge_128"] == 0.75 and L["max"] == 256
 
 
+def test_study_targets_read_the_declared_numbers():
+    base = {"dense_reward": 0.3, "dense_mixed": 0.6, "sparse_reward": 0.2, "budget": 64, "prompt_max": 57,
+            "kv_saving": 0.33, "k3": 0.05}
+    met = lambda c: [name for name, _, test in calibrate.STUDY_TARGETS if test(c)]  # noqa: E731
+    assert len(met(base)) == len(calibrate.STUDY_TARGETS)
+    for bad in ({"dense_reward": 0.2}, {"dense_reward": 0.8, "sparse_reward": 0.5}, {"dense_mixed": 0.4},
+                {"sparse_reward": 0.1}, {"budget": 57}, {"kv_saving": 0.25}, {"k3": 0.01}):
+        assert len(met({**base, **bad})) == len(calibrate.STUDY_TARGETS) - 1, bad
+
+
 def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     pytest.importorskip("transformers")
     from hf_fixtures import make_tiny_hf_checkpoint
@@ -55,6 +65,10 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
         assert (a["kv_saving"] == 0) == (a["policy"] == "none")
     assert run["arms"][2]["k"] == 2 and 0 <= run["arms"][2]["groups"]["mixed"] <= 1
     assert 0 <= run["arms"][1]["same_as_dense"] <= 1
+    # the sampled sparse arm is scored under the dense model: the first iteration's mismatch
+    assert "mismatch" not in run["arms"][2]
+    m = run["arms"][3]["mismatch"]
+    assert m["kl_k3"] >= 0 and 0 <= m["token_reject"] <= 1 and m["tokens"] == sum(run["arms"][3]["response_lengths"])
     # a second call (another setting, greedy dense only) appends a run; results.md shows both
     data = calibrate.main([*common, "--arms", "greedy", "--dense-only", "data.task_options.max_value=30"])
     assert len(data["runs"]) == 2 and [a["name"] for a in data["runs"][1]["arms"]] == ["greedy dense"]
@@ -62,6 +76,8 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     md = (out / "results.md").read_text()
     assert "## Run 1: min_value=1, max_value=20" in md and "## Run 2:" in md and "max_value=30" in md
     assert "Command: `python experiments/real/calibrate.py --config" in md and "first" in md
+    study = md[md.index("## The collapse study's setting"):md.index("## Run 1")]
+    assert study.count("\n| 1 | ") == 1 and "| 2 | " not in study  # run 1's sampled sparse arm, not run 2
     assert md.count("Provenance: commit") == 2 and "portable CPU settings" in md  # one per run
     assert json.loads((out / "results.json").read_text()) == data
     with pytest.raises(FileNotFoundError, match="model.checkpoint="):

@@ -1,6 +1,7 @@
 """experiments/real_collapse.py at smoke size on a tiny checkpoint: every arm and seed trains with
-the dense periodic evaluation, the table, the rules' verdicts and the figure are written, and
---replot re-renders them from results.json alone."""
+the dense periodic evaluation and leaves a record; the table, the rules' verdicts and the figure
+are written from the records, --replot re-renders them from results.json alone, and a study with
+some records present trains only the missing runs (a study continued on another machine)."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from compile_cache import compile_cache_in_process
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 import real_collapse  # noqa: E402
+import run_records  # noqa: E402
 
 jax.devices()  # the backend runs: the arms train in this process (no worker start-up)
 
@@ -28,17 +30,46 @@ def _compile_cache(tmp_path_factory):
         yield
 
 
+def test_records_round_trip_and_identity(tmp_path):
+    rec = {"name": "naive/seed1", "config_key": "abc123", "history": [{"reward/mean": 0.25}],
+           "evals": {"10": {"accuracy": 0.5, "n": 128}}}
+    path = run_records.write(str(tmp_path), rec)
+    assert os.path.basename(path) == "naive-seed1.json"
+    assert run_records.read(str(tmp_path), "naive/seed1") == {"schema": run_records.SCHEMA, **rec}
+    assert run_records.read(str(tmp_path), "naive/seed1", "abc123")["history"] == rec["history"]
+    assert run_records.read(str(tmp_path), "naive/seed1", "another") is None  # another config: not reused
+    assert run_records.read(str(tmp_path), "dense/seed1") is None
+    assert run_records.missing(str(tmp_path), [("naive/seed1", "abc123"), ("dense/seed1", "x"),
+                                               ("naive/seed1", "changed")]) == ["dense/seed1", "naive/seed1"]
+    with pytest.raises(ValueError, match="config_key"):
+        run_records.write(str(tmp_path), {"name": "x"})
+    stale = json.loads(open(path).read())
+    stale["schema"] = 0
+    open(path, "w").write(json.dumps(stale))
+    with pytest.raises(ValueError, match="schema"):
+        run_records.read(str(tmp_path), "naive/seed1")
+
+
+def _untimed(results: dict) -> dict:
+    return {arm: [{k: v for k, v in r.items() if k != "seconds_per_iteration"} for r in rows]
+            for arm, rows in results.items()}
+
+
+def _run_dirs(runs) -> set[str]:
+    return {d.name for d in runs.iterdir() if d.is_dir()} if runs.exists() else set()
+
+
 @pytest.mark.slow
-def test_smoke_study_and_replot(tmp_path):
+def test_smoke_study_records_resume_and_replot(tmp_path):
     from hf_fixtures import make_tiny_hf_checkpoint
 
     from sparserl_jax.tokenizer import CharTokenizer
 
     ckpt = make_tiny_hf_checkpoint("llama", tmp_path / "ckpt")
     CharTokenizer().save(ckpt)
-    out = tmp_path / "out"
-    data = real_collapse.main(["--smoke", "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
-                               "--out", str(out), f"model.checkpoint={ckpt}"])
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    argv = ["--smoke", "--seeds", "0", "--runs-dir", str(runs), "--out", str(out), f"model.checkpoint={ckpt}"]
+    data = real_collapse.main(argv)
     res = data["results"]
     assert set(res) == set(real_collapse.ARMS) and all(len(rows) == 1 for rows in res.values())
     for arm, (_, sparse, _) in real_collapse.ARMS.items():
@@ -46,10 +77,33 @@ def test_smoke_study_and_replot(tmp_path):
         assert set(r["evals"]) == {"1", "2"} and r["dense_acc"] == r["evals"]["2"]
         assert (r["train_kv_saving"] > 0) == sparse
         assert r["collapsed"] == (r["dense_acc"] < 0.5 * r["untrained_acc"])
+    planned = [name for name, _ in real_collapse.plan([0], real_collapse.SETTINGS[real_collapse.DEFAULT_SETTING])]
+    assert data["planned_runs"] == data["recorded_runs"] == len(planned) == 4 and len(_run_dirs(runs)) == 4
+    records = out / "records"
+    for name in planned:  # every finished run left its record, with its provenance
+        rec = run_records.read(str(records), name)
+        assert rec["provenance"]["commit"] and rec["provenance"]["cpu"] and rec["config"]["train"]["out_dir"] is None
     md = (out / "results.md").read_text()
-    assert "**Plan, fixed before the runs.**" in md and "**Verdicts**" in md and "Provenance: commit" in md
+    assert "**Plan, fixed before the runs**" in md and "**Verdicts**" in md and "Provenance: commit" in md
+    assert "**4 of 4 planned runs recorded**" in md and "Cost here" in md
     assert (out / "arms.json").exists() and (out / "collapse.png").stat().st_size > 0
     before = json.loads((out / "results.json").read_text())
+
+    # another machine: no run directories, one record missing -> only that run trains
+    import shutil
+
+    shutil.rmtree(runs)
+    (records / "naive-seed0.json").unlink()
+    partial = real_collapse.main([*argv, "--render-only"])
+    assert partial["recorded_runs"] == 3 and partial["results"]["naive"] == [] and not _run_dirs(runs)
+    md = (out / "results.md").read_text()
+    assert "**3 of 4 planned runs recorded**" in md and "**Verdicts**" not in md
+    again = real_collapse.main(argv)
+    assert again["trained_now"] == ["naive/seed0"] and len(_run_dirs(runs)) == 1
+    assert _untimed(again["results"]) == _untimed(before["results"])  # the retrained run is the same run
+    assert again["recorded_runs"] == 4 and "**Verdicts**" in (out / "results.md").read_text()
+
+    written = (out / "results.json").read_text()
     (out / "collapse.png").unlink()
     real_collapse.main(["--replot", str(out)])
-    assert (out / "collapse.png").exists() and json.loads((out / "results.json").read_text()) == before
+    assert (out / "collapse.png").exists() and (out / "results.json").read_text() == written

@@ -33,7 +33,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
 import figprov  # noqa: E402  (the provenance sentence every results.md carries)
-TARGET = (0.2, 0.6)  # greedy accuracy wanted before RL
+TARGET = (0.2, 0.6)  # greedy accuracy wanted before RL (runs 1-8: the 4-iteration RL study's setting)
+
+# The collapse study's setting must meet every one of these on the untrained model before any RL
+# run (declared 2026-11-26, before the first calibration of them): a training signal that exists
+# for dense and sparse rollouts alike, the paper's regime for the cache (the question itself kept),
+# and a mismatch the corrections have to repair. (name, what it reads, the test.)
+STUDY_TARGETS = (
+    ("dense reward 0.25-0.75", "sampled dense accuracy at the rollout temperature",
+     lambda c: 0.25 <= c["dense_reward"] <= 0.75),
+    ("mixed >= 50%", "sampled dense groups with mixed rewards (a GRPO signal)", lambda c: c["dense_mixed"] >= 0.5),
+    ("sparse >= half dense", "sampled sparse accuracy over sampled dense", lambda c: c["sparse_reward"] >= 0.5 * c["dense_reward"]),
+    ("budget > prompt", "kv.budget over the longest prompt (tokens)", lambda c: c["budget"] > c["prompt_max"]),
+    ("KV saving >= 30%", "sampled sparse KV saving", lambda c: c["kv_saving"] >= 0.30),
+    ("k3 >= 0.02", "KL k3 per token, sparse sampler vs the dense model", lambda c: c["k3"] >= 0.02),
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,6 +120,46 @@ def format_stats(task, responses: list[str]) -> dict:
     return {"boxed": float(np.mean(boxed)), "answer_found": float(np.mean(found))}
 
 
+class DenseScorer:
+    """evaluate_examples' on_rollout hook: the dense model's teacher-forced log-probs (pi_old of the
+    untrained model) of every sampled token at the sampling temperature; `mismatch()` then gives
+    what the first RL iteration's corrections would see (measure.mismatch_numbers: k3, SARS
+    rejection at the authors' settings, xi quantiles)."""
+
+    def __init__(self, parts, temperature: float):
+        from sparserl_jax.rl.config import UpdateConfig
+        from sparserl_jax.rl.update import make_score_fn
+
+        self.parts = parts
+        self.score = make_score_fn(parts.model_cfg, UpdateConfig(temperature=temperature, score_batch_size=16))
+        self.rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def __call__(self, prompt_tokens, prompt_lens, out) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from sparserl_jax.rl.batch import assemble
+
+        batch = assemble(jnp.asarray(prompt_tokens), jnp.asarray(prompt_lens), jnp.asarray(out.tokens),
+                         jnp.asarray(out.logprobs), jnp.asarray(out.mask),
+                         pad_token_id=self.parts.tokenizer.pad_token_id)
+        old = self.score(self.parts.params, batch["tokens"])
+        self.rows.append(jax.device_get((old, batch["sampler_logp"], batch["response_mask"])))
+
+    def mismatch(self) -> dict:
+        import measure
+
+        width = max(r[0].shape[1] for r in self.rows)
+
+        def cat(i: int, fill) -> np.ndarray:
+            return np.concatenate([np.pad(r[i], ((0, 0), (0, width - r[i].shape[1])), constant_values=fill)
+                                   for r in self.rows])
+
+        res = measure.mismatch_numbers(cat(0, 0.0), cat(1, 0.0), cat(2, False))
+        res.pop("min_log_xi")
+        return res
+
+
 def measure_arm(cfg, parts, examples, *, name: str, kv_cfg, temperature: float, k: int, seed: int,
                 rows: int) -> dict:
     from sparserl_jax import components
@@ -115,8 +169,11 @@ def measure_arm(cfg, parts, examples, *, name: str, kv_cfg, temperature: float, 
     t0 = time.perf_counter()
     sampler = components.sampler_config(cfg, parts.tokenizer, kv_cfg=kv_cfg,
                                         sampling=SamplingConfig(temperature))
+    # a sampled sparse arm: the mismatch its rollouts would carry into RL
+    scorer = DenseScorer(parts, temperature) if k > 1 and not kv_cfg.is_dense else None
     res = evaluate_examples(parts.params, parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler,
-                            k=k, seed=seed, batch_size=rows, max_prompt_len=cfg.data.max_prompt_len)
+                            k=k, seed=seed, batch_size=rows, max_prompt_len=cfg.data.max_prompt_len,
+                            on_rollout=scorer)
     rewards = np.array([s["reward"] for s in res["samples"]]).reshape(len(examples), k)
     lengths = np.array([s["length"] for s in res["samples"]])
     responses = [s["response"] for s in res["samples"]]
@@ -128,14 +185,16 @@ def measure_arm(cfg, parts, examples, *, name: str, kv_cfg, temperature: float, 
         "rewards": rewards.tolist(), "response_lengths": lengths.tolist(),
         "wall_s": time.perf_counter() - t0,
     }
+    if scorer is not None:
+        out["mismatch"] = scorer.mismatch()
     if k > 1:
         out["groups"] = group_stats(rewards)
-    else:
-        out["responses"] = responses  # greedy: one per prompt, kept for reading
+    out["responses"] = responses  # kept for reading (and re-scoring)
     print(f"  {name}: accuracy {out['accuracy']:.3f}"
           + (f", mixed groups {out['groups']['mixed']:.3f}" if k > 1 else "")
-          + f", mean length {out['lengths']['mean']:.1f}, KV saving {out['kv_saving']:.1%}, "
-          f"{out['wall_s']:.0f} s", flush=True)
+          + f", mean length {out['lengths']['mean']:.1f}, KV saving {out['kv_saving']:.1%}"
+          + (f", k3 {out['mismatch']['kl_k3']:.3f}" if scorer is not None else "")
+          + f", {out['wall_s']:.0f} s", flush=True)
     return out
 
 
@@ -263,6 +322,7 @@ def render(runs: list[dict], results_json: str | None = None) -> str:
             "yes" if ok else "no",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += study_table(runs)
     for i, r in enumerate(runs, 1):
         kv = r["kv"]
         lines += [
@@ -301,6 +361,52 @@ def render(runs: list[dict], results_json: str | None = None) -> str:
             lines += ["", f"First greedy dense response (label {r['first_label']}, reward "
                       f"{gd['rewards'][0][0]:.0f}):", "", "```", gd["responses"][0].strip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def study_candidates(r: dict) -> list[dict]:
+    """The numbers STUDY_TARGETS read, one dict per sampled sparse arm of run `r` (with its sampled
+    dense arm); none for a run without both."""
+    sd = _arm(r, "sampled dense")
+    if sd is None:
+        return []
+    out = []
+    for a in r["arms"]:
+        if a["k"] > 1 and a["policy"] != "none" and "mismatch" in a:
+            out.append({"arm": a, "dense_reward": sd["accuracy"], "dense_mixed": sd["groups"]["mixed"],
+                        "sparse_reward": a["accuracy"], "budget": a["budget"],
+                        "prompt_max": r["prompt_tokens"]["max"], "kv_saving": a["kv_saving"],
+                        "k3": a["mismatch"]["kl_k3"], "dense_length": sd["lengths"]["mean"]})
+    return out
+
+
+def study_table(runs: list[dict]) -> list[str]:
+    """The collapse study's calibration: every sampled run against STUDY_TARGETS."""
+    rows = []
+    for i, r in enumerate(runs, 1):
+        for c in study_candidates(r):
+            a, m = c["arm"], c["arm"]["mismatch"]
+            met = [name for name, _, test in STUDY_TARGETS if test(c)]
+            missed = [name for name, _, _ in STUDY_TARGETS if name not in met]
+            rows.append(
+                f"| {i} | {_options(r)}; T={r['temperature']}, k={r['samples']}, {r['prompts']} prompts, "
+                f"max new {r['max_new_tokens']} | {_budget(a)} + {r['kv']['buffer']} (prompt <= {c['prompt_max']}) "
+                f"| {c['dense_reward']:.3f} ({c['dense_mixed']:.2f}) | {_acc(a)} | {_pct(c['kv_saving'])} "
+                f"| {c['k3']:.3f} | {_pct(m['token_reject'])} / {_pct(m['seq_reject'])} | {m['xi_p5']:.3f} "
+                f"| {c['dense_length']:.0f} / {a['lengths']['mean']:.0f} "
+                f"| {'all' if not missed else 'missed: ' + ', '.join(missed)} |")
+    if not rows:
+        return []
+    return [
+        "", "## The collapse study's setting", "",
+        "Targets declared before any RL run of the study (STUDY_TARGETS): " + "; ".join(
+            f"**{name}** ({what})" for name, what, _ in STUDY_TARGETS) + ". Rewards are avg@1 of k "
+        "samples per prompt at the rollout temperature (mixed: the fraction of prompts whose k rewards differ); "
+        "k3, SARS rejection (the authors' token band [0.5, 1.5] and veto 1e-4) and xi p5 (the 5th percentile of "
+        "pi_dense / pi_sparse over tokens) score the sparse arm's tokens under the dense model at the same "
+        "temperature: what the first RL iteration's corrections see.", "",
+        "| run | setting | budget + buffer | sampled dense (mixed) | sampled sparse (mixed) | KV saving | k3 "
+        "| SARS token / resp. reject | xi p5 | mean length (dense / sparse) | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def writer(out: str, fresh: bool):

@@ -4,7 +4,9 @@ aloud for a hundred tokens or more, so GRPO groups have mixed rewards and sparse
 
 The final answer is the last \\boxed{} of the response or, when there is none and `answer_line`
 is on, the number after the last "answer is" / "Answer:" (the MetaMathQA style small instruct
-models learned); it is checked against the label with rewards.math_equal (math-verify).
+models learned), or, when there is neither and `last_number` is on, the last number of the
+response (the usual fallback of GSM8K graders); it is checked against the label with
+rewards.math_equal (math-verify).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sparserl_jax.data.tasks.base import BoxedAnswerTask, check_range
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 OPS = "+-*"
 _QUESTION_RE = re.compile(r"What is (-?\d+(?: [+*-] \d+)+)\?")
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _ANSWER_LINE_RE = re.compile(r"answer(?: is)?\s*[:=]?\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -42,6 +45,12 @@ def extract_answer_line(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
+def extract_last_number(text: str) -> str | None:
+    """The last number of the text (thousands commas dropped), else None."""
+    found = _NUMBER_RE.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatArithmeticTask(BoxedAnswerTask):
     """`n_terms` integers ~ U[min_value, max_value] joined by operators drawn from `ops`, asked as
@@ -54,6 +63,7 @@ class ChatArithmeticTask(BoxedAnswerTask):
     ops: str = "+"
     instruction: str = INSTRUCTION
     answer_line: bool = True  # without a \boxed{}, accept "The answer is N" / "Answer: N"
+    last_number: bool = False  # without either, accept the response's last number
 
     def __post_init__(self):
         check_range("chat_arithmetic (min_value, max_value)", self.min_value, self.max_value, 0)
@@ -86,11 +96,14 @@ class ChatArithmeticTask(BoxedAnswerTask):
         return f"{self._expression(prompt)} = {self.solve(prompt)}."
 
     def final_answer(self, response: str) -> str | None:
-        """The answer the reward reads: the last \\boxed{}, else (answer_line) the answer line."""
-        boxed = extract_boxed(response)
-        if boxed is not None or not self.answer_line:
-            return boxed
-        return extract_answer_line(response)
+        """The answer the reward reads: the last \\boxed{}, else (answer_line) the answer line,
+        else (last_number) the last number."""
+        answer = extract_boxed(response)
+        if answer is None and self.answer_line:
+            answer = extract_answer_line(response)
+        if answer is None and self.last_number:
+            answer = extract_last_number(response)
+        return answer
 
     def reward(self, response: str, label: str) -> float:
         answer = self.final_answer(response)
