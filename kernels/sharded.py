@@ -3,7 +3,8 @@
 A Pallas call is a custom call, opaque to XLA's SPMD partitioner: fed a cache sharded over the
 batch or the KV heads, the partitioner all-gathers the whole cache onto every device before the
 kernel, in every layer of every decode step. `shard_attention` runs the attention function
-inside `shard_map` instead, with the cache's own layout (model/sharding.py `cache_specs`): the
+inside `shard_map` instead, with the cache's own layout (model/sharding.py `cache_specs`, fitted
+to the mesh by the same `fit_spec`, sparserl_jax/mesh_axes.py): the
 batch over data x fsdp (the longest prefix of those axes that divides B), the KV heads - and the
 query heads that read them - over tensor when tensor divides the KV head count, replicated
 otherwise. Attention is independent per (sequence, KV head), so each device's result is exactly
@@ -22,6 +23,8 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from sparserl_jax.mesh_axes import BATCH, fit_spec
+
 try:  # jax >= 0.7: jax.shard_map (check_vma); older: jax.experimental.shard_map (check_rep)
     _shard_map = jax.shard_map
     _NO_CHECK = {"check_vma": False}
@@ -30,8 +33,7 @@ except AttributeError:  # pragma: no cover - jax releases before jax.shard_map
 
     _NO_CHECK = {"check_rep": False}
 
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXIS = "tensor"
+HEAD_AXIS = "tensor"  # the KV heads (and the query heads that read them) split over it
 
 
 def attention_specs(mesh: Mesh, batch: int, n_kv_heads: int) -> tuple[P, P, P]:
@@ -39,11 +41,9 @@ def attention_specs(mesh: Mesh, batch: int, n_kv_heads: int) -> tuple[P, P, P]:
 
     The same layout as the sharded KV cache, so the cache enters the shard_map unmoved.
     """
-    from sparserl_jax.model import sharding as shd  # model.sharding imports the model: call time
-
     sizes = dict(mesh.shape)
-    cache_spec = shd.fit_spec(
-        P(BATCH_AXES, HEAD_AXIS), (batch, n_kv_heads), sizes, what="decode attention"
+    cache_spec = fit_spec(
+        P(BATCH, HEAD_AXIS), (batch, n_kv_heads), sizes, what="decode attention"
     )
     return cache_spec, cache_spec, P(cache_spec[0])
 
@@ -54,11 +54,11 @@ def shard_attention(
     """`attend(q, k, v, fill) -> (o [B, N, H], lse [B, N])` run per device under shard_map."""
     if mesh is None or mesh.size == 1:
         return attend(q, k, v, fill)
-    missing = [a for a in (*BATCH_AXES, HEAD_AXIS) if a not in mesh.axis_names]
+    missing = [a for a in (*BATCH, HEAD_AXIS) if a not in mesh.axis_names]
     if missing:
         raise ValueError(
             f"decode attention mesh axes {mesh.axis_names} lack {missing}; expected a "
-            f"{(*BATCH_AXES, HEAD_AXIS)} mesh (sharding.make_mesh)"
+            f"{(*BATCH, HEAD_AXIS)} mesh (sharding.make_mesh)"
         )
     q_spec, kv_spec, fill_spec = attention_specs(mesh, q.shape[0], k.shape[1])
     fn = _shard_map(

@@ -127,8 +127,8 @@ def main() -> None:
     records = []
     handler = logging.Handler()
     handler.emit = records.append
-    logging.getLogger("sparserl_jax.model.sharding").addHandler(handler)
-    logging.getLogger("sparserl_jax.model.sharding").setLevel(logging.INFO)
+    logging.getLogger("sparserl_jax.mesh_axes").addHandler(handler)
+    logging.getLogger("sparserl_jax.mesh_axes").setLevel(logging.INFO)
 
     # Mesh: -1 takes the rest; a product that does not match names the setting.
     mesh = shd.make_mesh(shd.MeshConfig(data=-1, fsdp=2, tensor=2))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import math
 import re
 from typing import Any, Callable, Mapping, Sequence
@@ -32,13 +31,9 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Int
 
 from sparserl_jax.kvcache import cache as kvc
+from sparserl_jax.mesh_axes import AXES, BATCH, entry_size, fit_spec
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
-
-logger = logging.getLogger(__name__)
-
-AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
-BATCH: tuple[str, str] = ("data", "fsdp")  # mesh axes a [B, ...] array's batch dim splits over
 
 # First match wins. Shapes: embed [V, D], q [D, N, H], k/v [D, K, H], o [N, H, D],
 # biases [N, H] / [K, H], gate/up [D, F], down [F, D], lm_head [D, V], norms [D] or [H].
@@ -52,8 +47,6 @@ PARTITION_RULES: tuple[tuple[str, P], ...] = (
     (r"^layers/\d+/down$", P("tensor", "fsdp")),
     (r"(^|/)\w*norm$", P()),
 )
-
-_logged_fallbacks: set[tuple] = set()
 
 
 # ----------------------------------------------------------------------------- mesh
@@ -111,45 +104,6 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
 
 
 # ----------------------------------------------------------------------------- specs
-
-
-def _entry_size(entry, axis_sizes: Mapping[str, int]) -> int:
-    names = entry if isinstance(entry, tuple) else (entry,)
-    return math.prod(axis_sizes[n] for n in names)
-
-
-def fit_spec(
-    spec: P, shape: Sequence[int], axis_sizes: Mapping[str, int], what: str = "array"
-) -> P:
-    """`spec` with every mesh axis that does not divide its dim dropped (that dim replicated).
-
-    A tuple entry such as ("data", "fsdp") keeps its longest prefix that divides the dim. Each
-    distinct fallback is logged once at info level (e.g. GQA with fewer KV heads than `tensor`).
-    """
-    entries = tuple(spec)
-    if len(entries) > len(shape):
-        raise ValueError(f"partition spec {spec} has more entries than {what} has dims {shape}")
-    fitted = []
-    for dim, (size, entry) in enumerate(zip(shape, entries)):
-        if entry is None or size % _entry_size(entry, axis_sizes) == 0:
-            fitted.append(entry)
-            continue
-        names = entry if isinstance(entry, tuple) else (entry,)
-        kept = next(
-            (names[:i] for i in range(len(names) - 1, 0, -1)
-             if size % _entry_size(names[:i], axis_sizes) == 0),
-            (),
-        )
-        new = None if not kept else (kept if len(kept) > 1 else kept[0])
-        fitted.append(new)
-        key = (re.sub(r"/\d+/", "/*/", what), dim, size, entry, new)
-        if key not in _logged_fallbacks:  # once per rule, not once per layer
-            _logged_fallbacks.add(key)
-            logger.info(
-                "%s dim %d (size %d) is not divisible by mesh axes %s (size %d): sharding it as %s",
-                key[0], dim, size, entry, _entry_size(entry, axis_sizes), new,
-            )
-    return P(*fitted)
 
 
 def path_str(path: tuple) -> str:
@@ -243,7 +197,7 @@ def data_sharding(mesh: Mesh) -> NamedSharding:
 
 def shard_batch(x: Any, mesh: Mesh) -> Any:
     """Put a [B, ...] array (or pytree of them, same on every process) on data_sharding(mesh)."""
-    n = _entry_size(BATCH, dict(mesh.shape))
+    n = entry_size(BATCH, dict(mesh.shape))
     for leaf in jax.tree_util.tree_leaves(x):
         if leaf.shape[0] % n:
             raise ValueError(
