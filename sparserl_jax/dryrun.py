@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sparserl_jax import cli, quant
+from sparserl_jax import cli, components, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.model import sharding
@@ -215,9 +215,7 @@ def per_device_rows(rows: int, setting: str, sizes: dict[str, int]) -> int:
 
 def check_config(cfg: TrainConfig, m: ModelConfig, prompt_len: int) -> None:
     """The settings the trainer would refuse, named (before any estimate)."""
-    from sparserl_jax import components  # the trainer's own length checks
-
-    components.check_lengths(cfg, m)
+    components.check_lengths(cfg, m)  # the trainer's own length checks
     rows = cfg.rollout.prompts * cfg.rollout.samples
     if rows % cfg.rl.update.minibatch_size:
         raise ValueError(

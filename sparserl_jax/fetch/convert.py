@@ -18,9 +18,15 @@ import importlib
 import json
 from pathlib import Path
 
+import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+from safetensors.numpy import save_file
 
 from sparserl_jax.fetch.models import FetchError
+from sparserl_jax.model import hf
+from sparserl_jax.model import transformer as tf
+from sparserl_jax.model.hf_config import config_from_hf, config_to_hf, generation_config_to_hf
 
 OPTIONAL_PACKAGES: tuple[str, ...] = ("torch", "transformers", "gguf", "accelerate")
 CHECK_TEXT = "The capital of France is"
@@ -71,13 +77,8 @@ def _tokenizer_config(tok, max_len: int) -> dict:
 def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> dict:
     """Write the HF checkpoint of `gguf_path` into the (new) directory `out`; returns facts about
     the conversion (tensor types in the GGUF, the logits check)."""
-    import ml_dtypes
     import torch
     import transformers
-    from safetensors.numpy import save_file
-
-    from sparserl_jax.model import hf
-    from sparserl_jax.model.hf_config import config_from_hf, config_to_hf, generation_config_to_hf
 
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"--dtype={dtype!r}: expected 'float32' or 'bfloat16'")
@@ -126,11 +127,6 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> dict:
 
 def _logits_error(out: Path, ids: np.ndarray, ref: np.ndarray) -> float:
     """max |logits of the written checkpoint (our loader and forward) - ref| / max |ref|."""
-    import jax.numpy as jnp
-
-    from sparserl_jax.model import hf
-    from sparserl_jax.model import transformer as tf
-
     cfg, params = hf.load_params(out, dtype="float32")
     ours = np.asarray(tf.logits(params, cfg, jnp.asarray(ids)[None]), np.float64)
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
