@@ -28,7 +28,8 @@ from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.rl import advantages as adv_lib
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl import corrections, loss
+from sparserl_jax.rl import loss
+from sparserl_jax.rl.corrections import compose
 from fresh_rng import keys_with_near_duplicates, rng_from
 
 pytestmark = pytest.mark.xdist_group("authors_reference")
@@ -247,8 +248,8 @@ def ours(inp, cfg):
     mask = jnp.asarray(inp["mask"])
 
     def loss_of(learner):
-        corr = corrections.compute_corrections(learner, f32("old"), f32("ref"), f32("sampler"),
-                                               mask, cfg, with_metrics=False)
+        corr = compose.compute_corrections(learner, f32("old"), f32("ref"), f32("sampler"),
+                                           mask, cfg, with_metrics=False)
         adv = adv_lib.token_advantages(f32("adv"), mask)
         value, _ = loss.policy_loss(corr, adv, f32("entropy"), cfg.loss)
         return value, corr

@@ -12,7 +12,7 @@ from fresh_rng import rng_from
 from sparserl_jax.config import load_config
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import diagnostics as D
-from sparserl_jax.rl.corrections import compute_corrections
+from sparserl_jax.rl.corrections.compose import compute_corrections
 from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
@@ -117,7 +117,7 @@ def test_rollout_diagnostics_use_the_update_accept_mask(cfg):
     # the corrections at the first minibatch (learner = pi_old), as micro_batch_loss builds them
     corr = compute_corrections(jnp.asarray(old), jnp.asarray(old), jnp.asarray(old),
                                jnp.asarray(sampler), jnp.asarray(mask), cfg)
-    accept, veto = np.asarray(corr.accept), np.asarray(corr.sars_veto)
+    accept, veto = np.asarray(corr.accept), np.asarray(corr.veto)
     expected = D.rejection_diagnostics(accept, mask, adv)
     for k, v in expected.items():  # the same accept mask through the same function: exact
         assert out[k] == pytest.approx(v, abs=1e-7), k  # (a differing mask moves a rate >= 1/192)

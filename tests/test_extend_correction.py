@@ -2,14 +2,16 @@
 says, with a toy "length_mask" that rejects every response token after the first `max_tokens`:
 
 1. its file's worth of code (sparserl_jax/rl/corrections/length_mask.py in the package; here in
-   this test): a settings class and a Correction saying what it contributes (an accept mask);
-2. one registry line: CORRECTIONS["length_mask"] = CORRECTION;
+   this test): a settings class and a Correction saying what it contributes (an accept mask),
+   registered where it is defined: CORRECTION = register(Correction(...));
+2. its name on the import line of sparserl_jax/rl/corrections/__init__.py, which runs that
+   registration (here the fixture registers it);
 3. its RLConfig section, a field `length_mask: LengthMaskConfig = LengthMaskConfig()` (here a
    subclass of RLConfig, so the package stays as it is);
 4. a mode naming it in RL_MODES.
 
-compute_corrections, its metrics and the loss then honour it. monkeypatch restores the registry
-and the modes after the test."""
+compute_corrections, its metrics and the loss then honour it. The fixture takes it out of the
+registry and monkeypatch restores the modes after the test."""
 
 import dataclasses
 import typing
@@ -21,8 +23,15 @@ import pytest
 
 from sparserl_jax.config_io import from_dict
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl import corrections, loss
-from sparserl_jax.rl.corrections import CORRECTIONS, Correction, Mismatch, masked_mean
+from sparserl_jax.rl import loss
+from sparserl_jax.rl.corrections import (
+    CORRECTIONS,
+    Correction,
+    Mismatch,
+    compose,
+    masked_mean,
+    register,
+)
 from sparserl_jax.validate import check_at_least
 
 B, T, MAX_TOKENS = 6, 12, 3
@@ -74,12 +83,13 @@ class RLConfigWithLengthMask(C.RLConfig):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(CORRECTIONS, "length_mask", CORRECTION)  # 2. the registry line
+    register(CORRECTION)  # 1.-2. what importing length_mask.py from the package does
     monkeypatch.setitem(C.RL_MODES, "length_only", ("length_mask",))  # 4. modes naming it
     monkeypatch.setitem(C.RL_MODES, "sparse_rl_short", ("sars", "ibr", "length_mask"))
     yield
+    del CORRECTIONS["length_mask"]
     monkeypatch.undo()
-    assert "length_mask" not in CORRECTIONS and "length_only" not in C.RL_MODES
+    assert "length_only" not in C.RL_MODES
 
 
 def _inputs(seed):
@@ -98,8 +108,8 @@ def _inputs(seed):
 
 def _corr(inp, cfg, mask=None):
     mask = inp["mask"] if mask is None else mask
-    return corrections.compute_corrections(inp["learner"], inp["old"], inp["ref"], inp["sampler"],
-                                           mask, cfg)
+    return compose.compute_corrections(inp["learner"], inp["old"], inp["ref"], inp["sampler"],
+                                       mask, cfg)
 
 
 def test_a_toy_correction_added_through_the_registry(registered):
@@ -134,8 +144,8 @@ def test_a_toy_correction_added_through_the_registry(registered):
 
     # its gradient reaches the kept tokens only
     def total(learner):
-        c = corrections.compute_corrections(learner, inp["old"], inp["ref"], inp["sampler"],
-                                            mask, cfg, with_metrics=False)
+        c = compose.compute_corrections(learner, inp["old"], inp["ref"], inp["sampler"],
+                                        mask, cfg, with_metrics=False)
         return loss.policy_loss(c, inp["adv"], None, cfg.loss)[0]
 
     g = np.asarray(jax.jit(jax.grad(total))(inp["learner"]))

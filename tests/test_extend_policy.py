@@ -2,11 +2,13 @@
 toy "oldest" policy that keeps the earliest entries (the opposite of StreamingLLM's recency):
 
 1. its file, sparserl_jax/kvcache/policies/oldest.py in the package (here in this test): a score
-   per slot, larger kept first, and a Policy;
-2. one registry line in sparserl_jax/kvcache/policies/__init__.py: POLICIES["oldest"] = POLICY.
+   per slot, larger kept first, and a Policy registered where it is defined:
+   POLICY = register(Policy(...));
+2. its name on the import line of sparserl_jax/kvcache/policies/__init__.py, which runs that
+   registration (here the fixture registers it, and takes it out of the registry after the test).
 
 kv.policy=oldest then validates, compress keeps what the score says, and the rollout sampler
-decodes with it. monkeypatch restores the registry after the test."""
+decodes with it."""
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from sparserl_jax import kvcache as kv
-from sparserl_jax.kvcache.policies import POLICIES, Policy
+from sparserl_jax.kvcache.policies import POLICIES, Policy, register
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
@@ -37,10 +39,9 @@ POLICY = Policy(name="oldest", score=oldest_first)
 def registered(monkeypatch):
     with pytest.raises(ValueError, match=r"kv\.policy='oldest'"):
         kv.KVConfig(policy="oldest")
-    monkeypatch.setitem(POLICIES, "oldest", POLICY)  # 2. the registry line
+    register(POLICY)  # 1.-2. what importing oldest.py from the package does
     yield
-    monkeypatch.undo()
-    assert "oldest" not in POLICIES
+    del POLICIES["oldest"]
 
 
 def test_a_toy_policy_compresses_through_the_registry(registered):

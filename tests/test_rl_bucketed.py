@@ -4,6 +4,7 @@
 regrouped by length or not, one or several minibatches and epochs), the bucket planning, and no
 compilation after the first batch (a compile counter, not a timing)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -17,6 +18,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl import update as update_lib
 from sparserl_jax.rl.bucketed import BucketedUpdate, Path
+from sparserl_jax.rl.corrections import CORRECTIONS, Correction, register
 from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
 
 MC = ModelConfig.tiny()
@@ -81,7 +83,10 @@ def _batch():
 def _case(name: str):
     """A case's batch, the padded update's result on it and its bucketed learner, built once for
     all of the case's paths (the learner compiles every path of a batch shape at its first call)."""
-    cfg, _ = CASES[name]
+    return _padded_and_bucketed(CASES[name][0])
+
+
+def _padded_and_bucketed(cfg: rl.RLConfig):
     params, ref_params, packed, noise, adv = _batch()
     score = update_lib.make_score_fn(MC, cfg.update)
     old = score(params, packed["tokens"])
@@ -113,11 +118,7 @@ def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
     # p - g itself (one float32 ulp of |p| per step). A wrong path (a missing row, a wrong
     # normaliser or denominator) changes entries by >= 10% of the largest.
     eps = np.finfo(np.float32).eps
-    for w, g, p in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params), jax.tree.leaves(params)):
-        w, g, p = np.asarray(w), np.asarray(g), np.asarray(p)
-        delta = np.abs(w - p).max()  # SGD at lr 1: the gradient itself
-        ulps = cfg.update.epochs * 2 * eps * np.abs(p).max()
-        np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * delta + ulps)
+    _assert_same_params(cfg, params, want_params, got_params)
     want = {k: float(v) for k, v in want.items()}
     if cfg.loss.beta == 0:
         assert "loss/kl_ref" not in out.metrics
@@ -133,6 +134,56 @@ def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
     assert out.score_s == 0.0 if path.fused and (path.ref_inside or cfg.loss.beta == 0) else out.score_s > 0
     full = 8 * 12 * cfg.update.epochs
     assert out.positions < full if cfg.update.length_bucket else out.positions == full
+
+
+def _assert_same_params(cfg, params, want_params, got_params):
+    eps = np.finfo(np.float32).eps
+    for w, g, p in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params), jax.tree.leaves(params)):
+        w, g, p = np.asarray(w), np.asarray(g), np.asarray(p)
+        delta = np.abs(w - p).max()  # SGD at lr 1: the gradient itself
+        ulps = cfg.update.epochs * 2 * eps * np.abs(p).max()
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * delta + ulps)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyWeightConfig:
+    """A weighting correction the package does not ship: w = min(xi, cap), normalised to mean 1
+    over the whole rollout batch (its own choice, not rl.ibr's)."""
+
+    cap: float = 1.25
+
+
+TOY_WEIGHT = Correction(name="toy_weight", settings=ToyWeightConfig,
+                        weight=lambda m, s: jnp.minimum(m.xi, s.cap),
+                        normalise=lambda s: ("global", "valid"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfigWithToyWeight(rl.RLConfig):
+    toy_weight: ToyWeightConfig = ToyWeightConfig()
+
+
+@pytest.fixture
+def toy_weight(monkeypatch):
+    register(TOY_WEIGHT)
+    monkeypatch.setitem(rl.RL_MODES, "toy_weight", ("sars", "toy_weight"))
+    yield
+    del CORRECTIONS["toy_weight"]
+
+
+def test_a_new_weighting_correction_is_normalised_alike_by_both_updates(toy_weight):
+    """The padded update and the bucketed one read a weighting correction's normalisation from the
+    same code: a toy one normalised globally gives one update through both, although rl.ibr (not
+    in force) says "micro_batch"."""
+    base = _cfg(minibatch=4)
+    cfg = RLConfigWithToyWeight(mode="toy_weight", loss=base.loss, update=base.update)
+    assert cfg.ibr.normalisation == "micro_batch" and cfg.corrections == ("sars", "toy_weight")
+    params, ref_params, host, _, want_params, want, upd = _padded_and_bucketed(cfg)
+    assert upd.paths(8) == [P(False, True, True)]  # global: every row's pi_old scored first
+    got_params, _, out = upd(params, ref_params, SGD_COUNTING.init(params), host)
+    _assert_same_params(cfg, params, want_params, got_params)
+    assert "ibr/normaliser" in want and float(want["ibr/normaliser"]) != 1.0
+    np.testing.assert_allclose(out.metrics["ibr/normaliser"], float(want["ibr/normaliser"]), rtol=1e-5)
 
 
 def test_the_cheaper_exact_path_is_chosen():

@@ -11,7 +11,7 @@ from float_tol import EPS32, sum_tol
 
 from sparserl_jax.config_io import from_dict
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl import corrections
+from sparserl_jax.rl.corrections import compose
 from sparserl_jax.rl import loss as loss_lib
 from sparserl_jax.rl.corrections import CORRECTIONS, Correction
 from sparserl_jax.rl.corrections.ibr import IBR_MODES
@@ -41,17 +41,17 @@ def inputs(seed, scale=0.5):
 
 
 @functools.partial(jax.jit, static_argnums=1, static_argnames="with_metrics")
-def corr(inp, cfg, ibr_norm=None, with_metrics=False):
-    return corrections.compute_corrections(
+def corr(inp, cfg, weight_norm=None, with_metrics=False):
+    return compose.compute_corrections(
         inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
-        ibr_norm=ibr_norm, with_metrics=with_metrics,
+        weight_norm=weight_norm, with_metrics=with_metrics,
     )
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def corr_many(inp, cfgs):
     return [
-        corrections.compute_corrections(
+        compose.compute_corrections(
             inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], c,
             with_metrics=False,
         )
@@ -82,7 +82,7 @@ def test_sampler_equal_old_changes_nothing():
     for cfg, c in zip(ALL_MODE_CFGS, corr_many(inp, ALL_MODE_CFGS)):
         np.testing.assert_array_equal(np_(c.xi), 1.0)
         np.testing.assert_array_equal(np_(c.accept), mask)
-        np.testing.assert_array_equal(np_(c.sars_veto), False)
+        np.testing.assert_array_equal(np_(c.veto), False)
         # xi = 1 exactly: every weight is 1 (or 1 / mean of ones = 1), exact
         np.testing.assert_allclose(np_(c.weight), mask.astype(np.float32), rtol=1e-6)
         np.testing.assert_array_equal(np_(c.r_acr), 1.0)
@@ -158,7 +158,7 @@ def test_veto_fires_exactly_below_threshold(level):
                  "geometric": np.exp(lx[i, idx].mean())}[level]
             want[i] = v < thr
         assert want.any() and not want.all()
-        np.testing.assert_array_equal(np_(c.sars_veto), want)
+        np.testing.assert_array_equal(np_(c.veto), want)
         np.testing.assert_array_equal(np_(c.accept), mask & ~want[:, None])
 
 
@@ -238,12 +238,12 @@ def test_normaliser_over_valid_or_accepted_tokens_with_sars():
     # two float32 means over <= B T = 80 weights (the normaliser's, this one): 80 EPS32 = 9.5e-6
     assert np_(c_acc.weight)[acc].mean() == pytest.approx(1.0, rel=1e-5)
     assert np.all(np_(c.weight)[~acc] == 0) and np.all(np_(c_acc.weight)[~acc] == 0)
-    norm = jax.jit(corrections.ibr_normaliser, static_argnums=3)(
-        inp["old"], inp["sampler"], inp["mask"], cfg
+    norm = jax.jit(lambda o, s, k: compose.weight_normaliser(compose.behaviour(o, s, k, cfg), cfg))(
+        inp["old"], inp["sampler"], inp["mask"]
     )
     assert float(norm) == pytest.approx(w_raw[mask].mean(), rel=1e-5)
     # the weights are constants for autodiff
-    g = jax.jit(jax.grad(lambda old, s: jnp.sum(corrections.compute_corrections(
+    g = jax.jit(jax.grad(lambda old, s: jnp.sum(compose.compute_corrections(
         inp["learner"], old, inp["ref"], s, inp["mask"], cfg, with_metrics=False).weight),
         argnums=(0, 1)))
     for gi in g(inp["old"], inp["sampler"]):
@@ -284,7 +284,7 @@ def test_acr_moves_only_the_upper_bound_where_rho_exceeds_c():
     @functools.partial(jax.jit, static_argnums=0)
     def grads_both(cfg_, adv, learner_):
         def f(lp):
-            cc = corrections.compute_corrections(
+            cc = compose.compute_corrections(
                 lp, inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg_, with_metrics=False
             )
             return loss_lib.policy_loss(cc, adv, None, cfg_.loss)[0]
@@ -309,7 +309,7 @@ def test_metrics_match_numpy():
     t0 = int(np.argmax(np_(inp["mask"])[2]))
     inp = dict(inp, sampler=inp["sampler"].at[2, t0].add(12.0))  # one vetoed response
     m = {k: float(v) for k, v in corr(inp, FULL, with_metrics=True).metrics.items()}
-    m_direct = jax.jit(corrections.mismatch_metrics, static_argnums=3)(
+    m_direct = jax.jit(compose.mismatch_metrics, static_argnums=3)(
         inp["old"], inp["sampler"], inp["mask"], FULL
     )
     mask = np_(inp["mask"])

@@ -13,7 +13,8 @@ from float_tol import sum_tol
 
 from sparserl_jax.rl import advantages as adv_lib
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl import corrections, loss
+from sparserl_jax.rl import loss
+from sparserl_jax.rl.corrections import compose
 from sparserl_jax.rl.corrections.ibr import IBR_MODES
 from sparserl_jax.rl.corrections.xi import LEVELS
 
@@ -145,7 +146,7 @@ def random_inputs(seed: int, *, mismatch: float = 0.45) -> dict:
 
 
 def jax_loss(inp, cfg):
-    corr = corrections.compute_corrections(
+    corr = compose.compute_corrections(
         inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
         with_metrics=False,
     )
@@ -155,7 +156,7 @@ def jax_loss(inp, cfg):
 
 jloss = jax.jit(jax_loss, static_argnums=1)
 jcorr = jax.jit(
-    functools.partial(corrections.compute_corrections, with_metrics=False), static_argnums=5
+    functools.partial(compose.compute_corrections, with_metrics=False), static_argnums=5
 )
 
 
@@ -163,7 +164,7 @@ jcorr = jax.jit(
 def corr_metrics(inp, cfgs):
     """The correction metrics of several configs on one input, in one compiled call."""
     return [
-        corrections.mismatch_metrics(inp["old"], inp["sampler"], inp["mask"], c) for c in cfgs
+        compose.mismatch_metrics(inp["old"], inp["sampler"], inp["mask"], c) for c in cfgs
     ]
 
 
@@ -374,7 +375,7 @@ def test_explicit_denominator_rescales():
 
     @jax.jit
     def both(inp):
-        corr = corrections.compute_corrections(
+        corr = compose.compute_corrections(
             inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg
         )
         a = adv_lib.token_advantages(inp["adv"], inp["mask"])
@@ -416,10 +417,11 @@ def test_micro_batch_losses_add_up_to_the_batch_loss():
 
     @functools.partial(jax.jit, static_argnums=1)
     def split_vs_whole(inp, cfg):
-        norm = corrections.ibr_normaliser(inp["old"], inp["sampler"], inp["mask"], cfg)
-        whole_corr = corrections.compute_corrections(
+        norm = compose.weight_normaliser(
+            compose.behaviour(inp["old"], inp["sampler"], inp["mask"], cfg), cfg)
+        whole_corr = compose.compute_corrections(
             inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
-            ibr_norm=norm, with_metrics=False,
+            weight_norm=norm, with_metrics=False,
         )
         adv = adv_lib.token_advantages(inp["adv"], inp["mask"])
         whole, _ = loss.policy_loss(whole_corr, adv, inp["entropy"], cfg.loss)
@@ -427,9 +429,9 @@ def test_micro_batch_losses_add_up_to_the_batch_loss():
         parts = []
         for s in (slice(0, 2), slice(2, 3), slice(3, B)):
             part = {k: v[s] for k, v in inp.items()}
-            c = corrections.compute_corrections(
+            c = compose.compute_corrections(
                 part["learner"], part["old"], part["ref"], part["sampler"], part["mask"], cfg,
-                ibr_norm=norm, with_metrics=False,
+                weight_norm=norm, with_metrics=False,
             )
             a = adv_lib.token_advantages(part["adv"], part["mask"])
             parts.append(loss.policy_loss(c, a, part["entropy"], cfg.loss, denominator=denom)[0])

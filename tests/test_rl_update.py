@@ -15,6 +15,7 @@ from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import batch as batch_lib
 from sparserl_jax.rl import update as update_lib
+from sparserl_jax.rl.corrections import compose
 
 MC = ModelConfig.tiny()
 # tests here share compiled functions: keep them on one xdist worker (--dist loadgroup)
@@ -141,15 +142,15 @@ def test_micro_batch_accumulation_equals_big_batch_gradient():
     delta = jax.tree.map(lambda a, b: a - b, params, new_params)
 
     mb1 = {k: v[:4] for k, v in batch.items()}
-    norm = rl.corrections.ibr_normaliser(
-        batch["old_logp"], batch["sampler_logp"], batch["response_mask"], CFG
+    norm = compose.weight_normaliser(compose.behaviour(
+        batch["old_logp"], batch["sampler_logp"], batch["response_mask"], CFG), CFG
     )  # global: over all 8 responses
     big_cfg = rl.RLConfig(
         mode=CFG.mode, ibr=CFG.ibr, loss=CFG.loss,
         update=rl.UpdateConfig(minibatch_size=4, micro_batch_size=4, temperature=0.9),
     )
     grad = jax.jit(jax.grad(
-        lambda p: update_lib.micro_batch_loss(p, mb1, MC, big_cfg, ibr_norm=norm)[0]
+        lambda p: update_lib.micro_batch_loss(p, mb1, MC, big_cfg, weight_norm=norm)[0]
     ))(params)
     for d, g in zip(jax.tree.leaves(delta), jax.tree.leaves(grad)):
         np.testing.assert_allclose(np.asarray(d), np.asarray(g), rtol=2e-4, atol=2e-7)

@@ -24,7 +24,8 @@ from sparserl_jax import quant
 from sparserl_jax.model import hf
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.config import RLConfig, UpdateConfig
-from sparserl_jax.rl.corrections import log_xi_raw, mismatch_metrics
+from sparserl_jax.rl.corrections import log_xi_raw
+from sparserl_jax.rl.corrections.compose import mismatch_metrics
 from sparserl_jax.rl.update import make_score_fn
 from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
 from sparserl_jax.rollout.sampling import SamplingConfig

@@ -11,7 +11,7 @@ The sampler's API:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sparserl_jax.kvcache.cache import KVCache, init_cache, resize
 from sparserl_jax.kvcache.config import KVConfig
@@ -19,13 +19,26 @@ from sparserl_jax.kvcache.policies import POLICIES, Policy
 from sparserl_jax.kvcache.compress import compress, kept_positions
 from sparserl_jax.kvcache.observe import observe_decode, observe_prefill
 
-if TYPE_CHECKING:
-    from sparserl_jax.model.config import ModelConfig
+
+class CacheShape(Protocol):
+    """What `cache_for` reads of a model's settings (a model/config.py ModelConfig: the model
+    stands above the cache and imports it, never the other way round)."""
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
 
 
 def cache_for(
     kv_cfg: KVConfig,
-    model_cfg: ModelConfig,
+    model_cfg: CacheShape,
     batch: int,
     prompt_len: int,
     dtype=None,
@@ -59,6 +72,7 @@ def cache_for(
 
 
 __all__ = [
+    "CacheShape",
     "KVCache",
     "KVConfig",
     "POLICIES",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in
 
 SELECTIONS: tuple[str, ...] = ("per_head", "shared")
@@ -67,8 +68,6 @@ class KVConfig:
     newline_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        from sparserl_jax.kvcache.policies import POLICIES  # the registry imports this module
-
         # YAML gives lists; keep the config hashable.
         try:
             ids = tuple(int(t) for t in self.newline_token_ids)

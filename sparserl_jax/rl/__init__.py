@@ -17,13 +17,8 @@ from sparserl_jax.rl.config import (
     TisConfig,
     UpdateConfig,
 )
-from sparserl_jax.rl.corrections import (
-    CORRECTIONS,
-    Correction,
-    Corrections,
-    compute_corrections,
-    mismatch_metrics,
-)
+from sparserl_jax.rl.corrections import CORRECTIONS, Correction
+from sparserl_jax.rl.corrections.compose import Corrections, compute_corrections, mismatch_metrics
 from sparserl_jax.rl.diagnostics import DIAGNOSTIC_KEYS, rollout_diagnostics
 from sparserl_jax.rl.loss import policy_loss
 from sparserl_jax.rl.optim import make_optimizer, make_schedule

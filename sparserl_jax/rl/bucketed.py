@@ -14,8 +14,8 @@ paths its settings allow (`paths`, `choose`; a cost model over the planned width
   fused   with one minibatch and one epoch (update.reuse_old_forward), log pi_old is the
           learner's first forward under stop_gradient: theta_old is theta before the only step;
   scored  otherwise, or where it is cheaper, pi_old is teacher-forced first in length-sorted
-          chunks of update.score_batch_size rows, and every row's IBR normaliser is fixed before
-          rows are regrouped (row_ibr_normalisers), so regrouping changes no number beyond
+          chunks of update.score_batch_size rows, and every row's weight normaliser is fixed before
+          rows are regrouped (row_weight_normalisers), so regrouping changes no number beyond
           rounding (fused with IBR normalised per micro-batch keeps the micro-batches' rows);
   pi_ref  teacher-forced inside the micro-batch's program when each row is visited once (one
           epoch), scored first otherwise, not computed at all when loss.beta = 0.
@@ -40,7 +40,11 @@ from sparserl_jax.model import sharding, transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.config import RLConfig
-from sparserl_jax.rl.corrections import mismatch_metrics, row_ibr_normalisers, weight_normalisation
+from sparserl_jax.rl.corrections.compose import (
+    mismatch_metrics,
+    row_weight_normalisers,
+    weight_normalisation,
+)
 from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss, reduce_steps
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
@@ -86,7 +90,7 @@ class BucketedUpdate:
                               donate_argnums=(0, 1) if donate else ())
         self._zeros_fns: dict = {}  # (params' tree, shardings) -> jitted float32 zeros like them
         self._mismatch = jax.jit(functools.partial(mismatch_metrics, cfg=cfg))
-        self._row_norms = jax.jit(functools.partial(row_ibr_normalisers, cfg=cfg))
+        self._row_norms = jax.jit(functools.partial(row_weight_normalisers, cfg=cfg))
         self._warmed: set = set()
 
     # ------------------------------------------------------------------ plans
@@ -99,7 +103,7 @@ class BucketedUpdate:
                 needs every row's pi_old before the first gradient); rows regrouped by length
                 unless IBR is normalised per micro-batch (the composition is then part of the math
                 and pi_old is only known inside each micro-batch's program);
-        scored  pi_old teacher-forced first, every row's IBR normaliser fixed, rows regrouped.
+        scored  pi_old teacher-forced first, every row's weight normaliser fixed, rows regrouped.
         pi_ref is teacher-forced inside the micro-batch program when each row is visited once
         (one epoch), else scored first; not at all when loss.beta = 0."""
         cfg, u = self.cfg, self.cfg.update
@@ -318,7 +322,7 @@ def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens):
     return logp
 
 
-def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, ibr_norm, *, fused: bool):
+def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool):
     """One micro-batch: (accumulated float32 gradient of the loss numerator, the numerator, the
     token metrics, the learner's log-probs). With `ref_params`, log pi_ref is teacher-forced here."""
     u = cfg.update
@@ -326,7 +330,7 @@ def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, ibr_norm,
         ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"])
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
     (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
-        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), ibr_norm=ibr_norm,
+        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm,
         old_from_forward=fused)
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
     return acc, num, metrics, logp

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparserl_jax.rl.corrections import CORRECTIONS
+from sparserl_jax.rl.corrections import CORRECTIONS, check_combination
 from sparserl_jax.rl.corrections.acr import AcrConfig
-from sparserl_jax.rl.corrections.compose import check_combination
 from sparserl_jax.rl.corrections.ibr import IbrConfig
 from sparserl_jax.rl.corrections.sars import SarsConfig
 from sparserl_jax.rl.corrections.tis import TisConfig

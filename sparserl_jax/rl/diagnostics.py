@@ -4,8 +4,8 @@ What the update's own metrics (mismatch/kl_k1|k3, sars/veto_rate, sars/token_rej
 response/length_mean) do not show: whom SARS rejects (responses with positive or negative
 advantage A), where in a response the rejected tokens sit, and how often the sampler pi_sparse
 falls into repetition loops (the paper's collapse symptom). The accept mask (SARS's, with any
-other correction's of the mode) comes from corrections.behaviour_terms, the function the update
-step uses, so it is the update's own.
+other correction's of the mode) comes from corrections/compose.py behaviour_terms, the
+`behaviour` the update step computes, so it is the update's own.
 
 Inputs follow sparserl_jax/rl/batch.py: [B, T] arrays where position t scores tokens[t + 1] and
 the response mask marks the response tokens (a contiguous run per row).
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from sparserl_jax.rl.config import RLConfig
-from sparserl_jax.rl.corrections import behaviour_terms
+from sparserl_jax.rl.corrections.compose import behaviour_terms
 
 N_BINS = 10
 DIAGNOSTIC_KEYS = (

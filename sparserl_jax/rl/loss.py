@@ -3,8 +3,9 @@
 Per accepted token:
   l_t = w_t * max(-r_t A, -clip(r_t, 1 - eps_low, (1 + eps_high) / r_acr_t) A)
         + beta * KL_t - entropy_coef * H_t,   KL_t = clamp(exp(q_t) - q_t - 1, +-kl_clamp)
-with r, q, w, r_acr and the SARS acceptance mask from `corrections.compute_corrections`. Tokens
-that SARS rejects leave both the numerator and the denominator. This is the authors' slime
+with r, q, w, r_acr and the accept mask (SARS's, with any other correction's) from
+`corrections/compose.py compute_corrections`. Tokens a correction rejects leave both the
+numerator and the denominator. This is the authors' slime
 policy_loss_function (megatron_utils/loss.py: compute_policy_loss, the mis.py weights, the
 low_var_kl term, sum_of_sample_mean over the modified loss masks).
 
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.config import LossConfig
-from sparserl_jax.rl.corrections import Corrections, masked_mean
+from sparserl_jax.rl.corrections import masked_mean
+from sparserl_jax.rl.corrections.compose import Corrections
 
 
 def k3_kl(q: Float[Array, "B T"], clamp: float) -> Float[Array, "B T"]:

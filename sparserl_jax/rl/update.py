@@ -4,8 +4,9 @@ One call of `update` consumes a rollout batch (layout in sparserl_jax/rl/batch.p
 split into minibatches of `update.minibatch_size` rows, one optimizer step each (`update.epochs`
 passes); each minibatch's gradient is accumulated over micro-batches (lax.scan). The loss
 denominator (accepted tokens or rows) is the minibatch's, computed before the micro-batch split,
-so accumulation reproduces the minibatch gradient. The IBR normaliser is the rollout batch's
-("global", computed before splitting) or each micro-batch's ("micro_batch"). A step whose loss or
+so accumulation reproduces the minibatch gradient. The weight normaliser (IBR's) is the rollout
+batch's ("global", computed before splitting) or each micro-batch's ("micro_batch"), decided and
+computed by the code the bucketed update uses (rl/corrections/compose.py). A step whose loss or
 gradient is not finite leaves params and optimizer state unchanged and counts in "skipped".
 """
 
@@ -23,11 +24,12 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl.advantages import token_advantages
 from sparserl_jax.rl.batch import BATCH_KEYS, check_batch
 from sparserl_jax.rl.config import RLConfig, UpdateConfig
-from sparserl_jax.rl.corrections import (
-    behaviour_terms,
+from sparserl_jax.rl.corrections.compose import (
+    behaviour,
+    behaviour_metrics,
     compute_corrections,
-    ibr_normaliser,
-    mismatch_metrics,
+    weight_normalisation,
+    weight_normaliser,
 )
 from sparserl_jax.rl.loss import loss_denominator, policy_loss
 from sparserl_jax.rl.optim import make_optimizer
@@ -45,7 +47,7 @@ def micro_batch_loss(
     cfg: RLConfig,
     *,
     denominator: Float[Array, ""] | None = None,
-    ibr_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
+    weight_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
     old_from_forward: bool = False,
 ) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"]]]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:
@@ -54,7 +56,7 @@ def micro_batch_loss(
     `old_from_forward`: log pi_old is this forward's own log-probs under stop_gradient (exact
     when params are theta_old: the first forward of the only optimizer step); mb["old_logp"] is
     then not read. Without mb["ref_logp"] (loss.beta = 0) pi_ref is taken equal to pi_theta: the
-    KL term and its metric are 0. `ibr_norm` is a scalar or one value per row."""
+    KL term and its metric are 0. `weight_norm` is a scalar or one value per row."""
     u = cfg.update
     logp, entropy = transformer.token_logprobs(
         params, model_cfg, mb["tokens"], temperature=u.temperature, chunk_tokens=u.chunk_tokens,
@@ -65,7 +67,7 @@ def micro_batch_loss(
     ref = mb["ref_logp"] if "ref_logp" in mb else fixed_logp
     mask = mb["response_mask"].astype(bool)
     corr = compute_corrections(
-        logp, old, ref, mb["sampler_logp"], mask, cfg, ibr_norm=ibr_norm,
+        logp, old, ref, mb["sampler_logp"], mask, cfg, weight_norm=weight_norm,
         with_metrics=False,  # the update reports them once, over the whole rollout batch
     )
     adv = token_advantages(mb["advantages"], mask)
@@ -94,7 +96,7 @@ def minibatch_gradients(
     cfg: RLConfig,
     *,
     denominator: Float[Array, ""],
-    ibr_norm: Float[Array, ""] | None = None,
+    weight_norm: Float[Array, ""] | None = None,
 ) -> tuple[Params, Float[Array, ""], dict]:
     """Gradient of the minibatch loss, accumulated in float32 over micro-batches stacked on a
     leading axis ([n_micro, micro, ...]); returns (grads in float32, loss, metrics)."""
@@ -102,7 +104,7 @@ def minibatch_gradients(
     def one(acc, mb):
         grads_acc, loss_acc = acc
         (loss, (metrics, _)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
-            params, mb, model_cfg, cfg, denominator=denominator, ibr_norm=ibr_norm
+            params, mb, model_cfg, cfg, denominator=denominator, weight_norm=weight_norm
         )
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss), metrics
@@ -166,15 +168,15 @@ def make_update_fn(
         mask = batch["response_mask"].astype(bool)
         old, sampler = batch["old_logp"], batch["sampler_logp"]
 
-        # theta-independent, over the whole rollout batch, before splitting
-        metrics = mismatch_metrics(old, sampler, mask, cfg)
-        ibr_norm = None
-        if cfg.ibr.normalisation == "global":
-            ibr_norm = ibr_normaliser(old, sampler, mask, cfg)
-            metrics["ibr/normaliser"] = ibr_norm
-        _, accept, _, _ = behaviour_terms(old, sampler, mask, cfg)
+        # theta-independent, over the whole rollout batch, before splitting: computed once
+        b = behaviour(old, sampler, mask, cfg)
+        metrics = behaviour_metrics(b, cfg)
+        weight_norm = None
+        if weight_normalisation(cfg) == "global":
+            weight_norm = weight_normaliser(b, cfg)
+            metrics["ibr/normaliser"] = weight_norm
         denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(
-            accept.reshape(n_mini, u.minibatch_size, T)
+            b.accept.reshape(n_mini, u.minibatch_size, T)
         )
         minibatches = jax.tree.map(
             lambda x: x.reshape(n_mini, n_micro, u.micro_batch_size, *x.shape[1:]), batch
@@ -184,7 +186,7 @@ def make_update_fn(
             params, opt_state = carry
             mbs, denom = xs
             grads, loss, step_metrics = minibatch_gradients(
-                params, mbs, model_cfg, cfg, denominator=denom, ibr_norm=ibr_norm
+                params, mbs, model_cfg, cfg, denominator=denom, weight_norm=weight_norm
             )
             params, opt_state, applied = apply_gradients(optimizer, params, opt_state, grads, loss)
             step_metrics.update(loss=loss, **applied)

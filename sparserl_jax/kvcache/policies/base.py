@@ -13,7 +13,9 @@ from typing import Callable, Optional
 from jaxtyping import Array, Bool, Float
 
 # score(kv_cfg, cache, layer, key) -> [B, K, C] float32: larger is kept first. Only the
-# candidate slots [0, fill - w) are read; other slots may hold anything finite.
+# candidate slots [0, fill - w) are read; other slots may hold anything finite. kv_cfg is the
+# run's KVConfig (kvcache/config.py), which stands above the registry (it checks kv.policy
+# against it), so a policy reads its knobs from it without importing it.
 ScoreFn = Callable[..., Float[Array, "B K C"]]
 # forced(kv_cfg, cache) -> [B, C]: slots kept regardless of their score (beyond the window).
 ForcedFn = Callable[..., Bool[Array, "B C"]]

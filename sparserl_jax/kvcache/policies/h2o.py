@@ -9,13 +9,13 @@ from __future__ import annotations
 from jaxtyping import Array, Float
 
 from sparserl_jax.kvcache.cache import KVCache
-from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.policies.base import Policy
+from sparserl_jax.kvcache.policies.registry import register
 
 
-def heavy_hitter_mass(kv_cfg: KVConfig, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
+def heavy_hitter_mass(kv_cfg, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
     """Score = accumulated attention mass (summed over the G query heads of each KV head)."""
     return cache.mass[layer]
 
 
-POLICY = Policy(name="h2o", score=heavy_hitter_mass, state=("mass",))
+POLICY = register(Policy(name="h2o", score=heavy_hitter_mass, state=("mass",)))

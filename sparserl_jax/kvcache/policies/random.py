@@ -7,11 +7,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from sparserl_jax.kvcache.cache import KVCache
-from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.policies.base import Policy
+from sparserl_jax.kvcache.policies.registry import register
 
 
-def random_scores(kv_cfg: KVConfig, cache: KVCache, layer: int, key: jax.Array) -> Float[Array, "B K C"]:
+def random_scores(kv_cfg, cache: KVCache, layer: int, key: jax.Array) -> Float[Array, "B K C"]:
     """Independent U(0, 1) scores per layer (the key folded with the layer index). `key` is one
     key for the whole batch, or a [B] array of keys, one per sequence (the sampler's per-request
     keys: a sequence's scores then do not depend on the other rows of its batch)."""
@@ -22,4 +22,4 @@ def random_scores(kv_cfg: KVConfig, cache: KVCache, layer: int, key: jax.Array) 
     return jax.random.uniform(jax.random.fold_in(key, layer), shape, jnp.float32)
 
 
-POLICY = Policy(name="random", score=random_scores, needs_key=True)
+POLICY = register(Policy(name="random", score=random_scores, needs_key=True))

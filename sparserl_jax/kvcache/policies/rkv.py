@@ -8,14 +8,14 @@ from jaxtyping import Array, Float
 
 from sparserl_jax.kvcache import scoring
 from sparserl_jax.kvcache.cache import KVCache
-from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.policies.base import Policy
+from sparserl_jax.kvcache.policies.registry import register
 from sparserl_jax.kvcache.policies.snapkv import importance
 
 NORM_EPS = 1e-8
 
 
-def redundancy(kv_cfg: KVConfig, cache: KVCache, layer: int) -> Float[Array, "B K C"]:
+def redundancy(kv_cfg, cache: KVCache, layer: int) -> Float[Array, "B K C"]:
     """R_j per KV head (R-KV rkv/utils.py cal_similarity with retain_direction "last"), over the
     keys kv.rkv_redundancy picks: every filled slot ("all_keys", the original) or the candidates
     (filled slots outside the window, "candidates"):
@@ -50,10 +50,10 @@ def redundancy(kv_cfg: KVConfig, cache: KVCache, layer: int) -> Float[Array, "B 
     return scoring.masked_softmax(r_BxKxC, over_BxC[:, None, :])
 
 
-def score(kv_cfg: KVConfig, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
+def score(kv_cfg, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
     """Z = lambda * I - (1 - lambda) * R, with I SnapKV's pooled importance."""
     lam = kv_cfg.rkv_lambda
     return lam * importance(kv_cfg, cache, layer) - (1.0 - lam) * redundancy(kv_cfg, cache, layer)
 
 
-POLICY = Policy(name="rkv", score=score, state=("window_q",))
+POLICY = register(Policy(name="rkv", score=score, state=("window_q",)))

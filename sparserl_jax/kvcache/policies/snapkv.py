@@ -6,11 +6,11 @@ from jaxtyping import Array, Float
 
 from sparserl_jax.kvcache import scoring
 from sparserl_jax.kvcache.cache import KVCache
-from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.policies.base import Policy
+from sparserl_jax.kvcache.policies.registry import register
 
 
-def importance(kv_cfg: KVConfig, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
+def importance(kv_cfg, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
     """I_j, in this order (methods.md 1.5; R-KV rkv/compression/r1_kv.py R1KV.update_kv and the
     Sparse-RL fork's sglang/compress/r1kv_utils.py KVCluster.get_compress_indices):
     1. logits of each of the w window queries (cache.window_q: the queries at the positions of
@@ -35,4 +35,4 @@ def importance(kv_cfg: KVConfig, cache: KVCache, layer: int, key=None) -> Float[
     return scoring.max_pool(i_BxKxC, cand_BxC, kv_cfg.pool_kernel)
 
 
-POLICY = Policy(name="snapkv", score=importance, state=("window_q",))
+POLICY = register(Policy(name="snapkv", score=importance, state=("window_q",)))

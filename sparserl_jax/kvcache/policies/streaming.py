@@ -14,16 +14,16 @@ from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.kvcache import scoring
 from sparserl_jax.kvcache.cache import KVCache
-from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.policies.base import Policy
+from sparserl_jax.kvcache.policies.registry import register
 
 
-def recency(kv_cfg: KVConfig, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
+def recency(kv_cfg, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
     """Score = original position: the most recent entries win."""
     return cache.pos[layer].astype(jnp.float32)
 
 
-def sinks(kv_cfg: KVConfig, cache: KVCache) -> Bool[Array, "B C"]:
+def sinks(kv_cfg, cache: KVCache) -> Bool[Array, "B C"]:
     """The first n_sinks slots hold the n_sinks smallest original positions (slots are in
     position order and sinks are never evicted)."""
     B = cache.fill.shape[0]
@@ -31,4 +31,4 @@ def sinks(kv_cfg: KVConfig, cache: KVCache) -> Bool[Array, "B C"]:
     return jnp.broadcast_to(sink_C[None, :], (B, cache.capacity))
 
 
-POLICY = Policy(name="streaming", score=recency, forced=sinks)
+POLICY = register(Policy(name="streaming", score=recency, forced=sinks))

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean
+from sparserl_jax.rl.corrections.registry import register
 from sparserl_jax.validate import check_bool, check_positive
 
 
@@ -45,6 +46,6 @@ def acr_metrics(m: Mismatch, cfg: AcrConfig) -> dict[str, Float[Array, ""]]:
     return {"acr/active_frac": masked_mean((m.xi > cfg.c).astype(jnp.float32), m.mask)}
 
 
-CORRECTION = Correction(
+CORRECTION = register(Correction(
     name="acr", settings=AcrConfig, clip_scale=acr_clip_scale, metrics=acr_metrics
-)
+))

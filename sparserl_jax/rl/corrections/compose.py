@@ -1,4 +1,5 @@
-"""The corrections a run applies, combined (methods.md 1.1-1.4, 2, 4).
+"""The corrections a run applies, combined (methods.md 1.1-1.4, 2, 4): the generic accept mask,
+weight and weight normalisation every registered correction feeds.
 
 Four per-token log-probs of the sampled tokens, all [B, T] and aligned the same way (see
 sparserl_jax/rl/batch.py): the learner pi_theta, the dense old policy pi_old, the reference
@@ -9,30 +10,30 @@ pi_ref and the sampler pi_sparse (KV-evicted, quantized, or stale weights). From
   q    = log pi_ref - log pi_theta (guarded at +-log_ratio_clamp), for the k3 KL of the loss
 
 and from xi, for the corrections in force (`RLConfig.corrections`: the mode's, see RL_MODES):
-accept = the response mask AND every correction's keep mask; w = the one weighting
-correction's weight (1 without one), normalised if it asks; r_acr = the product of the clip
-scales (1 without one). Everything computed from xi depends on pi_old and pi_sampler only, so it
-is fixed for a rollout batch; only r and q change during the update. At default settings this
-reproduces the authors' slime code (examples/train_infer_mismatch_helper/mis.py
-compute_mis_weights with mis.yaml); tests/test_authors_reference.py checks it against a NumPy
-transcription of that code.
+accept = the response mask AND every correction's keep mask, veto = the responses removed whole;
+w = the one weighting correction's weight (1 without one), normalised to mean 1 if it asks (over
+the rollout batch or each micro-batch); r_acr = the product of the clip scales (1 without one).
+Everything computed from xi depends on pi_old and pi_sampler only, so it is fixed for a rollout
+batch (`behaviour`, computed once per batch or micro-batch); only r and q change during the
+update. At default settings this reproduces the authors' slime code
+(examples/train_infer_mismatch_helper/mis.py compute_mis_weights with mis.yaml);
+tests/test_authors_reference.py checks it against a NumPy transcription of that code.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Bool, Float
 
+from sparserl_jax.rl.config import RLConfig
 from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles
+from sparserl_jax.rl.corrections.registry import CORRECTIONS
 from sparserl_jax.rl.corrections.xi import mismatch
-
-if TYPE_CHECKING:
-    from sparserl_jax.rl.config import RLConfig
 
 XI_QUANTILES = (0.05, 0.5, 0.95)
 
@@ -45,31 +46,26 @@ class Corrections:
     r: Float[Array, "B T"]  # pi_theta / pi_old (log clamped); differentiable
     kl_q: Float[Array, "B T"]  # log pi_ref - log pi_theta (guard +-log_ratio_clamp); differentiable
     accept: Bool[Array, "B T"]  # response tokens every correction keeps: they enter the loss
-    sars_veto: Bool[Array, "B"]  # responses removed whole (the SARS sequence veto)
+    veto: Bool[Array, "B"]  # responses removed whole (a sequence veto, SARS's)
     weight: Float[Array, "B T"]  # w_t (IBR or TIS), normalised, stop-gradient; 0 outside accept
     r_acr: Float[Array, "B T"]  # the product of the clip scales (ACR: min(1, C / rho)), else 1
     metrics: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """The theta-independent part of a batch's corrections (the mismatch and what the corrections
+    in force make of it), computed once per rollout batch or micro-batch."""
+
+    mismatch: Mismatch
+    accept: Bool[Array, "B T"]  # the response mask AND every correction's keep mask
+    veto: Bool[Array, "B"]  # responses removed whole
+    weight: Float[Array, "B T"]  # the raw weight before normalisation, 0 outside the response mask
+
+
 def active(cfg: RLConfig) -> list[tuple[Correction, Any]]:
     """(correction, its settings section of cfg) for every correction in force, in order."""
-    from sparserl_jax.rl.corrections import CORRECTIONS  # the registry imports this module
-
     return [(CORRECTIONS[name], getattr(cfg, name)) for name in cfg.corrections]
-
-
-def check_combination(setting: str, names: tuple[str, ...]) -> None:
-    """The corrections a run applies: registered, and at most one of them weights tokens."""
-    from sparserl_jax.rl.corrections import CORRECTIONS
-
-    unknown = [n for n in names if n not in CORRECTIONS]
-    if unknown:
-        raise ValueError(f"{setting} names unregistered correction(s) {', '.join(unknown)}; "
-                         f"registered: {', '.join(CORRECTIONS)}")
-    weighting = [n for n in names if CORRECTIONS[n].weight is not None]
-    if len(weighting) > 1:
-        raise ValueError(f"{setting} weights tokens by {' and '.join(weighting)}: a run applies "
-                         "at most one weighting correction")
 
 
 def _weighting(cfg: RLConfig) -> tuple[Correction, Any] | None:
@@ -86,16 +82,19 @@ def _normalisation(cfg: RLConfig) -> tuple[str, str]:
 
 def weight_normalisation(cfg: RLConfig) -> str:
     """How the weights are normalised to mean 1: "global" (over the rollout batch),
-    "micro_batch" or "none" (also without a weighting correction). IBR's ibr.normalisation."""
+    "micro_batch" or "none" (also without a weighting correction), as the weighting correction
+    in force asks (IBR: ibr.normalisation). Both update paths read it here."""
     return _normalisation(cfg)[0]
 
 
-def _behaviour(
+def behaviour(
     old_logp: Float[Array, "B T"],
     sampler_logp: Float[Array, "B T"],
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
-) -> tuple[Mismatch, Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
+) -> Behaviour:
+    """xi of the batch, the accept mask and veto of every correction in force, and the raw weight
+    (set on every response token, rejected ones included: the authors normalise over those too)."""
     mask = mask.astype(bool)
     m = mismatch(old_logp, sampler_logp, mask, cfg.log_ratio_clamp)
     on = active(cfg)
@@ -111,7 +110,7 @@ def _behaviour(
         veto_B = jnp.zeros(mask.shape[:1], bool)
     weighting = _weighting(cfg)
     w = jnp.ones_like(m.xi) if weighting is None else weighting[0].weight(m, weighting[1])
-    return m, accept, veto_B, jnp.where(mask, w, 0.0)
+    return Behaviour(m, accept, veto_B, jnp.where(mask, w, 0.0))
 
 
 def behaviour_terms(
@@ -120,11 +119,9 @@ def behaviour_terms(
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
 ) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
-    """The theta-independent part: (xi, accept, sars_veto, raw weight before normalisation).
-    The raw weight is set on every response token, rejected ones included (the authors
-    normalise over those too), and 0 outside the response mask."""
-    m, accept, veto_B, w = _behaviour(old_logp, sampler_logp, mask, cfg)
-    return m.xi, accept, veto_B, w
+    """`behaviour` as arrays: (xi, accept, veto, raw weight before normalisation)."""
+    b = behaviour(old_logp, sampler_logp, mask, cfg)
+    return b.mismatch.xi, b.accept, b.veto, b.weight
 
 
 def _normaliser_tokens(
@@ -139,24 +136,17 @@ def _mean_weight(over: Bool[Array, "B T"], w: Float[Array, "B T"]) -> Float[Arra
     return jnp.where(mean > 1e-8, mean, 1.0)
 
 
-def ibr_normaliser(
-    old_logp: Float[Array, "B T"],
-    sampler_logp: Float[Array, "B T"],
-    mask: Bool[Array, "B T"],
-    cfg: RLConfig,
-) -> Float[Array, ""]:
-    """Mean raw weight over this batch's valid (or accepted, see ibr.normalise_over) tokens;
-    1 without a normalised weighting correction (IBR off, or normalisation "none") or when the
-    mean is <= 1e-8."""
+def weight_normaliser(b: Behaviour, cfg: RLConfig) -> Float[Array, ""]:
+    """Mean raw weight over the batch's valid (or accepted, as the weighting correction asks:
+    ibr.normalise_over) tokens; 1 without a normalised weighting correction (none in force, or
+    normalisation "none") or when the mean is <= 1e-8."""
     how, over = _normalisation(cfg)
     if how == "none":
         return jnp.float32(1.0)
-    mask = mask.astype(bool)
-    _, accept, _, w = behaviour_terms(old_logp, sampler_logp, mask, cfg)
-    return _mean_weight(_normaliser_tokens(mask, accept, over), w)
+    return _mean_weight(_normaliser_tokens(b.mismatch.mask, b.accept, over), b.weight)
 
 
-def row_ibr_normalisers(
+def row_weight_normalisers(
     old_logp: Float[Array, "B T"],
     sampler_logp: Float[Array, "B T"],
     mask: Bool[Array, "B T"],
@@ -170,10 +160,11 @@ def row_ibr_normalisers(
     if how == "none":
         return jnp.ones((B,), jnp.float32)
     if how == "global":
-        return jnp.broadcast_to(ibr_normaliser(old_logp, sampler_logp, mask, cfg), (B,))
+        norm = weight_normaliser(behaviour(old_logp, sampler_logp, mask, cfg), cfg)
+        return jnp.broadcast_to(norm, (B,))
     m = cfg.update.micro_batch_size
     split = lambda x: x.reshape(B // m, m, T)  # noqa: E731
-    per_micro = jax.vmap(lambda o, s, k: ibr_normaliser(o, s, k, cfg))(
+    per_micro = jax.vmap(lambda o, s, k: weight_normaliser(behaviour(o, s, k, cfg), cfg))(
         split(old_logp), split(sampler_logp), split(mask))
     return jnp.repeat(per_micro, m)
 
@@ -186,23 +177,23 @@ def compute_corrections(
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
     *,
-    ibr_norm: Float[Array, ""] | None = None,
+    weight_norm: Float[Array, ""] | None = None,
     with_metrics: bool = True,
 ) -> Corrections:
-    """All corrections for one (micro-)batch. `ibr_norm` is the weight normaliser, a scalar or
+    """All corrections for one (micro-)batch. `weight_norm` is the weight normaliser, a scalar or
     one value per row; None computes it from this batch (the "micro_batch" normalisation when
     called per micro-batch).
     `with_metrics=False` leaves `metrics` empty (the update step computes them once per rollout
     batch with `mismatch_metrics`)."""
     mask = mask.astype(bool)
     clamp = cfg.log_ratio_clamp
-    m, accept, veto_B, w_raw = _behaviour(old_logp, sampler_logp, mask, cfg)
-    how, over = _normalisation(cfg)
+    b = behaviour(old_logp, sampler_logp, mask, cfg)
+    m, accept, veto_B, w_raw = b.mismatch, b.accept, b.veto, b.weight
     w = w_raw
-    if how != "none":
-        if ibr_norm is None:
-            ibr_norm = _mean_weight(_normaliser_tokens(mask, accept, over), w_raw)
-        w = w / (ibr_norm[:, None] if jnp.ndim(ibr_norm) == 1 else ibr_norm)
+    if weight_normalisation(cfg) != "none":
+        if weight_norm is None:
+            weight_norm = weight_normaliser(b, cfg)
+        w = w / (weight_norm[:, None] if jnp.ndim(weight_norm) == 1 else weight_norm)
     w = jax.lax.stop_gradient(jnp.where(accept, w, 0.0))
     m = dataclasses.replace(m, xi=jax.lax.stop_gradient(m.xi))
     xi = m.xi
@@ -222,10 +213,9 @@ def compute_corrections(
     q = jnp.where(mask, ref_logp.astype(jnp.float32) - learner_logp.astype(jnp.float32), 0.0)
     kl_q = jnp.clip(q, -clamp, clamp)  # overflow guard only; the loss clamps the k3 value
 
-    metrics = _metrics(m, accept, veto_B, w_raw, cfg) if with_metrics else {}
+    metrics = behaviour_metrics(dataclasses.replace(b, mismatch=m), cfg) if with_metrics else {}
     return Corrections(
-        xi=xi, r=r, kl_q=kl_q, accept=accept, sars_veto=veto_B, weight=w, r_acr=r_acr,
-        metrics=metrics,
+        xi=xi, r=r, kl_q=kl_q, accept=accept, veto=veto_B, weight=w, r_acr=r_acr, metrics=metrics,
     )
 
 
@@ -238,10 +228,12 @@ def mismatch_metrics(
     """Sampler-vs-dense-old diagnostics over the response tokens (theta-independent):
     KL(pi_sparse || pi_old) by the k1 and k3 estimators, |delta log-prob|, xi quantiles,
     rejection rates, weight truncation, and each correction's own metrics (ACR activity)."""
-    return _metrics(*_behaviour(old_logp, sampler_logp, mask, cfg), cfg)
+    return behaviour_metrics(behaviour(old_logp, sampler_logp, mask, cfg), cfg)
 
 
-def _metrics(m: Mismatch, accept, veto_B, w, cfg: RLConfig) -> dict[str, Float[Array, ""]]:
+def behaviour_metrics(b: Behaviour, cfg: RLConfig) -> dict[str, Float[Array, ""]]:
+    """`mismatch_metrics` of a batch whose `behaviour` is computed."""
+    m, accept, veto_B, w = b.mismatch, b.accept, b.veto, b.weight
     raw, xi, mask = m.log_xi, m.xi, m.mask
     log_xi = jnp.log(xi)
     has_tokens_B = jnp.any(mask, axis=-1)
@@ -251,7 +243,8 @@ def _metrics(m: Mismatch, accept, veto_B, w, cfg: RLConfig) -> dict[str, Float[A
         "mismatch/kl_k3": masked_mean(xi - log_xi - 1.0, mask),
         "mismatch/abs_dlogp_mean": masked_mean(jnp.abs(raw), mask),
         "mismatch/abs_dlogp_max": jnp.max(jnp.where(mask, jnp.abs(raw), 0.0)),
-        # the accept mask of every correction together (named after SARS, the first of them)
+        # the accept mask and veto of every correction together, under the keys the results read
+        # (named after SARS, the first correction to reject)
         "sars/token_reject_rate": 1.0 - jnp.sum(accept) / jnp.maximum(jnp.sum(mask), 1),
         "sars/seq_reject_rate": jnp.sum(has_tokens_B & ~jnp.any(accept, axis=-1)) / n_seq,
         "sars/veto_rate": jnp.sum(veto_B & has_tokens_B) / n_seq,

@@ -23,6 +23,7 @@ from sparserl_jax.rl.corrections.base import (
     Correction,
     Mismatch,
 )
+from sparserl_jax.rl.corrections.registry import register
 from sparserl_jax.validate import check_at_least, check_bool, check_in, check_number, check_positive
 
 IBR_MODES = ("truncate", "clip", "mask")
@@ -100,6 +101,6 @@ def ibr_normalise(cfg: IbrConfig) -> tuple[str, str]:
     return cfg.normalisation, cfg.normalise_over
 
 
-CORRECTION = Correction(
+CORRECTION = register(Correction(
     name="ibr", settings=IbrConfig, accept=ibr_accept, weight=ibr_weight, normalise=ibr_normalise
-)
+))

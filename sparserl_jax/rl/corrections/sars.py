@@ -16,6 +16,7 @@ from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.corrections.base import Correction, Mismatch
 from sparserl_jax.rl.corrections.xi import LEVELS, level_ratio
+from sparserl_jax.rl.corrections.registry import register
 from sparserl_jax.validate import (
     check_at_least,
     check_bool,
@@ -78,4 +79,4 @@ def sars_accept(m: Mismatch, cfg: SarsConfig) -> tuple[Bool[Array, "B T"], Bool[
     return sars(m.log_xi, m.mask, cfg, m.clamp)
 
 
-CORRECTION = Correction(name="sars", settings=SarsConfig, accept=sars_accept)
+CORRECTION = register(Correction(name="sars", settings=SarsConfig, accept=sars_accept))

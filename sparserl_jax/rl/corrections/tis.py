@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from sparserl_jax.rl.corrections.base import Correction, Mismatch
+from sparserl_jax.rl.corrections.registry import register
 from sparserl_jax.validate import check_positive
 
 
@@ -31,4 +32,4 @@ def tis_weight(m: Mismatch, cfg: TisConfig) -> Float[Array, "B T"]:
     return jnp.minimum(m.xi, cfg.cap)
 
 
-CORRECTION = Correction(name="tis", settings=TisConfig, weight=tis_weight)
+CORRECTION = register(Correction(name="tis", settings=TisConfig, weight=tis_weight))
