@@ -1,6 +1,6 @@
 """Figure d: correction ablation on sparse rollouts: none (naive sparse), SARS only, IBR only, both
 (Sparse-RL), and Sparse-RL with the SARS ratio taken per token, per sequence and as a geometric
-mean (methods.md 1.2).
+mean (docs/methods.md#sars).
 
   python experiments/fig_d_corrections.py                  # 6 variants x 3 seeds
   python experiments/fig_d_corrections.py --seeds 0 --variants none both --smoke

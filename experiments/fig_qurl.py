@@ -1,6 +1,7 @@
-"""Figure QuRL: quantized rollouts at tiny scale (methods.md 2): full-precision rollouts, naive
-INT8 (no correction), TIS (FlashRL), ACR (QuRL), ACR + invariant scaling, and sparse + quantized
-rollouts (one behaviour policy: evicted KV and int8 weights), beside the paper's GSM8K numbers.
+"""Figure QuRL: quantized rollouts at tiny scale (docs/methods.md#qurl): full-precision
+rollouts, naive INT8 (no correction), TIS (FlashRL), ACR (QuRL), ACR + invariant scaling, and
+sparse + quantized rollouts (one behaviour policy: evicted KV and int8 weights), beside the
+paper's GSM8K numbers.
 
   python experiments/fig_qurl.py                                # 7 variants x 3 seeds
   python experiments/fig_qurl.py --seeds 0 --variants fp int8_tis --smoke

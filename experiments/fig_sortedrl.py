@@ -1,7 +1,8 @@
-"""Figure SortedRL: length-aware scheduling of rollouts (methods.md 3) at tiny scale: the static
-baseline (one big rollout of n update batches, then n off-policy update batches), SortedRL
-on-policy and partial on the slot engine, and one run stacking all three methods (sparse KV +
-int8 weights + sorted partial rollouts), beside the paper's bubble and throughput numbers.
+"""Figure SortedRL: length-aware scheduling of rollouts (docs/methods.md#sortedrl) at tiny
+scale: the static baseline (one big rollout of n update batches, then n off-policy update
+batches), SortedRL on-policy and partial on the slot engine, and one run stacking all three
+methods (sparse KV + int8 weights + sorted partial rollouts), beside the paper's bubble and
+throughput numbers.
 
   python experiments/fig_sortedrl.py                                   # 4 variants x 3 seeds
   python experiments/fig_sortedrl.py --config experiments/configs/default.yaml --seeds 0

@@ -92,10 +92,10 @@ def diff_se(p1: float, n1: int, p2: float, n2: int) -> float:
 
 
 def tie_verdict(diffs: Sequence[float], ses: Sequence[float]) -> int:
-    """The tie rule, stated once (docs/reproducing.md#statistics) and used by every table: a
-    difference between two arms counts only when it exceeds TIE_SE (2) standard errors of the
-    difference at every pair (every seed, on every warm start), all with the same sign. +1: the
-    first arm is ahead, -1: behind, 0: a tie."""
+    """The tie rule, stated once (docs/reproducing.md#statistics-collapse-and-provenance) and used
+    by every table: a difference between two arms counts only when it exceeds TIE_SE (2) standard
+    errors of the difference at every pair (every seed, on every warm start), all with the same
+    sign. +1: the first arm is ahead, -1: behind, 0: a tie."""
     d, s = np.asarray(diffs, np.float64), np.asarray(ses, np.float64)
     if d.size and np.all(d > TIE_SE * s):
         return 1
@@ -187,7 +187,8 @@ def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
 
 
 TIE_NOTE = (
-    f"Verdicts by the tie rule (figlib.tie_verdict, docs/reproducing.md#statistics): a difference "
+    "Verdicts by the tie rule (figlib.tie_verdict, "
+    "docs/reproducing.md#statistics-collapse-and-provenance): a difference "
     f"counts only when it exceeds {TIE_SE:g} SE at every run pair (same warm start and seed), all "
     "with the same sign, where SE = sqrt(p1 (1 - p1) / n1 + p2 (1 - p2) / n2) is the standard error "
     "of the difference of the two evaluations; otherwise it is a tie. Mean ± SE: the mean "

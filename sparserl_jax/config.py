@@ -1,7 +1,7 @@
 """The schema of a run: every setting as frozen dataclasses (TrainConfig and its sections), and
 load_config / dump_config between it and YAML files plus `key=value` overrides.
 
-  python -m sparserl_jax.train --config experiments/configs/tiny.yaml rl.mode=naive_sparse kv.budget=64
+  python -m sparserl_jax.train --config experiments/configs/walk_key_rkv.yaml rl.mode=naive_sparse kv.budget=64
 
 Configs are data: YAML is parsed with yaml.safe_load and mapped field by field onto the
 dataclasses by sparserl_jax.config_io; an unknown key is an error that names it and lists the

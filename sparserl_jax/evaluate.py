@@ -8,8 +8,9 @@ DIR is a Hugging Face directory, or a training run directory (config.yaml + chec
 newest intact step unless --step). For a run directory every setting not given as a flag is the
 run's own (its task and task options, data.max_prompt_len, rollout temperature / top-p /
 max_new_tokens, the kv.* knobs; inference is dense unless --kv-policy); for an HF directory the
-defaults are methods.md 1.6's (temperature 0.8, top-p 0.95, 8192 new tokens). A length beyond the
-model's maximum is an error. Reports avg@k: the mean reward over k samples of every prompt.
+defaults are the authors' (docs/methods.md#evaluation: temperature 0.8, top-p 0.95, 8192 new
+tokens). A length beyond the model's maximum is an error. Reports avg@k: the mean reward over k
+samples of every prompt.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# methods.md 1.6, for an HF directory (a run directory uses its own rollout settings)
+# docs/methods.md#evaluation, for an HF directory (a run directory uses its own rollout settings)
 EVAL_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 8192}
 
 

@@ -141,8 +141,8 @@ def check_finite(logprobs, what: str) -> None:
 def add_kv_args(p: argparse.ArgumentParser) -> None:
     """The sparse KV cache flags (one per KVConfig setting), shared with the evaluator."""
     kvd = kv.KVConfig()
-    g = p.add_argument_group("sparse KV cache (methods.md 1.5; a flag not given keeps the run's "
-                             "setting, or the default shown)")
+    g = p.add_argument_group("sparse KV cache (docs/methods.md#kv-compression; a flag not given "
+                             "keeps the run's setting, or the default shown)")
     g.add_argument("--kv-policy", choices=sorted(POLICIES), default=None, help="default: none (dense)")
     g.add_argument("--kv-budget", type=int, default=None, help=f"default {kvd.budget}")
     g.add_argument("--kv-buffer", type=int, default=None, help=f"default {kvd.buffer}")
@@ -160,7 +160,7 @@ def add_kv_args(p: argparse.ArgumentParser) -> None:
 
 def add_quant_args(p: argparse.ArgumentParser) -> None:
     """Sample with a quantized copy of the weights (QuRL's behaviour policy), shared with the evaluator."""
-    g = p.add_argument_group("quantized sampling (methods.md 2)")
+    g = p.add_argument_group("quantized sampling (docs/methods.md#quantized-rollouts)")
     g.add_argument("--quant", choices=quant.FORMATS, default="none")
     g.add_argument("--quant-mode", choices=quant.QUANT_MODES, default="w8a8")
 

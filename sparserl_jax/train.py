@@ -1,7 +1,7 @@
 """The RL loop: rollout (dense or sparse KV) -> reward -> score (pi_old, pi_ref) -> update.
 Owns the loop and its CLI; must not sample, score, update or write files itself (the rooms below).
 
-  python -m sparserl_jax.train --config experiments/configs/tiny.yaml [key=value ...]
+  python -m sparserl_jax.train --config experiments/configs/walk_key_rkv.yaml [key=value ...]
 
 One iteration: the rollout source (rollout/source.py: the static sampler or SortedRL's scheduler,
 built by components.rollout_source) samples rollout.prompts x rollout.samples responses with

@@ -1,6 +1,8 @@
 """README.md and docs/*.md: every relative link resolves (file, and heading for #anchors, GitHub's
 slug rules), every command names a script, module and --config file that exist, and every script
-they name is run by a test or has a committed results.md. No JAX: milliseconds."""
+they name is run by a test or has a committed results.md. The code (sources, docstrings, configs,
+tests) cites docs by their path in the repository: every docs/<file>.md it names exists, with
+every #heading it names, and the method notes are cited as docs/methods.md. No JAX: milliseconds."""
 
 import re
 from pathlib import Path
@@ -13,6 +15,14 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NOT_RUN = {"experiments/bench_kernel.py": "needs a GPU or TPU (pending a GPU session)"}
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+# Files that cite docs: the package, the kernels, the experiments and their configs, the tests.
+CODE = sorted({*REPO.glob("sparserl_jax/**/*.py"), *REPO.glob("kernels/**/*.py"),
+               *REPO.glob("experiments/**/*.py"), *REPO.glob("experiments/configs/**/*.yaml"),
+               *REPO.glob("tests/*.py"), REPO / "setup.py"} - {Path(__file__).resolve()})
+# docs/<file>.md, then its anchors: "#a", "#a, #b", "#a and #b" (a line may break between them)
+CITATION = re.compile(r"(?<![\w/.-])docs/([\w.-]+\.md)"
+                      r"((?:#[\w-]+)?(?:(?:,\s*|\s+and\s+|\s+or\s+)#[\w-]+)*)")
+BARE_METHODS = re.compile(r"(?<![\w.-])(?<!docs/)methods\.md")  # ../shared/methods.md, methods.md
 SCRIPT = re.compile(r"\bpython3? +((?:experiments|tests)/[\w/.-]+\.py)")
 MODULE = re.compile(r"\bpython3? +-m +(sparserl_jax(?:\.\w+)*)")
 CONFIG = re.compile(r"--config[ =]+(\S+\.ya?ml)")
@@ -56,6 +66,21 @@ def broken_links(doc: Path, text: str | None = None) -> list[str]:
         elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest.read_text())):
             bad.append(f"{target}: no heading #{anchor} in {dest.name}")
     return bad
+
+
+def broken_citations(text: str) -> list[str]:
+    """The docs/<file>.md paths (and #anchors) cited in `text` that do not exist, and any mention of
+    the method notes that is not their path in the repository."""
+    bad = []
+    for name, tail in CITATION.findall(text):
+        doc = REPO / "docs" / name
+        if not doc.is_file():
+            bad.append(f"docs/{name}: no such file")
+            continue
+        heads = anchors(doc.read_text())
+        bad += [f"docs/{name}#{a}: no such heading" for a in re.findall(r"#([\w-]+)", tail)
+                if a not in heads]
+    return bad + [f"{m.group(0)} (cite docs/methods.md)" for m in BARE_METHODS.finditer(text)]
 
 
 def missing_commands(text: str) -> list[str]:
@@ -103,6 +128,13 @@ def test_commands_name_existing_files(doc):
     assert missing_commands(doc.read_text()) == []
 
 
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_the_code_cites_exist(path):
+    assert broken_citations(path.read_text()) == []
+    if path.parent.name != "tests":  # tests name missing files on purpose
+        assert [c for c in missing_commands(path.read_text()) if "/" in c] == []  # not X.yaml
+
+
 def test_every_script_named_is_run_by_a_test_or_a_committed_result():
     assert unexercised("\n".join(d.read_text() for d in DOCS)) == []
 
@@ -122,6 +154,12 @@ def test_the_checkers_find_what_is_broken():
                             "python -m sparserl_jax.nope\nM=experiments/configs/real\n"
                             "python -m sparserl_jax.fetch --config $M/qwen2.5-1.5b.yaml") == [
         "experiments/no_such.py", "python -m sparserl_jax.nope", "experiments/configs/none.yaml"]
+    assert broken_citations("see docs/methods.md#sars, #ibr and\n#no-such (docs/nowhere.md); "
+                            "methods.md 1.2, ../shared/methods.md; docs/layout.md#how-to-extend"
+                            ) == [
+        "docs/methods.md#no-such: no such heading", "docs/nowhere.md: no such file",
+        "methods.md (cite docs/methods.md)", "methods.md (cite docs/methods.md)"]
+    assert broken_citations("docs/methods.md#acr or #tis, docs/reproducing.md") == []
     assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
                        "python -m sparserl_jax.train python -m sparserl_jax.untested") == [
         "experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]

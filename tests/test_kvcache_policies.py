@@ -1,6 +1,7 @@
 """Eviction policies against a brute-force NumPy reference (plain loops, float64), written from
-methods.md 1.5 without reusing the JAX code: which slots each policy keeps, per head and shared,
-ragged fills, inactive and short sequences, and the observers that feed H2O and SnapKV/R-KV."""
+docs/methods.md#kv-compression without reusing the JAX code: which slots each policy keeps, per
+head and shared, ragged fills, inactive and short sequences, and the observers that feed H2O and
+SnapKV/R-KV."""
 
 from __future__ import annotations
 

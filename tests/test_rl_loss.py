@@ -1,6 +1,6 @@
-"""The corrected GRPO loss against an independent NumPy implementation written from methods.md
-(sections 1.2-1.4 and 2), on random inputs, for every mode, both aggregations, all SARS levels,
-every IBR variant and ACR."""
+"""The corrected GRPO loss against an independent NumPy implementation written from
+docs/methods.md#sars, #ibr, #the-objective, #tis and #acr, on random inputs, for every mode,
+both aggregations, all SARS levels, every IBR variant and ACR."""
 
 import dataclasses
 import functools
@@ -22,7 +22,7 @@ B, T = 6, 12
 # tests here share compiled functions: keep them on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("rl_loss")
 
-# mode -> (SARS, IBR, TIS, ACR), restated from methods.md / the brief, not imported
+# mode -> (SARS, IBR, TIS, ACR), restated from docs/methods.md, not imported
 REF_MODES = {
     "dense": (0, 0, 0, 0),
     "naive_sparse": (0, 0, 0, 0),

@@ -1,5 +1,6 @@
 """The real model's response lengths at temperature 1.0, and the SortedRL slot engine against the
-static batch sampler on that workload (methods.md 3), side by side in one pinned process.
+static batch sampler on that workload (docs/methods.md#sortedrl), side by side in one pinned
+process.
 
 Static: batches of Q prompts, each decoded until its longest response ends. Engine: Q slots
 refilled as responses end (rollout/engine.py, FIFO). Both draw request r's tokens with the same

@@ -1,7 +1,8 @@
 """One arm of the real-model measurements: sample chat rollouts with a behaviour policy (sparse
 KV and/or quantized weights), teacher-force the dense full-precision model over the same tokens,
-and measure the mismatch the corrections see (methods.md 1.1-1.2, 2). Every function here runs
-inside one single-core worker process (experiments/workers.py) and returns plain floats and lists.
+and measure the mismatch the corrections see (docs/methods.md#three-policies-xi-and-r, #sars,
+#qurl). Every function here runs inside one single-core worker process (experiments/workers.py)
+and returns plain floats and lists.
 
 Per-token estimators on the sampler's tokens o_t ~ pi_s (xi_t = pi_dense(o_t) / pi_s(o_t)):
   k1 = mean(-log xi)            } unbiased for KL(pi_s || pi_dense), the quantity the update logs

@@ -1,5 +1,5 @@
 """The numbers the real-model tables sit beside: the tiny model's, read from the committed results
-of this repository (never typed in), and the papers' as methods.md states them."""
+of this repository (never typed in), and the papers' as docs/methods.md states them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import os
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
-# methods.md gives no per-token mismatch figure for either paper; these are what it does report.
-PAPER_SPARSE_RL = ("Sparse-RL (methods.md 1.7): 35-53% fewer KV entries in rollouts (R-KV / SnapKV, "
-                   "budget 512 + buffer 128 on 4096-token responses); no per-token KL or SARS "
-                   "rejection rate is stated")
-PAPER_QURL = ("QuRL (methods.md 2): GSM8K, Qwen2.5-0.5B-Instruct, PPO: BF16 55.35 / naive INT8 "
-              "48.78 / TIS 51.40 / QuRL 53.55; no per-token mismatch figure is stated in methods.md")
+# docs/methods.md gives no per-token mismatch figure for either paper; these are what it reports.
+PAPER_SPARSE_RL = ("Sparse-RL (docs/methods.md#what-sparse-rl-reports): 35-53% fewer KV entries "
+                   "in rollouts (R-KV / SnapKV, budget 512 + buffer 128 on 4096-token responses); "
+                   "no per-token KL or SARS rejection rate is stated")
+PAPER_QURL = ("QuRL (docs/methods.md#what-qurl-reports): GSM8K, Qwen2.5-0.5B-Instruct, PPO: BF16 "
+              "55.35 / naive INT8 48.78 / TIS 51.40 / QuRL 53.55; no per-token mismatch figure is "
+              "stated in docs/methods.md")
 
 
 def _load(rel: str) -> dict | None:
@@ -73,8 +74,8 @@ def tiny_quant() -> dict[str, float]:
             for name in ("fp", "int8_naive", "int8_acr_invariant_scaling") if name in res}
 
 
-PAPER_SORTED_RL = ("SortedRL (methods.md 3): bubble ratio 74% -> 5.8% (on-policy) / 3.4% (partial); "
-                   "rollout throughput +7.6% / +39.5%")
+PAPER_SORTED_RL = ("SortedRL (docs/methods.md#bubble-ratio): bubble ratio 74% -> 5.8% (on-policy) / "
+                   "3.4% (partial); rollout throughput +7.6% / +39.5%")
 
 
 def tiny_sorted() -> dict | None:

@@ -1,9 +1,10 @@
 """Compression: score the slots, keep the top B, and move the kept entries into slots [0, B).
 
-Shared by every policy (methods.md 1.5, common frame): the last w keys are always kept, empty
-slots never are, the top B are chosen per (layer, sequence, KV head) ("per_head") or once from
-layer 0's scores summed over KV heads for every layer and head ("shared"), and kept entries keep
-their original positions and order. Shapes are static: the cache keeps its capacity.
+Shared by every policy (the common frame, docs/methods.md#kv-compression): the last w keys are
+always kept, empty slots never are, the top B are chosen per (layer, sequence, KV head)
+("per_head") or once from layer 0's scores summed over KV heads for every layer and head
+("shared"), and kept entries keep their original positions and order. Shapes are static: the
+cache keeps its capacity.
 """
 
 from __future__ import annotations

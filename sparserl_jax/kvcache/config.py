@@ -29,7 +29,8 @@ class KVConfig:
       "max_logits" (authors: R-KV rkv/utils.py compute_attention_scores(pooling="max") and the
       fork's KVCluster(attn_pooling="max")): the max over the group of the raw scaled logits,
       then the softmax over the candidate keys and the mean over the window; "max_probs": the
-      softmax and window mean per query head, then the max (our earlier reading of methods.md).
+      softmax and window mean per query head, then the max (our earlier reading of
+      docs/methods.md#kv-compression).
     rkv_lambda: R-KV's lambda in Z = lambda * I - (1 - lambda) * R. 0.1 is the Sparse-RL fork's
       (KVCluster(mix_alpha=0.1) in tp_worker.py); R-KV's own default is 0.07 (R1KV(mix_lambda)).
     redundancy_threshold: R-KV cosine similarity above which two keys are near-duplicates.

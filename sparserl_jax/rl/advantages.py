@@ -1,4 +1,4 @@
-"""GRPO group-relative advantages (methods.md 1.4).
+"""GRPO group-relative advantages (docs/methods.md#the-objective).
 
 Layout: the batch holds B = n_prompts * n responses, the n samples of one prompt in consecutive
 rows (rows g*n .. g*n + n - 1 belong to prompt g). Keep groups whole when shuffling or splitting.

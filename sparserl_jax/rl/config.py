@@ -1,8 +1,8 @@
 """Settings of the RL update: the mode (which behaviour-policy corrections apply), the GRPO loss,
 the optimizer and the update loop. Each correction's section (SarsConfig, IbrConfig, TisConfig,
 AcrConfig) sits beside its code in rl/corrections/ and is a field of RLConfig under the
-correction's name. Defaults are the Sparse-RL authors' code settings (methods.md 1.2-1.4); QuRL's
-C is not published (2.0 is the common choice).
+correction's name. Defaults are the Sparse-RL authors' code settings (docs/methods.md#sparse-rl);
+QuRL's C is not published (2.0 is the common choice).
 
 `rl.mode` names a combination of registered corrections, a row of RL_MODES:
 
@@ -55,7 +55,8 @@ RL_MODES: dict[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Clipped GRPO surrogate with a k3 KL to pi_ref and an entropy bonus (methods.md 1.4).
+    """Clipped GRPO surrogate with a k3 KL to pi_ref and an entropy bonus
+    (docs/methods.md#the-objective).
 
     kl_clamp: the KL term is clamp(exp(q) - q - 1, -kl_clamp, kl_clamp), q = log pi_ref -
     log pi_theta: the authors clamp the k3 value, so its gradient is zero beyond the clamp

@@ -1,4 +1,5 @@
-"""Per-iteration rollout diagnostics for Sparse-RL (methods.md 1.2, 1.7), on the host in NumPy.
+"""Per-iteration rollout diagnostics for Sparse-RL (docs/methods.md#sars and
+#what-sparse-rl-reports), on the host in NumPy.
 
 What the update's own metrics (mismatch/kl_k1|k3, sars/veto_rate, sars/token_reject_rate,
 response/length_mean) do not show: whom SARS rejects (responses with positive or negative

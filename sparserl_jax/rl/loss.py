@@ -1,4 +1,5 @@
-"""The clipped GRPO objective with the behaviour-policy corrections (methods.md 1.4, 2).
+"""The clipped GRPO objective with the behaviour-policy corrections
+(docs/methods.md#the-objective, #acr).
 
 Per accepted token:
   l_t = w_t * max(-r_t A, -clip(r_t, 1 - eps_low, (1 + eps_high) / r_acr_t) A)

@@ -1,4 +1,4 @@
-"""SortedRL (methods.md section 3): length-aware scheduling of rollouts on the slot engine.
+"""SortedRL (docs/methods.md#sortedrl): length-aware scheduling of rollouts on the slot engine.
 
 Grouped loading: a group of n x b prompts (n = sorted.group_batches update batches of
 b = rollout.prompts prompts, each prompt `samples` requests) is queued at once, and no new

@@ -11,8 +11,9 @@ from sparserl_jax.kvcache.policies.registry import register
 
 
 def importance(kv_cfg, cache: KVCache, layer: int, key=None) -> Float[Array, "B K C"]:
-    """I_j, in this order (methods.md 1.5; R-KV rkv/compression/r1_kv.py R1KV.update_kv and the
-    Sparse-RL fork's sglang/compress/r1kv_utils.py KVCluster.get_compress_indices):
+    """I_j, in this order (docs/methods.md#kv-compression; R-KV rkv/compression/r1_kv.py
+    R1KV.update_kv and the Sparse-RL fork's sglang/compress/r1kv_utils.py
+    KVCluster.get_compress_indices):
     1. logits of each of the w window queries (cache.window_q: the queries at the positions of
        the last w slots) to every candidate key j, the filled slots outside the window;
     2. kv.gqa_reduce "max_logits" (authors): max over the G query heads that share a KV head;

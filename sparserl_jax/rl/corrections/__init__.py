@@ -1,5 +1,5 @@
 """Behaviour-policy corrections, one file each, and their registry (registry.py): name ->
-Correction (methods.md 1.2, 1.3, 2, 4). Adding one is a new file here (its settings class and
+Correction (docs/methods.md#how-they-compose). Adding one is a new file here (its settings class and
 hooks, see base.py, and `register`), its name on the import line below, a field of that settings
 class under the same name in RLConfig, and a mode naming it in rl/config.py RL_MODES (or
 `rl.<name>.enabled`); tests/test_extend_correction.py walks through it.

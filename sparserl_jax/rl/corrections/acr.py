@@ -1,4 +1,4 @@
-"""Adaptive Clipping Range (QuRL, methods.md 2): the PPO upper clip bound is divided by
+"""Adaptive Clipping Range (QuRL, docs/methods.md#acr): the PPO upper clip bound is divided by
 
   r_acr = min(1, C / rho),   rho = pi_prox / pi_behav (= xi)
   objective  min(rho, C) * min(R A, clip(R, 1 - eps, (1 + eps) / r_acr) A)

@@ -1,5 +1,5 @@
 """What a behaviour-policy correction is: a settings class (its RLConfig section, under the
-correction's name) and what it contributes to the loss (methods.md 1.2, 1.3, 2):
+correction's name) and what it contributes to the loss (docs/methods.md#sars, #ibr, #tis, #acr):
 
   accept      a token accept mask and an optional sequence veto   (SARS; IBR's "mask" mode)
   weight      a per-token weight w_t, optionally normalised        (IBR, TIS)
@@ -43,9 +43,9 @@ ClipScaleFn = Callable[[Mismatch, Any], Float[Array, "B T"]]
 # metrics(m, settings) -> {"<name>/<metric>": scalar}
 MetricsFn = Callable[[Mismatch, Any], dict[str, Float[Array, ""]]]
 
-# How a weighting correction's w is normalised to mean 1 (methods.md 1.3): over the whole rollout
-# batch, over each micro-batch (the authors' code), or not at all; the mean is taken over the
-# valid response tokens or over the accepted ones.
+# How a weighting correction's w is normalised to mean 1 (docs/methods.md#ibr): over the whole
+# rollout batch, over each micro-batch (the authors' code), or not at all; the mean is taken over
+# the valid response tokens or over the accepted ones.
 NORMALISATIONS = ("global", "micro_batch", "none")
 NORMALISE_OVER = ("valid", "accepted")
 

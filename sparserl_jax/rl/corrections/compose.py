@@ -1,5 +1,5 @@
-"""The corrections a run applies, combined (methods.md 1.1-1.4, 2, 4): the generic accept mask,
-weight and weight normalisation every registered correction feeds.
+"""The corrections a run applies, combined (docs/methods.md#how-they-compose): the generic
+accept mask, weight and weight normalisation every registered correction feeds.
 
 Four per-token log-probs of the sampled tokens, all [B, T] and aligned the same way (see
 sparserl_jax/rl/batch.py): the learner pi_theta, the dense old policy pi_old, the reference

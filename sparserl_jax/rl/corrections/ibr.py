@@ -1,5 +1,5 @@
-"""Importance-Based Reweighting (Sparse-RL, methods.md 1.3): weight each token by its xi, so the
-sparse samples count as the dense old policy would have drawn them.
+"""Importance-Based Reweighting (Sparse-RL, docs/methods.md#ibr): weight each token by its xi,
+so the sparse samples count as the dense old policy would have drawn them.
 
   w_t = min(xi_t, cap)                  "truncate" (authors: cap 1.5)
   w_t = clip(xi_t, lo, hi)              "clip"
@@ -31,7 +31,7 @@ IBR_MODES = ("truncate", "clip", "mask")
 
 @dataclasses.dataclass(frozen=True)
 class IbrConfig:
-    """Importance-Based Reweighting w_t from xi_t (methods.md 1.3), a constant (stop-gradient).
+    """Importance-Based Reweighting w_t from xi_t (docs/methods.md#ibr), a constant (stop-gradient).
     Source: the authors' slime fork, examples/train_infer_mismatch_helper/mis.py
     compute_mis_weights (tis_mode, tis_upper_bound / tis_lower_bound, tis_batch_normalize).
 

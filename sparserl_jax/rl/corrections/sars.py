@@ -1,6 +1,7 @@
-"""Sparsity-Aware Rejection Sampling (Sparse-RL, methods.md 1.2): drop the tokens, and veto the
-responses, whose xi = pi_old / pi_sparse says the compressed sampler went where the dense policy
-would not. Rejected tokens leave both the numerator and the denominator of the loss average.
+"""Sparsity-Aware Rejection Sampling (Sparse-RL, docs/methods.md#sars): drop the tokens, and
+veto the responses, whose xi = pi_old / pi_sparse says the compressed sampler went where the
+dense policy would not. Rejected tokens leave both the numerator and the denominator of the loss
+average.
 
   token rule:     keep o_t iff token_lo <= xi_t <= token_hi          (authors: [0.5, 1.5])
   sequence veto:  drop response i iff min_t xi_t < veto_threshold     (authors: 1e-4)
@@ -28,7 +29,7 @@ from sparserl_jax.validate import (
 
 @dataclasses.dataclass(frozen=True)
 class SarsConfig:
-    """Sparsity-Aware Rejection Sampling on xi = pi_old / pi_sparse (methods.md 1.2).
+    """Sparsity-Aware Rejection Sampling on xi = pi_old / pi_sparse (docs/methods.md#sars).
 
     Token rule: reject where the ratio at `token_level` is outside [token_lo, token_hi] (at
     "sequence"/"geometric" level the whole response is rejected). Sequence veto: reject the whole

@@ -1,5 +1,5 @@
-"""Truncated importance sampling (QuRL's FlashRL baseline, methods.md 2): weight each token by
-the behaviour ratio rho = pi_prox / pi_behav (= xi), truncated at C:
+"""Truncated importance sampling (QuRL's FlashRL baseline, docs/methods.md#tis): weight each
+token by the behaviour ratio rho = pi_prox / pi_behav (= xi), truncated at C:
 
   w_t = min(rho_t, C)      objective  min(rho, C) * min(R A, clip(R, 1 - eps, 1 + eps) A)
 

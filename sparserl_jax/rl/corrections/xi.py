@@ -1,5 +1,6 @@
-"""xi_t = pi_old(o_t) / pi_sparse(o_t), the sparsity consistency ratio (methods.md 1.1; QuRL's
-rho = pi_prox / pi_behav, methods.md 2): the mismatch between the dense old policy and the
+"""xi_t = pi_old(o_t) / pi_sparse(o_t), the sparsity consistency ratio
+(docs/methods.md#three-policies-xi-and-r; QuRL's rho = pi_prox / pi_behav,
+docs/methods.md#quantized-rollouts): the mismatch between the dense old policy and the
 behaviour policy that sampled the rollout (KV-evicted, quantized or stale). Every correction
 reads it; it depends on pi_old and the sampler only, so it is fixed for a rollout batch."""
 
@@ -10,7 +11,7 @@ from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.corrections.base import Mismatch, masked_mean
 
-# the ratio a rule reads: per token, per sequence (product) or geometric mean (methods.md 1.2)
+# the ratio a rule reads: per token, per sequence (product) or geometric mean (docs/methods.md#sars)
 LEVELS = ("token", "sequence", "geometric")
 
 
