@@ -83,6 +83,27 @@ def broken_citations(text: str) -> list[str]:
     return bad + [f"{m.group(0)} (cite docs/methods.md)" for m in BARE_METHODS.finditer(text)]
 
 
+def layout_names(text: str) -> tuple[set[str], set[str]]:
+    """(folders, module files) that the "Every module" list of docs/layout.md names: each bullet
+    opens with a folder (`sparserl_jax/kvcache/`) and names its files (`cache.py`)."""
+    section = re.split(r"^## Every module.*$", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0]
+    folders, files = set(), set()
+    for bullet in re.split(r"\n(?=- `)", section):
+        m = re.match(r"- `([\w/]+/)`", bullet.strip())
+        if m:
+            folders.add(m.group(1))
+            files |= {m.group(1) + name for name in re.findall(r"`([\w.]+\.py)`", bullet)}
+    return folders, files
+
+
+def unnamed_modules(text: str, modules: set[str]) -> list[str]:
+    """The modules (paths of the two trees) that docs/layout.md does not name; a package's
+    __init__.py is named by its folder's bullet."""
+    folders, files = layout_names(text)
+    return sorted(m for m in modules if (m.rpartition("/")[0] + "/" not in folders
+                                         if m.endswith("/__init__.py") else m not in files))
+
+
 def missing_commands(text: str) -> list[str]:
     """Scripts, `python -m` modules and --config files named in `text` that do not exist
     (shell variables set in the text, like M=experiments/configs/real, are expanded)."""
@@ -135,6 +156,12 @@ def test_the_docs_the_code_cites_exist(path):
         assert [c for c in missing_commands(path.read_text()) if "/" in c] == []  # not X.yaml
 
 
+def test_layout_names_every_module():
+    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels")
+               for p in (REPO / tree).rglob("*.py")}
+    assert unnamed_modules((REPO / "docs/layout.md").read_text(), modules) == []
+
+
 def test_every_script_named_is_run_by_a_test_or_a_committed_result():
     assert unexercised("\n".join(d.read_text() for d in DOCS)) == []
 
@@ -160,6 +187,13 @@ def test_the_checkers_find_what_is_broken():
         "docs/methods.md#no-such: no such heading", "docs/nowhere.md: no such file",
         "methods.md (cite docs/methods.md)", "methods.md (cite docs/methods.md)"]
     assert broken_citations("docs/methods.md#acr or #tis, docs/reproducing.md") == []
+    layout = ("## Every module\n\n- `sparserl_jax/`: `config.py` the schema;\n  `train.py` the loop.\n"
+              "- `sparserl_jax/rl/`: `loss.py`.\n\n## Next\n`sparserl_jax/rl/update.py`\n")
+    assert unnamed_modules(layout, {"sparserl_jax/config.py", "sparserl_jax/train.py",
+                                    "sparserl_jax/rl/__init__.py", "sparserl_jax/rl/loss.py",
+                                    "sparserl_jax/rl/update.py", "sparserl_jax/quant/__init__.py",
+                                    "sparserl_jax/rl/config.py"}) == [
+        "sparserl_jax/quant/__init__.py", "sparserl_jax/rl/config.py", "sparserl_jax/rl/update.py"]
     assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
                        "python -m sparserl_jax.train python -m sparserl_jax.untested") == [
         "experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]

@@ -14,11 +14,12 @@ function body, is an arrow.
   config, components, rl, train or a CLI), run_state neither rollout/ nor rl/, the leaves nothing;
   each room of the loop imports on its own in a fresh interpreter.
 
-The checker's own tests plant cycles, upward and sideways imports,
+docs/layout.md draws the floors. The checker's own tests plant cycles, upward and sideways imports,
 a room without a floor and call-time imports in a toy graph, a toy source tree and the real graph
 (kernels/sharded.py importing the model again), and see each found."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,13 @@ def test_every_room_on_one_floor_and_every_floor_room_exists():
     rooms = [r for floor in FLOORS for r in floor]
     assert len(rooms) == len(set(rooms))
     assert sorted(f"{ROOT}.{r}" for r in rooms) == sorted({room(m) for m in _modules()} - {ROOT})
+
+
+def test_layout_draws_the_floors():
+    """docs/layout.md's table of floors is FLOORS (top floor first)."""
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|", (REPO / "docs/layout.md").read_text(), re.M)
+    drawn = {int(n): tuple(re.findall(r"`(\w+)`", rooms)) for n, rooms in rows}
+    assert drawn == {i: floor for i, floor in enumerate(FLOORS, start=1)}
 
 
 def test_the_graph_reads_both_trees():
