@@ -1,0 +1,146 @@
+"""The device check (experiments/gpu_check.py): its --smoke run goes through every step on CPU and
+reports a failure as one, the guard records timeouts and crashes and goes on, and the full-size
+programs it will run on a GPU build and lower for cuda here."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
+
+import gpu_check  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_steps  # noqa: E402
+from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE  # noqa: E402
+
+FORCED = "numerics"
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
+    """`--smoke --fail numerics`: every step runs in its own process at toy shapes and leaves its
+    figure; the forced failure is one line, the next step still runs, the report reads FAIL and the
+    exit code is non-zero."""
+    proc = subprocess.run([sys.executable, str(EXPERIMENTS / "gpu_check.py"), "--smoke", "--out", str(tmp_path),
+                           "--fail", FORCED], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    steps = {s["name"]: s for s in report["steps"]}
+    assert list(steps) == list(gpu_check.BUDGETS["smoke"]) == list(gpu_check.TITLES)
+    for name, s in steps.items():
+        assert s.get("figure"), (name, s.get("error"))  # every step measured, the failed one too
+        assert (s["status"] == "fail") == (name == FORCED), (name, s["status"], s.get("error"))
+        assert all(c["passed"] for c in s["checks"] if c["kind"] == "must"), (name, s["checks"])
+        assert os.path.exists(s["log"]) and s["seconds"] <= s["budget_s"]
+    assert steps[FORCED]["error"] == f"RuntimeError: forced failure (--fail {FORCED}), raised after the step ran"
+    assert report["verdict"] == "FAIL" and report["finished"]
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Device check: cpu (smoke)\n\n**FAIL**: 1 of 6 steps failed: numerics.\n")
+    assert "PASS" not in md.split("\n## ")[0]
+    assert f"| {FORCED} | FAIL |" in md and steps[FORCED]["error"] in md
+    assert proc.stdout.strip().splitlines()[-1].startswith("FAIL: 1 of 6 steps failed: numerics")
+    # the figures themselves
+    numerics = steps["numerics"]["result"]
+    assert numerics["worst_ratio"]["o"] <= 1 and numerics["worst_ratio"]["lse"] <= 1
+    row = numerics["rows"][0]
+    assert row["plain/ragged"]["live_rows"] >= 1 and row["plain/empty"]["empty_rows_ok"]
+    assert all(row[f"shard_map_identical/{f}"] for f in ("empty", "one", "ragged", "half", "full"))
+    assert steps["bandwidth"]["result"]["rows"][0]["frac_of_copy"] > 0
+    assert {r["policy"] for r in steps["sampler"]["result"]["rows"]} == {"rkv", "none"}
+    update = steps["update"]["result"]
+    assert update["moved_fraction"] >= 0.9 and update["lr"] == 1e-6 and update["tokens_per_s"] > 0
+    assert update["dryrun"]["persistent_plus_update"] > 0 and update["param_dtypes"] and update["compute_dtype"]
+    resume = steps["e2e"]["result"]["resume"]
+    assert resume["steps_a"] == resume["steps_b"] == [1, 2] and resume["max_rel_diff"] <= 1e-5
+    assert "at iteration 1" in resume["resumed_line"]
+    env = steps["env"]["result"]
+    assert env["backend"] == "cpu" and env["provenance"]["commit"] and "jax" in env["packages"]
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_the_runner_records_a_timeout_and_a_crash_and_goes_on(tmp_path):
+    """A step past its budget is killed, a step that dies leaves one line, the next runs; the
+    report is written before and after every step and never reads PASS with a failure."""
+    verdict = json.dumps({"status": "ok", "figure": "42 widgets/s", "checks": [], "markdown": ["done"]})
+    commands = {
+        "slow": _python("import time; time.sleep(60)"),
+        "crash": _python("import os; print('about to abort', flush=True); os.abort()"),
+        "good": _python(f"open({str(tmp_path / 'steps' / 'good.json')!r}, 'w').write({verdict!r})"),
+    }
+    steps = [gpu_report.Step("slow", "sleeps", 2), gpu_report.Step("crash", "aborts", 30),
+             gpu_report.Step("good", "works", 30)]
+    runner = gpu_report.Runner(str(tmp_path), steps, lambda s: commands[s.name], mode="test",
+                               command_line="test", time_limit_s=120, log=lambda *a, **k: None)
+    assert runner.run() == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    slow, crash, good = report["steps"]
+    assert slow["status"] == "fail" and slow["error"].startswith("timed out: killed after") and slow["seconds"] < 15
+    assert crash["status"] == "fail" and crash["error"] == (
+        "the step's process died (signal SIGABRT) without a verdict; last output: about to abort")
+    assert good["status"] == "ok" and good["figure"] == "42 widgets/s"
+    assert report["verdict"] == "FAIL"
+    assert "**FAIL**: 2 of 3 steps failed: slow, crash." in (tmp_path / "report.md").read_text()
+
+
+def test_a_command_past_its_time_is_killed_with_its_children():
+    """The e2e step runs default.py (and its worker processes) this way."""
+    code = ("import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); "
+            "time.sleep(60)")
+    rc, tail = gpu_steps.run_killing_group(_python(code), dict(os.environ), 2)
+    assert rc is None and tail.endswith("timed out after 2 s")
+    stat = Path(f"/proc/{int(tail.split()[0])}/stat")  # the grandchild: gone, or a zombie not yet reaped
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("statuses,word", [
+    (["ok", "ok"], "PASS"), (["ok", "warn"], "PASS with warnings"), (["warn", "fail"], "FAIL"),
+    (["ok", "skipped"], "INCOMPLETE"), (["ok", "running"], "INCOMPLETE"), (["fail", "pending"], "FAIL"),
+])
+def test_the_verdict_is_green_only_when_every_step_ran_and_none_failed(statuses, word):
+    steps = [{"name": f"s{i}", "status": s} for i, s in enumerate(statuses)]
+    assert gpu_report.verdict(steps)[0] == word
+
+
+def test_the_docstring_states_every_step_and_its_budgets():
+    doc = gpu_check.__doc__
+    for name in gpu_check.TITLES:
+        cells = [str(gpu_check.BUDGETS[m].get(name, "-")) for m in ("full", "quick", "smoke")]
+        assert re.search(rf"^  {name} +{cells[0]} / +{cells[1]} / {cells[2]} ", doc, re.MULTILINE), name
+    for mode, limit in gpu_check.TIME_LIMITS.items():
+        assert sum(gpu_check.BUDGETS[mode].values()) <= limit, mode  # the steps fit the check's limit
+    assert "480 / 180 / 900 s" in doc
+    assert gpu_check.TIME_LIMITS["full"] <= 8 * 60 and gpu_check.TIME_LIMITS["quick"] <= 3 * 60
+
+
+def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
+    """The update step's real config (the 1-GPU overlay and the check's overrides) loads and the
+    dry run it is compared with plans it (on a GPU it would otherwise fail there)."""
+    from sparserl_jax.config import load_config
+    from sparserl_jax.dryrun import dry_run
+
+    sizes = gpu_steps.SIZES["full"]
+    cfg = load_config(list(sizes.update_configs), list(sizes.update_overrides))
+    assert cfg.rl.update.micro_batch_size == 4 and cfg.rl.optim.lr == 1e-6
+    plan = dry_run(cfg, arch=sizes.update_arch, devices=1)
+    assert plan["model"]["n_layers"] == 28 and plan["shapes"]["update_width"] == 1024 + 4096
+    assert plan["phase_bytes"]["update"] > 0
+
+
+@pytest.mark.skipif(not TRITON_AVAILABLE, reason="this jax has no Pallas Triton")
+def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
+    """The numerics step's kernel calls, plain and under shard_map, exported for cuda from shapes
+    (`python experiments/gpu_check.py --lower` does every step's programs, about a minute)."""
+    import gpu_lower
+
+    rows = gpu_lower.lower_all(gpu_steps.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
+    assert len(rows) == 2 * 2 * 2  # two models' heads x two batches x plain / shard_map
+    assert all(r["ok"] and r["triton_calls"] == 1 for r in rows), [r for r in rows if not r["ok"]]
