@@ -18,8 +18,6 @@ import subprocess
 import time
 from typing import Iterable
 
-from figruns import REPO
-
 SCHEMA = 1
 
 
@@ -63,16 +61,18 @@ def missing(records_dir: str, planned: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def commit(path: str, message: str) -> bool:
-    """Commit the record at `path` alone (other staged or unstaged changes stay as they are).
+    """Commit the record at `path` alone, in the git checkout that holds it (other staged or
+    unstaged changes stay as they are; a study may run from a clean checkout of its commit and
+    write its records into another).
     Returns whether a commit was made; a failure (no git, nothing to commit) is printed, not raised:
     the record is on disk either way."""
-    rel = os.path.relpath(os.path.abspath(path), REPO)
+    folder, name = os.path.split(os.path.abspath(path))  # git of the checkout that holds the record
     detail = ""
     for attempt in range(5):  # another process may hold the index for a moment
         try:
-            subprocess.run(["git", "add", "--", rel], cwd=REPO, check=True, capture_output=True, text=True,
+            subprocess.run(["git", "add", "--", name], cwd=folder, check=True, capture_output=True, text=True,
                            timeout=60)
-            subprocess.run(["git", "commit", "-q", "-m", message, "--only", "--", rel], cwd=REPO, check=True,
+            subprocess.run(["git", "commit", "-q", "-m", message, "--only", "--", name], cwd=folder, check=True,
                            capture_output=True, text=True, timeout=60)
             return True
         except (OSError, subprocess.SubprocessError) as e:
@@ -80,5 +80,5 @@ def commit(path: str, message: str) -> bool:
             if "index.lock" not in detail:
                 break
             time.sleep(2.0 * (attempt + 1))
-    print(f"record {rel} not committed: {detail}", flush=True)
+    print(f"record {path} not committed: {detail}", flush=True)
     return False
