@@ -19,9 +19,9 @@ The parts, one concern each:
   `scores`, `accuracies`, `run_variants`.
 - figstats.py: the rules every table applies, declared once: `collapsed` and
   `reward_collapse_iteration` (collapse), `diff_se`, `tie_verdict`, `compare`, `compare_arms` and
-  `comparison_lines` (is a difference a difference); the tables (`md_table`, `stat_cells`,
-  `arm_cells`, `per_warm_start_table`); `fmt` and `mean_std`. docs/reproducing.md states the
-  rules in words.
+  `comparison_lines` (is a difference a difference); `verdict_phrase` (counts -> a verdict); the
+  tables (`md_table`, `stat_cells`, `arm_cells`, `per_warm_start_table`); `fmt` and `mean_std`.
+  docs/reproducing.md states the rules in words.
 - figplot.py: paper-column style (`PANEL_W`, 8 pt, `panels`), `curve`, `mean_curves`, `band`,
   `symlog_axis`, `ablation_figure`, `run_bars`, `heatmap`, `band_legend_below`, `run_title`,
   `save_figure`.
@@ -53,7 +53,8 @@ from figstats import (ACC_METRICS, COLLAPSE_FRACTION, COLLAPSE_HEADERS, COLLAPSE
                       iteration_time, last_quarter, md_table, mean_std, per_warm_start_table,
                       ratio_of_means, results_of, reward_collapse_iteration, run_mean,
                       seconds_per_iteration, seed_collapse_cells, seed_rows, stat_cells, tie_verdict,
-                      unit_of, warm_dense_of, warm_note, warm_starts_of, with_reward_rule)
+                      unit_of, VERDICT_NOTE, verdict_phrase, warm_dense_of, warm_note, warm_starts_of,
+                      with_reward_rule)
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 
 # The figure library's public names: the scaffold's own and those of its parts.
@@ -69,8 +70,8 @@ __all__ = [
     # the rules and a table's numbers (figstats)
     "COLLAPSE_FRACTION", "REWARD_WINDOW", "COLLAPSE_NOTE", "TIE_SE", "TIE_NOTE", "collapsed",
     "reward_collapse_iteration", "collapse_cells", "with_reward_rule", "warm_note", "diff_se",
-    "tie_verdict", "Comparison", "unit_of", "compare", "ACC_METRICS", "compare_arms",
-    "comparison_lines", "comparison_table", "last_quarter", "run_mean", "warm_starts_of",
+    "tie_verdict", "verdict_phrase", "VERDICT_NOTE", "Comparison", "unit_of", "compare", "ACC_METRICS",
+    "compare_arms", "comparison_lines", "comparison_table", "last_quarter", "run_mean", "warm_starts_of",
     "warm_dense_of", "results_of", "mean_std", "fmt", "ratio_of_means", "iteration_time",
     "seconds_per_iteration",
     # tables (figstats)

@@ -6,6 +6,8 @@ Collapse: `collapsed` (final dense-inference accuracy below half the warm start'
 value). Ties: `diff_se` (the SE of a difference of two evaluations) and `tie_verdict` (a difference
 counts only beyond 2 SE at every run pair, all with one sign); `compare` pairs the runs of two arms,
 `compare_arms` every listed pair of a figure's arms, and `comparison_lines` writes the verdicts.
+Verdicts over runs: `verdict_phrase` (a word only where the claim holds at every run, or at none;
+otherwise 'k of n').
 Tables: `md_table` with `stat_cells` (mean ± std over runs per column) and `arm_cells` (those and
 both collapse rules); `per_warm_start_table` each arm on each warm start. Scripts reach these
 through figlib (figlib.collapsed is the name the results cite).
@@ -125,6 +127,15 @@ class Comparison:
     def verdict(self) -> str:
         return {1: f"**{self.a} ahead**", -1: f"**{self.b} ahead**", 0: "tie"}[self.sign]
 
+    def outcomes(self) -> list[int]:
+        """Each pair's own reading by the tie rule's threshold: +1 a ahead beyond TIE_SE SE, -1 behind, 0 a tie."""
+        return [tie_verdict([d], [s]) for d, s in zip(self.diffs, self.ses)]
+
+    def counts(self) -> tuple[int, int, int]:
+        """(pairs with a ahead, pairs tied, pairs with a behind): the counts `verdict_phrase` reads."""
+        o = self.outcomes()
+        return o.count(1), o.count(0), o.count(-1)
+
     def mean_se(self) -> tuple[float, float]:
         """The mean difference and its standard error from the spread over pairs (0 for one)."""
         d = np.asarray(self.diffs, np.float64)
@@ -184,6 +195,27 @@ def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
         m, se = c.mean_se()
         lines.append(f"| {c.a} - {c.b} | {c.metric} | {per} | {m:+.3f} ± {se:.3f} | {c.verdict} |")
     return lines
+
+
+def verdict_phrase(k: int, n: int, word: str = "supported", negation: str = "not supported") -> str:
+    """The one rule that turns counts into a verdict (docs/reproducing.md#one-rule-for-every-verdict):
+    a claim that holds at k of n runs (every seed on every warm start, on every machine that ran it;
+    at one run by a collapse rule or by the tie rule's 2 SE of a difference) gets a verdict word only
+    where every run agrees: `word` at n of n, `negation` at 0 of n; otherwise 'k of n', no word."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"k={k} of n={n}: need 0 <= k <= n and n >= 1")
+    if k == n:
+        return f"**{word}** ({k} of {n})"
+    if k == 0:
+        return f"**{negation}** (0 of {n})"
+    return f"{k} of {n}"
+
+
+VERDICT_NOTE = (
+    "Verdicts by one rule (figlib.verdict_phrase, docs/reproducing.md#one-rule-for-every-verdict): a "
+    "claim is read at every run (the accuracy collapse rule first, the reward rule beside it; a "
+    f"comparison by the tie rule at that run pair, beyond {TIE_SE:g} SE of the difference); 'supported' "
+    "only where it holds at every run, 'not supported' where at none, otherwise 'k of n' and no verdict word.")
 
 
 TIE_NOTE = (

@@ -50,6 +50,19 @@ def test_compare_arms_pairs_present_arms_on_every_metric():
     assert any(line.startswith("| a - b | dense |") for line in lines)
 
 
+def test_one_rule_turns_counts_into_a_verdict():
+    """figlib.verdict_phrase: a verdict word only where the claim holds at every run (or at none);
+    'k of n' without a word otherwise; Comparison.counts reads each pair by the tie rule."""
+    assert figlib.verdict_phrase(6, 6) == "**supported** (6 of 6)"
+    assert figlib.verdict_phrase(0, 6) == "**not supported** (0 of 6)"
+    assert figlib.verdict_phrase(5, 6) == "5 of 6" and "supported" not in figlib.verdict_phrase(11, 12)
+    assert figlib.verdict_phrase(1, 1, "ahead", "behind") == "**ahead** (1 of 1)"
+    with pytest.raises(ValueError):
+        figlib.verdict_phrase(7, 6)
+    (c,) = figlib.compare("a", _rows([0.9, 0.5, 0.2]), "b", _rows([0.5, 0.5, 0.6]), "dense_acc", 512)
+    assert c.outcomes() == [1, 0, -1] and c.counts() == (1, 1, 1) and c.sign == 0
+
+
 def test_per_warm_start_table():
     warms = {0: {"dense_acc": 0.9, "sparse_acc": 0.2}, 1: {"dense_acc": 0.8, "sparse_acc": 0.3}}
     rows = [{**r, "sparse_acc": 0.1} for r in _rows([0.3], warm=0) + _rows([0.7], warm=1)]
