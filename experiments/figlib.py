@@ -170,9 +170,10 @@ class Figure:
             args.runs_dir = os.path.join(args.out, "runs")
             shutil.rmtree(args.runs_dir, ignore_errors=True)
         study = study_from_args(args, cores, self.smoke, self.defaults) if self.trains else None
+        start = provenance(cores, None)  # the commit and tree at the start of the run (after pinning)
         data = self.run(args, study)
-        data = {"command": command, **data,
-                "provenance": {**provenance(cores, time.perf_counter() - t0), "arms_json": bool(study and study.arms)}}
+        data = {"command": command, **data, "provenance": {
+            **start, "wall_s": round(time.perf_counter() - t0, 1), "arms_json": bool(study and study.arms)}}
         self.write(args.out, data, study.base if study else None, study)
         return data
 

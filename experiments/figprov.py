@@ -51,43 +51,68 @@ def cpu_model() -> str:
             f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})")
 
 
+# The fields every results.md's provenance sentence names (tests/test_provenance.py): what is
+# unknown for a result is written "not recorded".
+FIELDS = ("commit", "tree", "CPU", "jax", "cores", "wall time")
+NOT_RECORDED = "not recorded"
+
+
 def provenance(cores: Sequence[int], seconds: float | None) -> dict:
     """What produced a result: commit (and whether the tree had uncommitted changes), the portable
-    CPU settings (workers.py), the machine, the jax version, the cores and the wall time."""
+    CPU settings (workers.py), the machine, the jax version, the cores and the wall time. Called
+    with `seconds` None at a run's start (its commit and tree then), the wall time added at the end."""
     import jax
 
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     return {"commit": _git("rev-parse", "--short=12", "HEAD"), "uncommitted_changes": bool(dirty),
+            **({"commit_at": "start"} if seconds is None else {}),
             "portable_cpu": workers.portable_cpu_enabled(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "cpu": cpu_model(), "jax": jax.__version__, "python": sys.version.split()[0],
             "cores": len(cores), "wall_s": None if seconds is None else round(seconds, 1)}
 
 
+def _fields(commit: str, tree: str, cpu: str | None, jax: str | None, cores: int | None,
+            wall_s: float | None) -> str:
+    """The six fields, each named, "not recorded" where unknown."""
+    nr = NOT_RECORDED
+    return (f"commit {commit}; tree {tree}; CPU {cpu or nr}; jax {jax or nr}; "
+            f"cores {nr if cores is None else cores}; wall time {nr if wall_s is None else f'{wall_s:.0f} s'}")
+
+
 def provenance_line(data: dict, results_json: str | None = None) -> str:
     """results.md's provenance sentence, from data['provenance'] (or, for results that did not
-    record it, what git says of their results.json)."""
+    record it, what git says of their results.json): the commit at the start of the run, whether
+    the tree was clean, CPU model, jax version, cores and wall time (FIELDS), "not recorded" where
+    unknown; the command is results.md's line above it."""
     p = data.get("provenance")
+    nr = NOT_RECORDED
+    legacy_wall = (data.get("legacy") or {}).get("wall_s") or data.get("wall_s")
+    legacy_cores = data.get("cores") or (data.get("meta") or {}).get("cores")
+    unknown_tree = f"clean: {nr}"
     if p and p.get("recorded") is False:  # results from before figlib recorded it: what git says
         numerics = ("the portable CPU numerics (their default since)" if p["portable_cpu"] else
                     "the host's own CPU numerics")
-        return (f"Provenance: not recorded by the run; its numbers were committed in {p['results_commit']}, "
-                f"{'after' if p['portable_cpu'] else 'before'} the portable CPU settings ({PORTABLE_SINCE}), "
-                f"so it ran with {numerics}; machine, jax version and each arm's config not recorded.")
+        commit = f"{nr} (its numbers were committed in {p['results_commit']})"
+        return (f"Provenance: {_fields(commit, unknown_tree, None, None, legacy_cores, legacy_wall)}; "
+                f"committed {'after' if p['portable_cpu'] else 'before'} the portable CPU settings ({PORTABLE_SINCE}), "
+                f"so it ran with {numerics}; each arm's config {nr}.")
     if p:
-        commit = f"{p['commit']}{' with uncommitted changes' if p['uncommitted_changes'] else ''}"
-        portable = "on" if p["portable_cpu"] else "off (SPARSERL_PORTABLE_CPU=0)"
-        wall = "" if p["wall_s"] is None else f"; wall time {p['wall_s']:.0f} s"
+        at = ("at the start of the run" if p.get("commit_at") == "start" else
+              f"when the run finished (at its start: {nr})")
+        tree = {True: "with uncommitted changes", False: "clean"}.get(p.get("uncommitted_changes"), unknown_tree)
+        portable = {True: "on", False: "off (SPARSERL_PORTABLE_CPU=0)"}.get(p.get("portable_cpu"), nr)
         arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
-        return (f"Provenance: commit {commit}; portable CPU settings {portable} (experiments/workers.py); "
-                f"{p['cpu']}; jax {p['jax']}; {p['cores']} core(s){wall}.{arms}")
+        commit = f"{p['commit']} {at}" if p.get("commit") else nr
+        return (f"Provenance: {_fields(commit, tree, p.get('cpu'), p.get('jax'), p.get('cores'), p.get('wall_s'))}; "
+                f"portable CPU settings {portable} (experiments/workers.py).{arms}")
     if results_json is None:
-        return "Provenance: not recorded."
+        return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)}."
     rel = os.path.relpath(os.path.abspath(results_json), REPO)
     commit = _git("log", "-1", "--format=%h %ad", "--date=short", "--", rel)
     if not commit:
-        return "Provenance: not recorded by this run (before figlib recorded it)."
+        return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)} (before figlib recorded it)."
     before = _git("merge-base", "--is-ancestor", PORTABLE_SINCE, commit.split()[0]) is None
-    return (f"Provenance: not recorded by this run (before figlib recorded it); its results.json was "
-            f"committed in {commit}, {'before' if before else 'after'} the portable CPU settings "
-            f"({PORTABLE_SINCE}), so it ran with {'the host' if before else 'the portable'} CPU numerics; "
-            "no arms.json.")
+    committed = f"{nr} (its results.json was committed in {commit})"
+    return (f"Provenance: {_fields(committed, unknown_tree, None, None, legacy_cores, legacy_wall)}; "
+            f"committed {'before' if before else 'after'} the portable CPU settings ({PORTABLE_SINCE}), so it ran "
+            f"with {'the host' if before else 'the portable'} CPU numerics; no arms.json.")

@@ -121,10 +121,11 @@ def _lengths_job(job):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t0 = time.perf_counter()
+    start = report.figprov.provenance(workers.available_cores(), None)  # the commit at the run's start
     data = {"eviction": eviction, "quantization": quantization, "lengths": lengths}[args.measurement](args)
     data["wall_s"] = time.perf_counter() - t0
     data["cores"] = len(workers.available_cores())
-    data["provenance"] = report.figprov.provenance(workers.available_cores(), data["wall_s"])
+    data["provenance"] = {**start, "wall_s": round(data["wall_s"], 1)}
     data["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
     report.write(args.measurement, args.out, data, argv)
     return data
