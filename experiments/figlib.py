@@ -121,6 +121,9 @@ class Figure:
     fresh_runs: bool = False  # runs in <out>/runs, cleared first, unless --runs-dir names a cache
     smoke: Sequence[str] | None = None  # --smoke's overrides (None: smoke_overrides(config))
     defaults: Sequence[str] = ()  # the script's own overrides of its config (before --smoke's and the command line's)
+    # inputs read from the results directory beside results.json (e.g. replicates from other
+    # machines): given to render inside its data, never written into results.json
+    beside: Callable[[str], dict] | None = None
 
     def parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=self.doc.split("\n")[0], epilog=self.doc,
@@ -179,7 +182,8 @@ class Figure:
 
     def write(self, out: str, data: dict, base, study: Study | None = None, replot: bool = False) -> None:
         """results.md and the PNGs (and, unless `replot`, results.json, arms.json, config.yaml)."""
-        write_results(out, self.render(data, base, data["command"]), data, study, replot)
+        shown = {**data, **self.beside(out)} if self.beside else data
+        write_results(out, self.render(shown, base, data["command"]), data, study, replot)
 
 
 def write_results(out: str, r: Rendered, data: dict, study: Study | None = None, replot: bool = False) -> None:

@@ -141,6 +141,8 @@ def test_replot_keeps_the_committed_numbers(script, results_dir, pngs, tmp_path)
     for name in ("results.json", "config.yaml", "results.md"):
         if os.path.exists(os.path.join(src, name)):
             shutil.copy(os.path.join(src, name), tmp_path / name)
+    if os.path.isdir(os.path.join(src, "replicates")):  # the default's replicates on other machines
+        shutil.copytree(os.path.join(src, "replicates"), tmp_path / "replicates")
     script.main(["--replot", str(tmp_path)])
     md = (tmp_path / "results.md").read_text()
     committed = open(os.path.join(src, "results.md")).read()
