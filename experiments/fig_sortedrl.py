@@ -146,6 +146,11 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
                      "—" if bubble is None else f"{bubble:.1%}", "—" if gain is None else f"+{gain:.1%}"])
     lines += figlib.md_table(["variant", "mode", *figlib.headers(COLUMNS), "rollout tokens/s vs baseline",
                               "paper bubble", "paper throughput"], body)
+    n_eval = b.train.eval_prompts
+    lines += figlib.comparison_lines(
+        figlib.compare_arms(results, [(n, "baseline") for n in results if n != "baseline"],
+                            {"dense_acc": "accuracy (dense inference)"}, n_eval),
+        f"Accuracy against the baseline, paired by seed ({n_eval} prompts per evaluation):")
     title = (f"Figure SortedRL: length-aware rollout scheduling, {figlib.runs_phrase(seeds)}\n"
              f"{figlib.config_name(command, LONG_TAIL_CONFIG)} (task {b.data.task}, up to "
              f"{b.rollout.max_new_tokens} new tokens): {update_batches(b)} update batches of "
