@@ -133,10 +133,21 @@ def iteration_seconds(histories: dict) -> float:
     return sum(figlib.iteration_time(x) for hs in histories.values() for h in hs for x in h)
 
 
-def eval_se(meta: dict) -> float:
-    """One evaluation's binomial standard error at the untrained accuracy (p(1-p)/n)^0.5."""
-    p = meta["untrained_dense_acc"]
-    return float(np.sqrt(max(p * (1 - p), 1e-12) / meta["eval_prompts"]))
+def diff_se_untrained(meta: dict) -> float:
+    """The standard error of a difference of two evaluations at the untrained accuracy
+    (figlib.diff_se): the tie rule's unit where a trained model meets the untrained one."""
+    p, n = meta["untrained_dense_acc"], meta["eval_prompts"]
+    return figlib.diff_se(p, n, p, n)
+
+
+def paired(a: list[dict], b: list[dict], n: int) -> str:
+    """a - b per seed (b's row of the same seed), each with 2 SE of that difference, and the tie
+    rule's verdict over the seeds."""
+    by_seed = {r["seed"]: r["dense_acc"] for r in b}
+    pairs = [(r["dense_acc"], by_seed[r["seed"]]) for r in a if r["seed"] in by_seed]
+    diffs, ses = [x - y for x, y in pairs], [figlib.diff_se(x, n, y, n) for x, y in pairs]
+    verdict = {1: "ahead", -1: "behind", 0: "tie"}[figlib.tie_verdict(diffs, ses)]
+    return ", ".join(f"{d:+.3f} (2 SE {2 * se:.3f})" for d, se in zip(diffs, ses)) + f": {verdict}"
 
 
 COLUMNS = (  # (header, row key, format) of the arms' table, after its arm, seeds and iterations
@@ -152,8 +163,11 @@ def tables(results: dict, meta: dict) -> str:
         "Untrained model: " + ", ".join(f"{a:.3f} (seed {s})" for s, a in meta["untrained_by_seed"].items())
         + " accuracy (avg@1 sampled at the rollout "
         "temperature, seed train.seed + 1; dense, full precision) "
-        f"on {meta['eval_prompts']} held-out prompts, binomial standard error {eval_se(meta):.3f}: accuracy "
-        f"differences under 2 SE ({2 * eval_se(meta):.3f}) are ties. Every row: mean ± sample std over its seeds; "
+        f"on {meta['eval_prompts']} held-out prompts. Differences are read by the tie rule "
+        "(figlib.tie_verdict): a difference counts only beyond 2 SE of the difference of the two "
+        "evaluations at every seed, SE = sqrt(p1 (1 - p1) / n + p2 (1 - p2) / n) (2 SE "
+        f"{2 * diff_se_untrained(meta):.3f} for two evaluations at the untrained accuracy). Every row: "
+        "mean ± sample std over its seeds; "
         "`dense acc` is the final weights' accuracy on the same prompts and samples' seed (dense "
         "full-precision inference); SARS rejects only under rl.mode sparse_rl; `reward` the training "
         "reward (sampled accuracy on prompts never seen before) "
@@ -164,19 +178,17 @@ def tables(results: dict, meta: dict) -> str:
                            *figlib.stat_cells(rows, COLUMNS)] for name, rows in results.items()))]
     lines += ["", "Comparisons: dense accuracy change from the untrained model evaluated with the same "
               "seed (mean ± std over seeds); then each arm minus the first arm of the comparison, "
-              "paired by seed (every seed's difference):", ""]
+              "paired by seed (every seed's difference with 2 SE of that difference, and the tie rule's "
+              "verdict over the seeds):", ""]
     for title, (names, paper) in COMPARISONS.items():
         have = [n for n in names if n in results]
         if len(have) < 2:
             continue
         deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - r['untrained_acc'] for r in results[n]], '+.3f')}"
                            for n in have)
-        base = {r["seed"]: r["dense_acc"] for r in results[have[0]]}
-        paired = "; ".join(
-            f"{n} - {have[0]}: " + ", ".join(f"{r['dense_acc'] - base[r['seed']]:+.3f}"
-                                             for r in results[n] if r["seed"] in base)
-            for n in have[1:])
-        lines.append(f"- **{title}** (beside {paper}): {deltas}; paired: {paired}")
+        pairs = "; ".join(f"{n} - {have[0]}: {paired(results[n], results[have[0]], meta['eval_prompts'])}"
+                          for n in have[1:])
+        lines.append(f"- **{title}** (beside {paper}): {deltas}; paired: {pairs}")
     return "\n".join(lines)
 
 
@@ -192,8 +204,10 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
         f"Figure: top left, each arm's held-out accuracy after training (avg@1 on {meta['eval_prompts']} "
         "prompts, dense full-precision inference): bars are the mean over the arm's seeds, error bars ± one "
         "sample standard deviation over its seeds (none for the arms marked '1 seed'), dots the seeds; "
-        "the grey line is the untrained model's accuracy (mean over seeds) and the grey band ± 2 binomial "
-        f"standard errors of one evaluation ({2 * eval_se(meta):.3f}: differences inside it are ties). Top "
+        "hatched bars: arms run with one seed (no spread; not comparable to a two-seed mean); "
+        "the grey line is the untrained model's accuracy (mean over seeds) and the grey band ± 2 SE of the "
+        f"difference of two evaluations at that accuracy ({2 * diff_se_untrained(meta):.3f}: a trained model inside it "
+        "ties the untrained one). Top "
         "right: the mismatch KL (k3) between the rollout policy and pi_old, mean over the run (its value "
         "beside each bar; the dense arm's is ~0). Below, one panel per comparison: the training "
         "reward (sampled accuracy on prompts never seen before) per iteration, lines the mean over seeds, "
@@ -223,7 +237,10 @@ def figure(data: dict, b):
     kl_ax = fig.add_subplot(grid[0, 1], sharey=acc_ax)
     figlib.run_bars(acc_ax, names, {n: [r["dense_acc"] for r in results[n]] for n in names}, colours,
                     horizontal=True, labels=[_label(n, results) for n in names])
-    untrained, two_se = meta["untrained_dense_acc"], 2 * eval_se(meta)
+    for bar, n in zip(acc_ax.containers[0], names):  # one-seed arms: hatched, no spread to show
+        if len(results[n]) == 1:
+            bar.set_hatch("////")
+    untrained, two_se = meta["untrained_dense_acc"], 2 * diff_se_untrained(meta)
     acc_ax.axvspan(max(untrained - two_se, 0.0), untrained + two_se, color="0.85", lw=0, zorder=0)
     acc_ax.axvline(untrained, color="0.45", lw=1.2, zorder=0.5)
     acc_ax.set_xlim(0, max(untrained + two_se, max(r["dense_acc"] for rs in results.values() for r in rs)) * 1.15)
@@ -247,7 +264,7 @@ def figure(data: dict, b):
     first.set_ylim(bottom=0.0)
     handles = [Line2D([], [], color=colours[n], ls="--" if len(results[n]) == 1 else "-", lw=1.3,
                       label=_label(n, results)) for n in names]
-    handles.append(Patch(color="0.85", label="untrained model ± 2 SE"))
+    handles.append(Patch(color="0.85", label="untrained model ± 2 SE of a difference"))
     fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     seeds = sorted({r["seed"] for rs in results.values() for r in rs})
     fig.suptitle(f"Sparse-RL, QuRL and SortedRL arms on {os.path.basename(b.model.checkpoint)} ({b.data.task}):\n"
