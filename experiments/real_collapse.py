@@ -105,13 +105,13 @@ every seed, **not supported** if it collapses at any seed or is behind dense by 
 nothing collapses under rkv64, the same study runs under rkv48 (the larger mismatch), and each
 setting gets its own verdict."""
 
-CURVES = (  # (metric(s), y label, title)
-    (("eval/accuracy",), "accuracy (avg@1)", "held-out accuracy, dense inference"),
-    (("reward/mean",), "mean reward", "training reward (new prompts)"),
-    (("mismatch/kl_k3",), "KL k3 per token (nats)", "mismatch: sampler vs pi_old"),
-    (("sars/token_reject_rate", "sars/seq_reject_rate"), "fraction rejected", "SARS rejection (tokens —, responses --)"),
-    (("xi/p5", "xi/p95"), "xi = pi_old / pi_sampler", "IBR weight spread (xi p5 --, p95 —)"),
-    (("kv/saving",), "fraction of KV entries", "KV saving (rollouts)"),
+CURVES = (  # (metric(s), y label, title): short enough for a panel of half a paper column
+    (("eval/accuracy",), "accuracy (greedy)", "held-out, dense inf."),
+    (("reward/mean",), "mean reward", "train reward"),
+    (("mismatch/kl_k3",), "k3 per token (nats)", "mismatch vs pi_old"),
+    (("sars/token_reject_rate", "sars/seq_reject_rate"), "fraction", "SARS reject (tok -, resp --)"),
+    (("xi/p5", "xi/p95"), "pi_old / pi_sampler", "xi p5 (--), p95 (-)"),
+    (("kv/saving",), "fraction of entries", "KV saving"),
     (("response/length_mean",), "tokens", "response length"),
     (("loss/entropy",), "nats", "policy entropy"),
 )
@@ -308,6 +308,10 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
               + ("." if complete else ": the study is not finished, so no verdict is stated (each finished run's "
                  "record is committed as it finishes; the same command trains only the missing runs)."))
     lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "", status, ""]
+    if data["untrained"]:
+        lines += ["The untrained model (iteration 0, greedy, dense inference, "
+                  f"{n} prompts): " + ", ".join(f"seed {s} {v['accuracy']:.3f} (mean length {v['mean_length']:.0f})"
+                                               for s, v in sorted(data["untrained"].items())) + ".", ""]
     if body:
         lines += figlib.md_table(["arm", "seeds", "held-out acc. it 0", *(f"it {p}" for p in points),
                                   "collapsed (acc. rule)", "collapsed (reward rule, at)", *figlib.headers(columns)],
@@ -382,10 +386,15 @@ def figure(data: dict):
             ax.axhline(0.5 * np.mean(untrained), color="grey", ls=":", lw=1)
         if keys[0] == "kv/saving":
             ax.axhspan(0.35, 0.53, color="grey", alpha=0.2, lw=0)
-        ax.set(title=title, xlabel="iteration", ylabel=ylabel)
+        ax.set_title(title, fontsize=7)
+        ax.set(xlabel="iteration", ylabel=ylabel, xlim=(0, data["iterations"]))
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs")
-    figlib.band_legend_below(fig, axes[-1], ncol=3)
+    fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs",
+                 fontsize=8)
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:  # one legend for the figure, below the panels
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, frameon=False,
+                   fontsize=7)
     return fig
 
 
