@@ -58,20 +58,21 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"{fmt([mismatch['reward/mean']])}, responses in a loop {fmt([mismatch['diag/loop_fraction']])}, "
         f"length {fmt([mismatch['response/length_mean']], '.1f')}.",
     ]
-    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.2), layout="constrained")
+    fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 3.2), layout="constrained")
     policies = list(dict.fromkeys(name.split("@")[0] for name in cells))
     for pol in policies:
         rows = [r for name, r in cells.items() if name.split("@")[0] == pol]
-        ax.plot([100 * r["kv_saving"] for r in rows], [r["accuracy"] for r in rows], "o-", ms=3, label=pol)
-    ax.axhline(dense["accuracy"], color="k", ls="--", label="dense")
+        ax.plot([100 * r["kv_saving"] for r in rows], [r["accuracy"] for r in rows], "o-", ms=3, label=pol,
+                color=figlib.POLICY_COLOURS.get(pol, "black"))
+    ax.axhline(dense["accuracy"], color=figlib.POLICY_COLOURS["none"], ls="--", label="dense inference")
     ax.set_xlabel("KV saving (% of the dense cache's entries not kept)")
     ax.set_ylabel(f"warm start's accuracy\n(avg@1, {base.train.eval_prompts} prompts)")
     ax.set_ylim(-0.02, 1.02)
     figlib.band_legend_below(fig, ax)
-    fig.suptitle(f"Calibration: {figlib.config_name(command)}, warm start 0 under eviction", fontsize=9)
+    fig.suptitle(f"Calibration: {figlib.config_name(command)}, warm start 0 under eviction")
     caption = ("Figure: the warm start's held-out accuracy under each eviction policy at each budget "
-               "against the KV saving it gives; dashed: dense inference. One model, one evaluation "
-               "per point.")
+               "against the KV saving it gives (one line per policy, its points the budgets); blue dashed: "
+               "dense inference, the one dense mark on this axis. One model, one evaluation per point.")
     return figlib.Rendered("Task calibration: the warm start under dense and sparse inference", "\n".join(lines),
                            {"calibration": fig}, caption)
 

@@ -186,18 +186,21 @@ def _held_out_panel(ax, histories: dict, colours: dict, warms: dict, per_seed: d
     same inference (diamonds)."""
     last = max(len(h) for hs in histories.values() for h in hs)
     for i, (arm, hs) in enumerate(histories.items()):
+        sparse = ARMS.get(arm, ("", False))[1] and not dense_eval  # evaluated under sparse inference
         x, m, s = figlib.sparse_curve(hs, EVAL_KEY)
-        figlib.mean_line(ax, x, m, s, colours[arm], 0.0, 1.0, "-o", ms=3, lw=1.2)
-        key = "sparse_acc" if ARMS.get(arm, ("", False))[1] and not dense_eval else "dense_acc"
+        figlib.mean_line(ax, x, m, s, colours[arm], 0.0, 1.0, "--o" if sparse else "-o", ms=3, lw=1.2,
+                         mfc="white" if sparse else colours[arm])
+        key = "sparse_acc" if sparse else "dense_acc"
         fm, fs = figlib.mean_std(r[key] for r in per_seed[arm])
         ax.errorbar(last + max(last, 4) * 0.03 * (i + 1), fm, yerr=figlib.clipped_err([fm], [fs], 0.0, 1.0),
-                    fmt="D", ms=4, color=colours[arm], capsize=2)
+                    fmt="D", ms=4, color=colours[arm], mfc="white" if sparse else colours[arm], capsize=2)
     if warms:
         ax.plot(0, np.mean([w["dense_acc"] for w in warms.values()]), "*", ms=9, color="k")
         if all("sparse_acc" in w for w in warms.values()):
             ax.plot(0, np.mean([w["sparse_acc"] for w in warms.values()]), "*", ms=9, color="k", mfc="white")
     ax.set(ylim=(-0.02, 1.02), ylabel="accuracy (avg@1)",
-           title="held-out accuracy (" + ("dense inference)" if dense_eval else "the arm's rollout KV)"))
+           title="held-out accuracy, dense inference" if dense_eval else
+           "held-out accuracy (solid: dense inference,\ndense arm; dashed: sparse inference, sparse arms)")
     figlib.iteration_axis(ax)
 
 
@@ -205,8 +208,8 @@ def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: in
     """Six panels, two a row: train reward, held-out accuracy during training (policy entropy for
     runs that logged none), every run's final accuracy, mismatch KL, tokens left out, response
     length. Returns the figure and whether held-out accuracy was logged during training."""
-    fig, axes = figlib.panels(3, 7.6)
-    colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
+    fig, axes = figlib.panels(3, 7.8)
+    colours = figlib.arm_colours(histories)
     for key, ax in zip(CURVES, (axes[0], axes[3], axes[4], axes[5])):
         _metric_panel(ax, histories, colours, key, *CURVES[key])
     has_eval = all(len(figlib.sparse_curve(hs, EVAL_KEY)[0]) for hs in histories.values())
@@ -220,8 +223,11 @@ def curves_figure(histories: dict, warms: dict, per_seed: dict, base, n_eval: in
         handles += [Line2D([], [], color="k", marker="*", ms=8, ls="", label="warm start, dense inf."),
                     Line2D([], [], color="k", marker="*", ms=8, ls="", mfc="white", label="warm start, sparse inf."),
                     Line2D([], [], color="0.3", marker="D", ms=4, ls="", label=f"final, mean ({n_eval} prompts)"),
-                    Line2D([], [], color="0.3", marker="o", ms=3, label=f"during training "
+                    Line2D([], [], color="0.3", marker="o", ms=3, label=f"during training, dense inf. "
                            f"({base.train.eval_prompts} prompts)")]
+        if not dense_eval(base):
+            handles.append(Line2D([], [], color="0.3", marker="o", ms=3, ls="--", mfc="white",
+                                  label="during training, sparse inf."))
     handles += [Line2D([], [], color="0.3", marker="o", ms=4, ls="", label="final, a run, dense inf."),
                 Line2D([], [], color="0.3", marker="o", ms=4, ls="", mfc="white", label="final, a run, sparse inf."),
                 Line2D([], [], color="0.4", ls="-", lw=0.8, label="warm start's level, dense inf."),
@@ -239,7 +245,7 @@ def diagnostics_figure(histories: dict, title: str):
     """The diagnostics per iteration (mean over runs, one colour per arm) and the relative position
     of rejected tokens at the final iteration; two panels a row."""
     fig, axes = figlib.panels(3, 7.2)
-    colours = {arm: f"C{i}" for i, arm in enumerate(histories)}
+    colours = figlib.arm_colours(histories)
     for ax, (title_, (keys, ylabel)) in zip(axes, DIAG_CURVES.items()):
         for arm, hs in histories.items():
             for key, style in keys:
@@ -302,16 +308,20 @@ def curves_caption(has_eval: bool, base, n_eval: int, warms: dict, seeds) -> str
     """The caption of curves.png: what its marks mean (figure a and the default experiment)."""
     under = ("under dense inference (train.eval_kv=dense)" if dense_eval(base) else
              "under the arm's own rollout KV settings (dense for the dense arm, sparse for the sparse arms)")
+    styles = ("" if dense_eval(base) else
+              " (solid lines and filled marks: dense inference, the dense arm; dashed lines and open marks: "
+              "sparse inference, the sparse arms: two inferences on one axis)")
     held_out = (
         "Held-out accuracy panel: lines with dots, held-out accuracy logged during training (avg@1 on "
-        f"{base.train.eval_prompts} prompts every train.eval_every iterations) {under}; stars at iteration "
-        "0, the warm start (filled: dense, open: sparse inference); diamonds after the last iteration, "
-        f"the final weights under the same inference as the line (avg@1 on {n_eval} prompts, mean ± "
-        "std over runs). " if has_eval else
+        f"{base.train.eval_prompts} prompts every train.eval_every iterations) {under}{styles}; stars at "
+        "iteration 0, the warm start (filled: dense, open: sparse inference); diamonds after the last "
+        f"iteration, the final weights under the same inference as the line (avg@1 on {n_eval} prompts, "
+        "mean ± std over runs). " if has_eval else
         "These runs logged no held-out accuracy during training (train.eval_every 0): the second panel "
         "is the policy entropy. ")
     return (
-        f"Figure: per-iteration training metrics of each arm. {held_out}Final-accuracy panel: every run "
+        "Figure: per-iteration training metrics of each arm (colours: dense blue, naive sparse red, "
+        f"Sparse-RL green, as in every figure). {held_out}Final-accuracy panel: every run "
         "(filled: dense inference, open: sparse inference; marker: warm start), black bar: the mean; "
         "grey lines: the warm start under dense (solid) and sparse (dotted) inference, dashed: the "
         "collapse threshold (half the warm start's dense accuracy). Mismatch KL on a symmetric-log "

@@ -83,27 +83,30 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         "", figlib.COLLAPSE_NOTE,
         *figlib.comparison_lines(cs, "Paired differences (by seed; the warm start is one model):")]
 
-    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W + 1.5, 3.6), layout="constrained")
+    fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 4.2), layout="constrained")
     x = [100 * figlib.mean_std(r["kv_saving"])[0] for r in rows]
-    for key, label in (("warm_sparse_acc", "warm start"), ("dense_trained_sparse_acc", "dense-trained"),
-                       ("trained_sparse_acc", f"{mode} trained at that budget")):
+    colours = figlib.arm_colours(["dense", mode])
+    for key, label, colour in (("warm_sparse_acc", "warm start, sparse inf.", "black"),
+                               ("dense_trained_sparse_acc", "dense-trained, sparse inf.", colours["dense"]),
+                               ("trained_sparse_acc", f"{mode} trained at B, sparse inf.", colours[mode])):
         m, s = zip(*(figlib.mean_std(r[key]) for r in rows))
-        ax.errorbar(x, m, yerr=figlib.clipped_err(m, s), marker="o", ms=4, capsize=3, label=label)
-    ax.axhline(figlib.mean_std(dense_acc)[0], color="gray", ls="--", label="dense-trained, dense inf.")
+        ax.errorbar(x, m, yerr=figlib.clipped_err(m, s), marker="o", ms=4, capsize=3, label=label, color=colour)
+    ax.axhline(figlib.mean_std(dense_acc)[0], color=colours["dense"], ls="--", label="dense-trained, dense inf.")
     top = ax.secondary_xaxis("top")
     top.set_xticks(x, [str(r["budget"]) for r in rows])
     top.set_xlabel(f"training and inference budget B (tokens, + buffer {base.kv.buffer})")
     ax.set(ylim=(0, None), xlabel="KV saving on the evaluation rollouts\n(% of the dense cache's entries not kept)",
-           ylabel=f"accuracy under sparse inference\n(avg@1, {n_eval} prompts)")
-    figlib.band_legend_below(fig, ax, ncol=2)
+           ylabel=f"accuracy (avg@1, {n_eval} prompts)")
+    figlib.band_legend_below(fig, ax, ncol=1)
     fig.suptitle(figlib.run_title(
         base, command, seeds, "Figure b: KV saving vs accuracy", setting=f"{policy} at budgets B",
-        runs=f"{mode} trained at each B; {figlib.runs_phrase(seeds)}, {base.train.iterations} iterations"), fontsize=9)
+        runs=f"{mode} trained at each B; {figlib.runs_phrase(seeds)}, {base.train.iterations} iterations"))
     caption = (
         f"Figure: held-out accuracy (avg@1 on {n_eval} prompts) under sparse inference with {policy} "
         "at budget B (top axis) against the KV saving measured on the evaluation rollouts, "
-        f"for the warm start, the dense-trained model and the {mode} model trained at that budget; "
-        "grey dashed: the dense-trained model under dense inference. "
+        f"for the warm start (black), the dense-trained model (blue) and the {mode} model trained at that "
+        "budget (its arm's colour); blue dashed: the dense-trained model under dense inference (the one "
+        "dense-inference mark on this axis). "
         + figlib.seeds_caption("Points", seeds, "; the warm start is one model"))
     return figlib.Rendered("Figure b: KV saving vs accuracy across budgets", "\n".join(lines), {"budget": fig}, caption)
 

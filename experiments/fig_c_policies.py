@@ -19,7 +19,7 @@ MODES = ("naive_sparse", "sparse_rl")
 
 
 MODE_LABELS = {"dense": "dense", "naive_sparse": "naive sparse", "sparse_rl": "Sparse-RL"}
-MODE_COLOURS = {"dense": "0.5", "naive_sparse": "C0", "sparse_rl": "C1"}
+MODE_COLOURS = figlib.ARM_COLOURS  # one colour per arm, as in every figure
 
 
 def modes_of(policy: str) -> tuple[str, ...]:

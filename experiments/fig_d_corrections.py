@@ -45,6 +45,8 @@ def run(args, study) -> dict:
             "eval_prompts": n_eval, "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
 
 
+ROLES = {"none": "naive_sparse", "both": "sparse_rl", "both_sequence_level": "sparse_rl_sequence",
+         "both_geometric_level": "sparse_rl_geometric"}  # each variant's colour (figlib.ARM_COLOURS)
 COMPARE = [("both", "none"), ("sars_only", "none"), ("ibr_only", "none"), ("both", "sars_only"),
            ("both", "ibr_only"), ("both_sequence_level", "both"), ("both_geometric_level", "both")]
 
@@ -76,7 +78,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         [("dense_acc", f"{acc},\ndense inference", ".2f", False),
          ("sparse_acc", f"{acc},\nsparse inference ({policy}@{kvc.budget})", ".2f", False)],
         LABELS, figlib.run_title(base, command, seeds, "Figure d, correction ablation"),
-        reference="none" if "none" in results else None)
+        reference="none" if "none" in results else None, roles=ROLES)
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts) of each correction variant "
         f"under dense and under sparse inference (top; dots: the seeds), and its train reward per "

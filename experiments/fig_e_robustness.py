@@ -82,18 +82,18 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             f"dense-trained ahead in {signs.count(-1)}, tie in {signs.count(0)} of {len(cs)} cells.")]
 
     vmax = max(1e-3, max(np.mean(v) for r in grid.values() for v in r.values()))
-    fig, axes = figlib.panels(2, 2 * (1.1 + 0.38 * len(policies)) + 1.0, 2 * figlib.PANEL_W + 0.6, sharey=True)
+    fig, axes = figlib.panels(2, 2 * (1.1 + 0.38 * len(policies)) + 1.0, figlib.TWO_COLUMN_W, sharey=True)
     for ax, (name, row) in zip(axes, grid.items()):
         im = figlib.heatmap(ax, [[row[f"{p}@{b}"] for b in budgets] for p in policies], policies, budgets,
                             0.0, vmax, "viridis")
-        ax.set_title(f"{name} (n={len(row['dense'])})\ndense inference: {fmt(row['dense'], '.2f')}", fontsize=9)
+        ax.set_title(f"{name} (n={len(row['dense'])})\ndense inference: {fmt(row['dense'], '.2f')}")
     fig.colorbar(im, ax=axes[1], label=f"accuracy (avg@1,\n{n_eval} prompts)", pad=0.02)
     if paired:
         a, b = grid["sparse_rl-trained"], grid["dense-trained"]
         diffs = [[np.subtract(a[f"{p}@{bb}"], b[f"{p}@{bb}"]) for bb in budgets] for p in policies]
         lim = max(0.05, max(abs(float(np.mean(d))) for r in diffs for d in r))
         im = figlib.heatmap(axes[3], diffs, policies, budgets, -lim, lim, "RdBu", "{:+.2f}")
-        axes[3].set_title("Sparse-RL-trained minus dense-trained\n(paired by seed)", fontsize=9)
+        axes[3].set_title("Sparse-RL-trained minus dense-trained\n(paired by seed)")
         fig.colorbar(im, ax=axes[3], label="accuracy difference", shrink=0.8, pad=0.02)
     for ax in axes[2:]:
         ax.set_xlabel(f"inference KV budget (tokens, + buffer {base.kv.buffer})")

@@ -97,7 +97,8 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
           ".2f", False),
          ("mismatch_kl_k3", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)",
           ".1e", True)],
-        LABELS, title, reference="fp" if "fp" in results else None)
+        LABELS, title, reference="fp" if "fp" in results else None,
+        roles={"fp": "dense", "int8_acr": "qurl", "int8_acr_invariant_scaling": "qurl_invariant"})
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
         "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "

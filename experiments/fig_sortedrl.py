@@ -124,6 +124,7 @@ COLUMNS = (  # (header, key, format) of the table
     ("discarded tokens", "discarded_token_fraction", ".3f"), ("wall s / batch", "wall_s_per_batch", ".3f"),
     ("wall s (with compile)", "wall_s", ".1f"), ("wall s (no compile)", "wall_s_no_compile", ".1f"),
     ("compiles after 1st group", "steady_compiles", ".0f"))
+ROLES = {"baseline": "dense", "sparse_int8_sorted_partial": "stacked"}  # colours: figlib.ARM_COLOURS
 LABELS = {"baseline": "batch (baseline)", "sorted_on_policy": "sorted on-policy",
           "sorted_partial": "sorted partial", "sparse_int8_sorted_partial": "sparse + int8\n+ sorted partial"}
 
@@ -158,6 +159,10 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
     caption = (
         "Figure: top, each arm's steady-state rollout throughput and wall bubble ratio (Eq. 4), dots: the "
         "seeds, black dashes: the paper's numbers (throughput: the baseline's rate x (1 + the paper's gain)); "
+        "middle, the whole run's wall time for the same update batches"
+        + (" (compile excluded)" if timed else "") + " and the final accuracy (avg@1 on "
+        f"{b.train.eval_prompts} prompts, dense inference; against the baseline by the tie rule in the table "
+        "above), bars the mean over seeds, error bars ± one sample standard deviation, dots the seeds; "
         "bottom left, cumulative rollout time against cumulative rollout tokens after the first group"
         + (" (compile excluded)" if timed else "") + ", dotted: the baseline's rate raised by the paper's "
         f"gains; bottom right, the train reward per group of n = {N_GROUP} update batches (one baseline "
@@ -175,15 +180,20 @@ def _reward_by_group(h: list[dict]) -> np.ndarray:
 def _figure(results: dict, histories: dict, base_tps: float | None, title: str):
     """Throughput and wall bubble bars (the paper's numbers marked), cumulative rollout time against
     cumulative rollout tokens, and the train reward per group, every arm in its own colour."""
-    names, colours = list(results), {n: f"C{i}" for i, n in enumerate(VARIANTS)}
-    fig, (tps_ax, bub_ax, time_ax, rew_ax) = figlib.panels(2, 6.4)
+    names, colours = list(results), figlib.arm_colours(VARIANTS, ROLES)
+    fig, (tps_ax, bub_ax, wall_ax, acc_ax, time_ax, rew_ax) = figlib.panels(3, 9.0)
+    wall = "wall_s_no_compile" if all("wall_s_no_compile" in r for n in names for r in results[n]) else "wall_s"
     for ax, key, ylabel in ((tps_ax, "rollout_tokens_per_s", "rollout tokens / s\n(steady state)"),
-                            (bub_ax, "bubble_wall", "bubble ratio, Eq. 4\n(share of rollout wall time)")):
+                            (bub_ax, "bubble_wall", "bubble ratio, Eq. 4\n(share of rollout wall time)"),
+                            (wall_ax, wall, "whole run's wall time (s)" + (",\ncompile excluded" if wall != "wall_s"
+                                                                         else "")),
+                            (acc_ax, "dense_acc", "accuracy (avg@1,\ndense inference)")):
         marks = {n: VARIANTS[n][3] if key == "bubble_wall" else base_tps * (1 + VARIANTS[n][4])
-                 if base_tps and VARIANTS[n][4] else None for n in names}
+                 if key == "rollout_tokens_per_s" and base_tps and VARIANTS[n][4] else None for n in names}
         figlib.run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours, marks=marks,
-                        labels=[LABELS[n] for n in names])
+                        labels=[LABELS[n] for n in names], value_fmt=".2f" if key == "dense_acc" else None)
         ax.set_ylabel(ylabel)
+    acc_ax.set_ylim(0, 1.1)
     bub_ax.set_ylim(0, 1)
     bub_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     for name in names:

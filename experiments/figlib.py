@@ -22,9 +22,10 @@ The parts, one concern each:
   `comparison_lines` (is a difference a difference); `verdict_phrase` (counts -> a verdict); the
   tables (`md_table`, `stat_cells`, `arm_cells`, `per_warm_start_table`); `fmt` and `mean_std`.
   docs/reproducing.md states the rules in words.
-- figplot.py: paper-column style (`PANEL_W`, 8 pt, `panels`), `curve`, `mean_curves`, `band`,
-  `symlog_axis`, `ablation_figure`, `run_bars`, `heatmap`, `band_legend_below`, `run_title`,
-  `save_figure`.
+- figplot.py: paper-column style (`COLUMN_W`, `TWO_COLUMN_W`, text >= `MIN_FONT_PT`, `panels`,
+  `width_note`), one colour per arm (`ARM_COLOURS`, `arm_colours`) and per policy
+  (`POLICY_COLOURS`), `curve`, `mean_curves`, `band`, `symlog_axis`, `ablation_figure`, `run_bars`,
+  `heatmap`, `band_legend_below`, `run_title`, `save_figure`.
 - figprov.py: `provenance` and the sentence results.md writes of it.
 """
 
@@ -39,10 +40,11 @@ import time
 from typing import Callable, Sequence
 
 import workers  # imports no JAX
-from figplot import (BAND_CAPTION, DPI, PANEL_W, ablation_figure, band, band_legend_below, clipped_err,
-                     config_name, curve, heatmap, iteration_axis, mean_curves, mean_line, panels, plt,
-                     run_bars, run_title, runs_phrase, save_figure, seeds_caption, sparse_curve, spread,
-                     symlog_axis)
+from figplot import (ARM_COLOURS, BAND_CAPTION, COLUMN_W, DPI, MIN_FONT_PT, PANEL_W, POLICY_COLOURS,
+                     TWO_COLUMN_W, ablation_figure, arm_colours, band, band_legend_below, check_print_size,
+                     clipped_err, config_name, curve, heatmap, iteration_axis, mean_curves, mean_line, panels,
+                     plt, run_bars, run_title, runs_phrase, save_figure, seeds_caption, sparse_curve, spread,
+                     symlog_axis, width_note)
 from figprov import PORTABLE_SINCE, command_line, cpu_model, provenance, provenance_line
 from figruns import (DEFAULT_CONFIG, DEFAULT_RUNS, EVAL_PROMPTS, FROM_WARM_START, HERE, REPO,
                      RESULTS_EPOCH, SMOKE_OVERRIDES, Run, Study, accuracies, config_key, run_variants,
@@ -78,9 +80,11 @@ __all__ = [
     "Column", "COLLAPSE_HEADERS", "md_table", "headers", "stat_cells", "arm_cells",
     "per_warm_start_table", "seed_rows", "seed_collapse_cells",
     # plotting (figplot)
-    "PANEL_W", "DPI", "plt", "BAND_CAPTION", "seeds_caption", "band", "clipped_err", "config_name",
-    "runs_phrase", "run_title", "symlog_axis", "ablation_figure", "band_legend_below", "curve", "mean_line",
-    "mean_curves", "sparse_curve", "spread", "run_bars", "heatmap", "panels", "iteration_axis", "save_figure",
+    "PANEL_W", "COLUMN_W", "TWO_COLUMN_W", "MIN_FONT_PT", "ARM_COLOURS", "POLICY_COLOURS", "arm_colours",
+    "check_print_size", "width_note", "DPI", "plt", "BAND_CAPTION", "seeds_caption", "band", "clipped_err",
+    "config_name", "runs_phrase", "run_title", "symlog_axis", "ablation_figure", "band_legend_below", "curve",
+    "mean_line", "mean_curves", "sparse_curve", "spread", "run_bars", "heatmap", "panels", "iteration_axis",
+    "save_figure",
     # provenance (figprov)
     "PORTABLE_SINCE", "command_line", "cpu_model", "provenance", "provenance_line",
 ]
@@ -198,6 +202,8 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
             f.write(f"\n![{main}]({main}.png)\n")
         if r.caption:
             f.write(f"\n{r.caption}\n")
+        if width_note(r.figures):
+            f.write(f"\n{width_note(r.figures)}\n")
     for name, fig in r.figures.items():
         save_figure(out, fig, name)
     if not replot:

@@ -1,7 +1,10 @@
-"""Figure style at paper-column width (every panel about PANEL_W inches wide, at most two panels a
-row, no text below 8 pt) and the plotting helpers figure scripts share: mean ± std curves over
-runs, bands clipped to a metric's range, a symmetric-log axis, the ablation layout, one legend
-below the panels, titles saying what was run, bars of runs and heatmaps of per-run cells.
+"""Figure style at paper-column width and the plotting helpers figure scripts share: one column is
+COLUMN_W (3.5 in) wide; a figure wider than that is a two-column figure (at most TWO_COLUMN_W, 7 in)
+and results.md says so under its caption (`width_note`); no text below MIN_FONT_PT (7 pt) at that
+print size (`save_figure` refuses a figure with smaller text). One colour per arm across every
+figure (`ARM_COLOURS`, `arm_colours`) and per eviction policy (`POLICY_COLOURS`). Helpers: mean ±
+std curves over runs, bands clipped to a metric's range, a symmetric-log axis, the ablation layout,
+one legend below the panels, titles saying what was run, bars of runs and heatmaps of per-run cells.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator  # noqa: E402
 
@@ -20,11 +24,36 @@ from figruns import DEFAULT_CONFIG  # noqa: E402
 from figstats import mean_std  # noqa: E402
 from sparserl_jax.config import TrainConfig  # noqa: E402
 
-# Paper-column figures: every panel about 3.5 in wide, at most two panels a row, no text below 8 pt.
-PANEL_W = 3.5
+# Paper-column figures: one column COLUMN_W wide (a panel of a two-column figure too), a two-column
+# figure at most TWO_COLUMN_W, no text below MIN_FONT_PT at the size the PNG is printed.
+COLUMN_W = PANEL_W = 3.5
+TWO_COLUMN_W = 7.0
+MIN_FONT_PT = 7.0
 DPI = 150
-plt.rcParams.update({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "xtick.labelsize": 8,
-                     "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 10})
+plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
+                     "ytick.labelsize": 7, "legend.fontsize": 7, "figure.titlesize": 8})
+
+# One colour per arm across every figure (the three arms of the Sparse-RL paper first, as the
+# real-model collapse study draws them), and one per eviction policy ("none": the dense cache).
+ARM_COLOURS = {
+    "dense": "tab:blue", "naive_sparse": "tab:red", "sparse_rl": "tab:green",
+    "sars_only": "tab:cyan", "ibr_only": "tab:pink", "sparse_rl_sequence": "darkgreen",
+    "sparse_rl_geometric": "yellowgreen",
+    "int8_naive": "tab:orange", "int8_tis": "teal", "qurl": "tab:purple", "qurl_invariant": "indigo",
+    "sparse_int8_acr": "tab:olive", "sparse_int8_sparse_rl_acr": "darkolivegreen",
+    "sorted_on_policy": "tab:brown", "sorted_partial": "#e6ab02", "stacked": "tab:gray",
+}
+POLICY_COLOURS = {"none": ARM_COLOURS["dense"], "streaming": "tab:orange", "h2o": "tab:purple",
+                  "snapkv": "tab:cyan", "rkv": "tab:olive", "random": "tab:gray"}
+
+
+def arm_colours(names: Iterable[str], roles: dict[str, str] | None = None) -> dict[str, str]:
+    """Each arm's colour from ARM_COLOURS, by its own name or the palette name `roles` gives it (a
+    figure's "none" correction is naive sparse, "fp" rollouts are dense ...); an arm the palette
+    does not name gets black."""
+    roles = roles or {}
+    return {n: ARM_COLOURS.get(roles.get(n, n), "black") for n in names}
+
 
 # ----------------------------------------------------------------------------- figure style
 
@@ -113,13 +142,14 @@ def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
 
 def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
                     bars: Sequence[tuple[str, str, str, bool]], labels: dict[str, str], title: str,
-                    reference: str | None = None):
+                    reference: str | None = None, roles: dict[str, str] | None = None):
     """A figure of an ablation with short variant labels: one horizontal bar panel (mean ± std over
     runs, value written beside each bar, every run a dot) per (key, axis label, value format,
     symlog?) in `bars`, then one small panel per variant with its train reward curve (mean ± std
-    over runs) over the `reference` variant's mean (grey, dashed)."""
+    over runs) over the `reference` variant's mean (grey, dashed). Colours: arm_colours (`roles`
+    names a variant's arm in the palette)."""
     names = list(results)
-    colours = {n: f"C{i}" for i, n in enumerate(names)}
+    colours = arm_colours(names, roles)
     n_multi_rows = -(-len(names) // 2)
     bar_h = 0.9 + 0.22 * len(names)
     fig = plt.figure(figsize=(2 * PANEL_W, bar_h * -(-len(bars) // 2) + 1.55 * n_multi_rows + 0.5),
@@ -222,11 +252,39 @@ def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray,
     return x, *spread([[h[i - 1][key] for i in x] for h in histories])
 
 
+def text_sizes(fig) -> list[float]:
+    """The font size (pt) of every visible, non-empty text of a drawn figure."""
+    fig.canvas.draw()
+    return [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text)
+            if t.get_visible() and t.get_text().strip()]
+
+
+def check_print_size(fig, name: str) -> None:
+    """A figure is at most TWO_COLUMN_W wide and has no text below MIN_FONT_PT at that size."""
+    width = fig.get_figwidth()
+    if width > TWO_COLUMN_W + 1e-6:
+        raise ValueError(f"{name}: {width:.2f} in wide; a figure is one column ({COLUMN_W} in) or two "
+                         f"({TWO_COLUMN_W} in) at most")
+    small = min(text_sizes(fig), default=MIN_FONT_PT)
+    if small < MIN_FONT_PT:
+        raise ValueError(f"{name}: text at {small:g} pt; at least {MIN_FONT_PT:g} pt at print size")
+
+
+def width_note(figures: dict) -> str:
+    """results.md's line declaring the figures wider than one column (COLUMN_W) two-column
+    figures; '' when every figure fits one column."""
+    wide = [f"{name}.png ({fig.get_figwidth():.1f} in)" for name, fig in figures.items()
+            if fig.get_figwidth() > COLUMN_W + 1e-6]
+    return ("" if not wide else f"Two-column figure{'s' if len(wide) > 1 else ''}, printed across the full "
+            f"text width ({TWO_COLUMN_W:g} in; text at least {MIN_FONT_PT:g} pt at that size): {', '.join(wide)}.")
+
+
 def save_figure(out_dir: str, fig, name: str) -> None:
-    """<out_dir>/<name>.png."""
+    """<out_dir>/<name>.png, after check_print_size."""
     os.makedirs(out_dir, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
+    check_print_size(fig, name)
     fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=DPI)
     plt.close(fig)
 

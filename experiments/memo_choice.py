@@ -68,18 +68,20 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         for seed, r in zip(seeds, arm_rows):
             lines.append(f"| {name} | {seed} | {r['accuracy']:.3f} | {r['entropy']:.2f} | {r['top_letter']} "
                          f"| {r['top_share']:.2f} | {r['no_memo']:.2f} |")
-    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.2), layout="constrained")
-    for i, (name, arm_rows) in enumerate(rows.items()):
+    fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 3.2), layout="constrained")
+    colours = figlib.arm_colours(rows)  # the warm start: black
+    for name, arm_rows in rows.items():
         ax.scatter([r["entropy"] for r in arm_rows], [r["accuracy"] for r in arm_rows], label=name,
-                   color=f"C{i}", s=14)
+                   color=colours[name], s=14)
     ax.axvline(math.log(len(MEMO_LETTERS)), color="k", ls="--", lw=0.8)
     ax.set_xlabel("memo-letter entropy (nats)")
     ax.set_ylabel(f"accuracy, dense inference\n(avg@1, {base.train.eval_prompts} prompts)")
     ax.set_ylim(-0.02, 1.02)
     figlib.band_legend_below(fig, ax, ncol=2)
-    fig.suptitle(f"Memo choice: {figlib.config_name(command)}, {len(seeds_)} seeds", fontsize=9)
-    caption = ("Figure: each model's (one dot per seed) memo-letter entropy and accuracy under dense "
-               "inference; dashed: the uniform choice's entropy, ln 25.")
+    fig.suptitle(f"Memo choice: {figlib.config_name(command)}, {len(seeds_)} seeds")
+    caption = ("Figure: each model's (one dot per seed; the warm start black, each arm in its colour of "
+               "every figure) memo-letter entropy and accuracy under dense inference; dashed: the uniform "
+               "choice's entropy, ln 25.")
     return figlib.Rendered("Memo choice: does a policy make its memo predictable?", "\n".join(lines),
                            {"memo_choice": fig}, caption)
 

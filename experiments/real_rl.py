@@ -36,6 +36,7 @@ import figlib  # noqa: E402
 import numpy as np  # noqa: E402
 from figlib import fmt  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
@@ -226,7 +227,8 @@ def figure(data: dict, b):
     comparison (the dense arm in each), every arm in its own colour."""
     results, histories, meta = data["results"], data["histories"], data["meta"]
     names = list(results)
-    colours = {n: f"C{i}" for i, n in enumerate(ARMS)}
+    colours = figlib.arm_colours(ARMS, {"naive_rkv": "naive_sparse", "sparse_rl_rkv": "sparse_rl",
+                                        "qurl": "qurl_invariant"})  # the palette of every figure
     comparisons = [(t, [n for n in arms if n in results], paper) for t, (arms, paper) in COMPARISONS.items()]
     comparisons = ([c for c in comparisons if set(c[1]) - {"dense"}]  # a panel where an arm beside dense ran
                    or [("dense", ["dense"], "-")])
@@ -237,9 +239,10 @@ def figure(data: dict, b):
     kl_ax = fig.add_subplot(grid[0, 1], sharey=acc_ax)
     figlib.run_bars(acc_ax, names, {n: [r["dense_acc"] for r in results[n]] for n in names}, colours,
                     horizontal=True, labels=[_label(n, results) for n in names])
-    for bar, n in zip(acc_ax.containers[0], names):  # one-seed arms: hatched, no spread to show
+    bars = next(c for c in acc_ax.containers if isinstance(c, BarContainer))
+    for bar, n in zip(bars, names):  # one-seed arms: hatched, no spread to show
         if len(results[n]) == 1:
-            bar.set_hatch("////")
+            bar.set(hatch="////", edgecolor="white", linewidth=0)
     untrained, two_se = meta["untrained_dense_acc"], 2 * diff_se_untrained(meta)
     acc_ax.axvspan(max(untrained - two_se, 0.0), untrained + two_se, color="0.85", lw=0, zorder=0)
     acc_ax.axvline(untrained, color="0.45", lw=1.2, zorder=0.5)

@@ -52,18 +52,21 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
                                                     ["mean ± std", *(fmt([r[c] for r in rows], ".3f") for c in cols)]])]
     lines += ["", "KV saving under sparse inference (mean ± std over the SFT seeds): "
               + ", ".join(f"budget {b}: {fmt([r[f'kv_saving@{b}'] for r in rows], '.1%')}" for b in budgets) + "."]
-    fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 3.0), layout="constrained")
+    fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 3.0), layout="constrained")
     for i, c in enumerate(cols):
         vals = [r[c] for r in rows]
-        ax.plot([i] * len(vals), vals, "o", ms=4, color=f"C{i}", alpha=0.8)
+        colour = figlib.POLICY_COLOURS["none" if i == 0 else base.kv.policy]
+        ax.plot([i] * len(vals), vals, "o", ms=4, color=colour, mfc=colour if i == 0 else "white", alpha=0.8)
         ax.plot([i - 0.2, i + 0.2], [sum(vals) / len(vals)] * 2, "k-", lw=1.5)
     ax.set_xticks(range(len(cols)), ["dense"] + [f"{base.kv.policy}@{b}" for b in budgets])
     ax.set_xlim(-0.5, len(cols) - 0.5)
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel(f"warm start's accuracy\n(avg@1, {base.train.eval_prompts} prompts)")
     ax.set_xlabel("inference")
-    fig.suptitle(f"Warm-start spread: {len(rows)} SFT seeds of {figlib.config_name(command)}", fontsize=9)
-    caption = "Figure: each warm start's accuracy (one dot per SFT seed) under each inference; bar: the mean."
+    fig.suptitle(f"Warm-start spread: {len(rows)} SFT seeds of {figlib.config_name(command)}")
+    caption = ("Figure: each warm start's accuracy (one dot per SFT seed) under each inference, named under "
+               "its column (filled: dense inference; open: sparse inference at each budget, in the eviction "
+               "policy's colour); black bar: the mean.")
     return figlib.Rendered("Warm-start spread", "\n".join(lines), {"spread": fig}, caption)
 
 

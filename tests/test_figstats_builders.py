@@ -63,6 +63,29 @@ def test_one_rule_turns_counts_into_a_verdict():
     assert c.outcomes() == [1, 0, -1] and c.counts() == (1, 1, 1) and c.sign == 0
 
 
+def test_print_size_and_one_colour_per_arm():
+    """figplot: a figure wider than two columns, or with text under MIN_FONT_PT, is refused; a
+    figure wider than one column is declared two-column; every arm has its own colour."""
+    fig = figlib.plt.figure(figsize=(figlib.COLUMN_W, 2))
+    fig.text(0.5, 0.5, "seven", fontsize=figlib.MIN_FONT_PT)
+    figlib.check_print_size(fig, "ok")  # one column, 7 pt: accepted, and no two-column note
+    assert figlib.width_note({"ok": fig}) == ""
+    fig = figlib.plt.figure(figsize=(figlib.COLUMN_W, 2))
+    fig.text(0.5, 0.5, "six", fontsize=6)
+    with pytest.raises(ValueError, match="6 pt"):
+        figlib.check_print_size(fig, "small")
+    fig = figlib.plt.figure(figsize=(figlib.TWO_COLUMN_W + 0.6, 2))
+    with pytest.raises(ValueError, match="7.60 in wide"):
+        figlib.check_print_size(fig, "wide")
+    fig = figlib.plt.figure(figsize=(figlib.TWO_COLUMN_W, 2))
+    note = figlib.width_note({"curves": fig})
+    assert note.startswith("Two-column figure") and "curves.png (7.0 in)" in note
+    figlib.plt.close("all")
+    assert figlib.arm_colours(["dense", "none", "other"], {"none": "naive_sparse"}) == {
+        "dense": "tab:blue", "none": "tab:red", "other": "black"}
+    assert len(set(figlib.ARM_COLOURS.values())) == len(figlib.ARM_COLOURS)  # no two arms share one
+
+
 def test_per_warm_start_table():
     warms = {0: {"dense_acc": 0.9, "sparse_acc": 0.2}, 1: {"dense_acc": 0.8, "sparse_acc": 0.3}}
     rows = [{**r, "sparse_acc": 0.1} for r in _rows([0.3], warm=0) + _rows([0.7], warm=1)]

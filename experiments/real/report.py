@@ -20,6 +20,7 @@ import refs  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 import figprov  # noqa: E402  (the provenance sentence every results.md carries)
+from figplot import POLICY_COLOURS, check_print_size, width_note  # noqa: E402  (the figures' shared style)
 plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7})
 
 
@@ -107,7 +108,7 @@ def eviction_figure(data: dict):
     for ax, (key, label, scale) in zip(axes, panels):
         for pol in s["policies"]:
             pts = [(b, by[f"{pol}@{b}"][key] * scale) for b in s["budgets"] if f"{pol}@{b}" in by]
-            ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=pol)
+            ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=pol, color=POLICY_COLOURS.get(pol, "black"))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
@@ -291,7 +292,25 @@ def lengths_caption(data: dict) -> str:
             f"{r['repeats']} interleaved timed calls each; dots, the ratio within each repeat.")
 
 
-CAPTIONS = {"lengths": lengths_caption}  # the figures whose results.md defines their marks
+def eviction_caption(data: dict) -> str:
+    s = data["settings"]
+    return (f"Figure: for each eviction policy (a line, in its colour of every figure) at each KV budget B "
+            f"(log2 axis; buffer {s['buffer']}): top, the mismatch k3 KL per response token between the "
+            "sparse sampler and the dense model (log axis; the dense cache's is 0, not drawn); middle, the "
+            "share of response tokens SARS rejects; bottom, the KV saving. One evaluation of "
+            f"{s['prompts']} prompts with one sampling seed per point: no spread, no error bars.")
+
+
+def quantization_caption(data: dict) -> str:
+    return ("Figure: top, the mismatch k3 KL per response token of each quantized rollout setting against "
+            "full precision (full precision: 0, not drawn); bottom, the share of quantized weight codes "
+            "(int8 and fp8; q/k/v projections, then o and the MLP) that one AdamW step at lr "
+            f"{data['updates'][0]['lr']:g} moves, without invariant scaling and with it (one bar each). One "
+            "measurement each (one sampling seed, one step): no error bars.")
+
+
+CAPTIONS = {"lengths": lengths_caption, "eviction": eviction_caption,  # every figure's marks defined
+            "quantization": quantization_caption}
 RENDER = {"eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (Sparse-RL)"),
           "quantization": (quantization_markdown, quantization_figure, "Quantization mismatch (QuRL)"),
           "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)")}
@@ -304,16 +323,19 @@ def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None
     os.makedirs(out_dir, exist_ok=True)
     cmd = cmd or command(argv)
     md = markdown(data)
+    fig = figure(data)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    check_print_size(fig, name)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         prov = figprov.provenance_line(data, os.path.join(out_dir, "results.json"))
         f.write(f"# Real model: {title}\n\nCommand: `{cmd}`\n\n{prov}\n\n{md}\n\n![{name}]({name}.png)\n")
         if name in CAPTIONS:
             f.write(f"\n{CAPTIONS[name](data)}\n")
+        if width_note({name: fig}):
+            f.write(f"\n{width_note({name: fig})}\n")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"command": cmd, **data}, f, indent=1)
-    fig = figure(data)
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
     fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=200)
     plt.close(fig)
     print(md)
