@@ -196,8 +196,11 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
     os.makedirs(out, exist_ok=True)
     prov = provenance_line(data, os.path.join(out, "results.json") if replot else None)
     main = next(iter(r.figures), None)
+    command = f"`{data['command']}`"
+    if "command_today" in data:  # a recorded command that now runs something else: the one that reproduces it
+        command = f"`{data['command_today']}` ({data['command_note']})"
     with open(os.path.join(out, "results.md"), "w") as f:
-        f.write(f"# {r.title}\n\nCommand: `{data['command']}`\n\n{prov}\n\n{r.markdown}\n")
+        f.write(f"# {r.title}\n\nCommand: {command}\n\n{prov}\n\n{r.markdown}\n")
         if main:
             f.write(f"\n![{main}]({main}.png)\n")
         if r.caption:

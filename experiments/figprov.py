@@ -86,7 +86,8 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
     unknown; the command is results.md's line above it."""
     p = data.get("provenance")
     nr = NOT_RECORDED
-    legacy_wall = (data.get("legacy") or {}).get("wall_s") or data.get("wall_s")
+    results = data.get("results") if isinstance(data.get("results"), dict) else {}
+    legacy_wall = (data.get("legacy") or {}).get("wall_s") or data.get("wall_s") or results.get("seconds")
     legacy_cores = data.get("cores") or (data.get("meta") or {}).get("cores")
     unknown_tree = f"clean: {nr}"
     if p and p.get("recorded") is False:  # results from before figlib recorded it: what git says
@@ -103,16 +104,20 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
         portable = {True: "on", False: "off (SPARSERL_PORTABLE_CPU=0)"}.get(p.get("portable_cpu"), nr)
         arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
         commit = f"{p['commit']} {at}" if p.get("commit") else nr
-        return (f"Provenance: {_fields(commit, tree, p.get('cpu'), p.get('jax'), p.get('cores'), p.get('wall_s'))}; "
+        fields = _fields(commit, tree, p.get("cpu"), p.get("jax"), p.get("cores"), p.get("wall_s"))
+        return (f"Provenance: {fields}; "
                 f"portable CPU settings {portable} (experiments/workers.py).{arms}")
     if results_json is None:
         return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)}."
     rel = os.path.relpath(os.path.abspath(results_json), REPO)
-    commit = _git("log", "-1", "--format=%h %ad", "--date=short", "--", rel)
-    if not commit:
+    commits = (_git("log", "--format=%h %ad", "--date=short", "--", rel) or "").splitlines()
+    if not commits:
         return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)} (before figlib recorded it)."
-    before = _git("merge-base", "--is-ancestor", PORTABLE_SINCE, commit.split()[0]) is None
-    committed = f"{nr} (its results.json was committed in {commit})"
-    return (f"Provenance: {_fields(committed, unknown_tree, None, None, legacy_cores, legacy_wall)}; "
-            f"committed {'before' if before else 'after'} the portable CPU settings ({PORTABLE_SINCE}), so it ran "
-            f"with {'the host' if before else 'the portable'} CPU numerics; no arms.json.")
+    first, last = commits[-1], commits[0]
+    where = (f"committed in {last}" if first == last else f"first committed in {first}, last changed in {last}")
+    after = [_git("merge-base", "--is-ancestor", PORTABLE_SINCE, c.split()[0]) is not None for c in (first, last)]
+    numerics = ("after the portable CPU settings ({0}), so it ran with the portable CPU numerics" if all(after) else
+                "before the portable CPU settings ({0}), so it ran with the host CPU numerics" if not any(after) else
+                "across the portable CPU settings ({0}): its CPU numerics not recorded").format(PORTABLE_SINCE)
+    return (f"Provenance: {_fields(f'{nr} (its results.json was {where})', unknown_tree, None, None, legacy_cores, legacy_wall)}; "
+            f"committed {numerics}; no arms.json.")

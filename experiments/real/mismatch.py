@@ -4,6 +4,7 @@
   python experiments/real/mismatch.py quantization   # QuRL: int8/fp8 W8A8/W8A16, +- invariant scaling,
                                                      #   and the update-masking code changes
   python experiments/real/mismatch.py lengths        # SortedRL: length tail, engine vs static
+  python experiments/real/mismatch.py --replot experiments/results/real/eviction   # re-render, no measuring
 
 Each writes experiments/results/real/<name>/ (results.md with this command and the tables,
 results.json, <name>.png). Arms run in single-core worker processes, one per available core
@@ -118,7 +119,12 @@ def _lengths_job(job):
     return lengths_mod.lengths_arm(arm, slots=slots, repeats=repeats)
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> dict | None:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["--replot"]:  # re-render results.md and the PNG from results.json, no measurement
+        for directory in given[1:]:
+            report.rerender(directory)
+        return None
     args = parse_args(argv)
     t0 = time.perf_counter()
     start = report.figprov.provenance(workers.available_cores(), None)  # the commit at the run's start

@@ -1,0 +1,92 @@
+"""Every committed result says what produced it and prints at paper size: each results.md under
+experiments/results names its command and, in every provenance sentence, the commit at the start
+of the run, whether the tree was clean, the CPU model, the jax version, the cores and the wall time
+(figprov.FIELDS; "not recorded" where unknown); each committed PNG is at most one column wide
+(figplot.COLUMN_W, 3.5 in at its DPI) or named in its results.md's two-column declaration
+(figplot.width_note). Files only: no JAX, milliseconds."""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+
+import figplot  # noqa: E402
+import figprov  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "experiments" / "results"
+MDS = sorted(RESULTS.rglob("results.md"))
+PNGS = sorted(RESULTS.rglob("*.png"))
+# each field's words in the provenance sentence (figprov._fields)
+FIELD_WORDS = {"commit": r"\bcommit\b", "tree": r"\btree\b", "CPU": r"\bCPU\b", "jax": r"\bjax\b",
+               "cores": r"\bcores\b", "wall time": r"\bwall time\b"}
+
+
+def missing_provenance(text: str) -> list[str]:
+    """What a results.md's text lacks: its command line, a provenance sentence, and in each
+    provenance sentence every field of figprov.FIELDS."""
+    missing = [] if re.search(r"^Command: `[^`]+`", text, re.M) else ["command"]
+    sentences = [line for line in text.splitlines() if "Provenance:" in line]
+    if not sentences:
+        return missing + ["provenance"]
+    return missing + sorted({field for line in sentences for field in figprov.FIELDS
+                             if not re.search(FIELD_WORDS[field], line.split("Provenance:", 1)[1])})
+
+
+def png_width_in(path: Path) -> float:
+    """A PNG's print width in inches: its pixel width over the DPI it was saved at."""
+    with Image.open(path) as im:
+        return im.size[0] / float(im.info.get("dpi", (figplot.DPI,))[0])
+
+
+def undeclared_wide(png: Path, results_md_text: str | None) -> bool:
+    """A PNG wider than one column that its results.md does not declare a two-column figure."""
+    if png_width_in(png) <= figplot.COLUMN_W + 0.01:
+        return False
+    declared = [line for line in (results_md_text or "").splitlines() if line.startswith("Two-column figure")]
+    return not any(f"{png.name} (" in line for line in declared)
+
+
+def test_provenance_fields_are_figprovs():
+    assert set(FIELD_WORDS) == set(figprov.FIELDS)
+
+
+@pytest.mark.parametrize("path", MDS, ids=[str(p.relative_to(RESULTS)) for p in MDS])
+def test_every_results_md_says_what_produced_it(path):
+    assert missing_provenance(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", PNGS, ids=[str(p.relative_to(RESULTS)) for p in PNGS])
+def test_every_figure_fits_one_column_or_is_declared_two_column(path):
+    md = path.parent / "results.md"
+    assert png_width_in(path) <= figplot.TWO_COLUMN_W + 0.01
+    assert not undeclared_wide(path, md.read_text() if md.exists() else None)
+
+
+def test_the_checkers_find_what_is_missing(tmp_path):
+    good = ("# T\n\nCommand: `python x.py`\n\nProvenance: commit abc at the start of the run; tree clean; "
+            "CPU X; jax 0.10.2; cores 2; wall time 3 s.\n")
+    assert missing_provenance(good) == []
+    assert missing_provenance(good.replace("jax 0.10.2; ", "")) == ["jax"]
+    assert missing_provenance(good.replace("Command: `python x.py`", "")) == ["command"]
+    assert missing_provenance("# T\n\nCommand: `python x.py`\n") == ["provenance"]
+    # the sentence every committed result gets from figprov passes, recorded or not
+    assert missing_provenance("Command: `c`\n\n" + figprov.provenance_line({}) + "\n") == []
+    prov = {"commit": "abc", "uncommitted_changes": False, "portable_cpu": True, "cpu": "X", "jax": "1",
+            "cores": 2, "wall_s": 3.0}
+    assert missing_provenance("Command: `c`\n\n" + figprov.provenance_line({"provenance": prov}) + "\n") == []
+    wide, narrow = tmp_path / "wide.png", tmp_path / "narrow.png"
+    for path, width in ((wide, 7.0), (narrow, 3.5)):
+        fig = figplot.plt.figure(figsize=(width, 2))
+        fig.savefig(path, dpi=figplot.DPI)
+        figplot.plt.close(fig)
+    assert abs(png_width_in(wide) - 7.0) < 0.01 and not undeclared_wide(narrow, None)
+    assert undeclared_wide(wide, "Figure: a caption.\n")
+    fig = figplot.plt.figure(figsize=(7.0, 2))
+    assert not undeclared_wide(wide, f"Figure: a caption.\n\n{figplot.width_note({'wide': fig})}\n")
+    figplot.plt.close(fig)
