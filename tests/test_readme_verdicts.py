@@ -1,0 +1,90 @@
+"""The README's figures table states no verdict by hand: every verdict word it gives with a count
+("**supported** (12 of 12)") is the one the shared rule (figlib.verdict_phrase) gives that count,
+and the counts of the default experiment's and figure a's rows are those their committed
+results.json files give (the default's pooled over its replicates on other machines). No JAX."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+
+import default as default_experiment  # noqa: E402
+import figlib  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "experiments" / "results"
+VERDICT = re.compile(r"\*\*(supported|not supported|refuted|tie)\*\* \((\d+) of (\d+)\b")
+
+
+def figure_rows(readme: str) -> dict[str, str]:
+    """The figures table: each row's first cell -> its verdict cell."""
+    table = readme.split("## Figures", 1)[1].split("\n## ", 1)[0]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")]
+    return {c[0]: c[1] for c in cells[1:] if len(c) >= 2}
+
+
+def wrong_words(cell: str) -> list[str]:
+    """The verdict words of a cell that the shared rule does not give their count."""
+    return [m.group(0) for m in VERDICT.finditer(cell)
+            if not figlib.verdict_phrase(int(m.group(2)), int(m.group(3))).startswith(f"**{m.group(1)}**")]
+
+
+def row(rows: dict[str, str], start: str) -> str:
+    (cell,) = [v for k, v in rows.items() if k.startswith(start)]
+    return cell
+
+
+def counts_of(path: Path, a: str, b: str) -> tuple[int, int, int]:
+    """(a ahead, tied, a behind) of a committed figure a result's runs, dense inference, by the tie rule."""
+    data = json.loads(path.read_text())
+    _, per_seed = figlib.results_of(data, "per_seed")
+    return figlib.compare(a, per_seed[a], b, per_seed[b], "dense_acc", data["eval_prompts"])[-1].counts()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return figure_rows((REPO / "README.md").read_text())
+
+
+def test_every_verdict_word_is_the_rules(rows):
+    assert rows and all(wrong_words(cell) == [] for cell in rows.values())
+
+
+def test_the_default_rows_counts_are_its_results_pooled_over_machines(rows):
+    out = str(RESULTS / "default")
+    data, _ = figlib.load_results(out, False)
+    machines = [data, *default_experiment.replicates(out).get("replicates", {}).values()]
+    read = [{claim: (k, n) for claim, k, n, _ in default_experiment.claims(d, d["eval_prompts"])} for d in machines]
+    pooled = {claim: tuple(map(sum, zip(*(r[claim] for r in read)))) for claim in read[0]}
+    cell = row(rows, "default experiment")
+    k, n = pooled["naive sparse collapses (accuracy rule)"]
+    assert f"naive sparse collapses on {k} of {n} runs by the accuracy rule" in cell
+    k, n = pooled["naive sparse collapses (reward rule, beside it)"]
+    assert f"reward rule {k} of {n}" in cell
+    k, n = pooled["Sparse-RL not behind naive sparse, dense inference (tie rule at each run)"]
+    assert f"Sparse-RL at or above naive (tie rule per run): {figlib.verdict_phrase(k, n)[:-1]}" in cell
+    k, n = pooled["Sparse-RL level with dense, dense inference (a tie at each run)"]
+    assert f"Sparse-RL level with dense (the paper: ~97%, stable): {figlib.verdict_phrase(k, n)} runs" in cell
+    assert [k for k in rows if k.startswith("default experiment")][0].count(f"each of {len(machines)} machines") == 1
+
+
+@pytest.mark.parametrize("start, config", [("a. training curves, SnapKV@48", "walk_key"),
+                                           ("a. training curves, R-KV@48", "walk_key_rkv")])
+def test_figure_a_rows_counts_are_its_results(rows, start, config):
+    cell, path = row(rows, start), RESULTS / "fig_a_curves" / config / "results.json"
+    ahead, tie, behind = counts_of(path, "naive_sparse", "dense")
+    assert f"naive behind dense {figlib.verdict_phrase(behind, ahead + tie + behind)}" in cell
+    ahead, tie, behind = counts_of(path, "sparse_rl", "dense")
+    phrase = figlib.verdict_phrase(tie, ahead + tie + behind)[:-1]  # '(k of n' then the cell's own detail
+    assert f"Sparse-RL level with dense {phrase if '**' in phrase else 'on ' + phrase}" in cell
+
+
+def test_the_checker_finds_a_word_typed_by_hand():
+    assert wrong_words("naive collapse **supported** (5 of 6 by both rules)") == ["**supported** (5 of 6"]
+    assert wrong_words("**not supported** (1 of 6)") == ["**not supported** (1 of 6"]
+    assert wrong_words("**supported** (6 of 6), **not supported** (0 of 3), 4 of 6") == []
