@@ -33,15 +33,18 @@ class Components:
 
 
 def build_model(cfg: TrainConfig) -> Components:
-    """An HF checkpoint (model.checkpoint) or a random model of model.arch with the task's tokenizer."""
+    """An HF checkpoint (model.checkpoint) or a random model of model.arch with the task's
+    tokenizer; the params are the master weights, in model.param_dtype."""
     task = get_task(cfg.data.task, **dict(cfg.data.task_options)) if cfg.data.task else None
     reward = task.reward if task is not None else get_reward(cfg.data.reward)
+    dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     if cfg.model.checkpoint:
-        model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.dtype)
+        model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.param_dtype)
+        model_cfg = dataclasses.replace(model_cfg, **dtypes)
         tokenizer = HFTokenizer.from_dir(cfg.model.checkpoint)
     else:
         tokenizer = task.tokenizer() if task is not None else CharTokenizer()
-        model_cfg = dataclasses.replace(cfg.model.arch, dtype=cfg.model.dtype)
+        model_cfg = dataclasses.replace(cfg.model.arch, **dtypes)
         if model_cfg.vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"model.arch.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "

@@ -29,15 +29,19 @@ from sparserl_jax.validate import check_at_least, check_bool, check_in, check_nu
 class ModelSource:
     """Where the policy comes from: an HF checkpoint directory, or a randomly initialised
     architecture (`arch`) for tiny CPU runs (warm-started by the SFT stage). `init_from` then
-    replaces those weights with the reference policy of an earlier run (e.g. a shared warm start)."""
+    replaces those weights with the reference policy of an earlier run (e.g. a shared warm start).
+    `dtype` is the compute dtype (forward, backward, rollouts, KV cache), `param_dtype` the master
+    weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
+    param_dtype: str = "float32"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
     def __post_init__(self):
         check_in("model.dtype", self.dtype, DTYPES)
+        check_in("model.param_dtype", self.param_dtype, DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,6 +77,7 @@ class Trainer:
         found = self.state.restore(self.params, self.opt_state)
         if found is not None:
             self.params, self.opt_state, self.ref_params, meta = found
+            self.ref_params = self.learner.compute_copy(self.ref_params)  # pi_ref is only scored
             self.source.load_state_dict(meta, self.log)
             self.iteration = self.state.resumed(meta)
             return
@@ -88,7 +89,8 @@ class Trainer:
             self._reset_policy(quant.invariant_scale(self.params, q.invariant_s))
         # pi_ref gets its own buffers: the update step donates (deletes) those of self.params
         self.ref_params = self.learner.place(jax.tree.map(jnp.copy, self.params))
-        self.state.save_reference(self.ref_params)
+        self.state.save_reference(self.ref_params)  # the master: checkpoints keep model.param_dtype
+        self.ref_params = self.learner.compute_copy(self.ref_params)  # pi_ref is only scored
 
     def _reset_policy(self, params) -> None:
         self.params = self.learner.place(params)
@@ -99,9 +101,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
 
-    def rollout_batch(self, key):
-        """Sample, reward, and assemble the update batch for one iteration."""
-        rollout = self.source.next(self.params, key, self.iteration)
+    def rollout_batch(self, key, policy=None):
+        """Sample (with `policy`, the compute copy of the params; default the params), reward,
+        and assemble the update batch for one iteration."""
+        rollout = self.source.next(self.params if policy is None else policy, key, self.iteration)
         batch, metrics, texts = self.learner.batch(rollout)
         return batch, {**metrics, **rollout.metrics}, texts
 
@@ -109,9 +112,13 @@ class Trainer:
         if not self.started:  # start() gives pi_ref its own buffers before the first donation
             self.start()
         key = jax.random.fold_in(jax.random.key(self.cfg.train.seed), self.iteration)
-        batch, metrics, _ = self.rollout_batch(key)
+        # theta_old in model.dtype, cast from the master after each update: the sampler's weights
+        # (QuRL quantizes them) and the learner's (model/precision.py; the params themselves when
+        # model.dtype is model.param_dtype)
+        policy = self.learner.compute_copy(self.params)
+        batch, metrics, _ = self.rollout_batch(key, policy)
         self.params, self.opt_state, learned = self.learner.step(
-            self.params, self.ref_params, self.opt_state, batch, self.iteration)
+            self.params, self.ref_params, self.opt_state, batch, self.iteration, compute=policy)
         metrics.update(learned)
         return metrics
 

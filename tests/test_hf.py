@@ -326,8 +326,10 @@ def test_sharded_load_on_8_devices(ckpt):
 
 @pytest.mark.parametrize("family", HF_FAMILIES)
 def test_config_round_trip(family):
+    # a checkpoint stores one dtype, read back as both the compute and the parameter dtype
     cfg = ModelConfig.tiny(
-        family, bos_token_id=3, eos_token_ids=(4, 9), pad_token_id=1, dtype="bfloat16"
+        family, bos_token_id=3, eos_token_ids=(4, 9), pad_token_id=1, dtype="bfloat16",
+        param_dtype="bfloat16",
     )
     back = config_from_hf(config_to_hf(cfg), generation_config_to_hf(cfg))
     assert back == cfg

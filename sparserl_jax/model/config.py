@@ -15,7 +15,7 @@ from sparserl_jax.validate import check_at_least, check_bool, check_in, check_mu
 
 Family = Literal["qwen2", "llama", "qwen3"]
 FAMILIES: tuple[str, ...] = ("qwen2", "llama", "qwen3")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # parameters and activations
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2: True; Llama: `attention_bias`
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
     max_seq_len: int = 2048
-    dtype: str = "float32"  # parameter and activation dtype: float32 or bfloat16
+    dtype: str = "float32"  # compute: weights as the forward reads them, activations, KV cache
+    param_dtype: str = "float32"  # the master weights (and so the optimizer state) the update steps
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -68,6 +69,7 @@ class ModelConfig:
         check_positive("model.rope_theta", self.rope_theta)
         check_positive("model.norm_eps", self.norm_eps)
         check_in("model.dtype", self.dtype, DTYPES)
+        check_in("model.param_dtype", self.param_dtype, DTYPES)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:

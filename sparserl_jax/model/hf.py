@@ -333,16 +333,17 @@ def _host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def _write_safetensors(file: Path, specs: list[HFTensor], leaves: list, write: bool) -> None:
-    """One safetensors file (at most max_shard_bytes on the host at once). With write=False
-    (processes other than 0) it only joins the cross-process gathers."""
+def _write_safetensors(file: Path, specs: list[HFTensor], leaves: list, write: bool,
+                       dtype: np.dtype) -> None:
+    """One safetensors file of `dtype` tensors (at most max_shard_bytes on the host at once). With
+    write=False (processes other than 0) it only joins the cross-process gathers."""
     if not write:
         for leaf in leaves:
             if not leaf.is_fully_addressable:
                 _host(leaf)
         return
     tensors = {
-        spec.name: np.ascontiguousarray(spec.to_hf(_host(leaf)))
+        spec.name: np.ascontiguousarray(spec.to_hf(_host(leaf)).astype(dtype, copy=False))
         for spec, leaf in zip(specs, leaves, strict=True)
     }
     tmp = file.with_name(file.name + ".tmp")
@@ -357,26 +358,33 @@ def save_params(
     *,
     tokenizer_dir: str | os.PathLike | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    dtype: str | None = None,
 ) -> None:
     """Write a HF checkpoint directory: config.json, generation_config.json, model.safetensors (or
     model-0000i-of-0000n.safetensors + index when larger than `max_shard_bytes`), and the tokenizer
-    files of `tokenizer_dir`. Tensors keep the params' dtype. Stale model*.safetensors files and
-    index in `path` are removed first. Multi-host: every process calls it; process 0 writes."""
+    files of `tokenizer_dir`. Tensors are written in `dtype` (float32 or bfloat16, each cast on the
+    host; default: the params' own, e.g. a run's float32 master weights). Stale model*.safetensors
+    files and index in `path` are removed first. Multi-host: every process calls it; process 0
+    writes."""
     directory = Path(path)
     specs = hf_tensors(cfg)
     leaves = _named_leaves(cfg, params, specs)
     tokenizer_files = _tokenizer_files(tokenizer_dir)
-    dtype = np.dtype(leaves[0].dtype).name
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES} (or None: the params' own)")
+    np_dtype = np.dtype(jnp.dtype(dtype or leaves[0].dtype))
+    dtype = np_dtype.name
+    nbytes = lambda leaf: leaf.size * np_dtype.itemsize  # noqa: E731
     write = jax.process_index() == 0
 
     shards: list[list[int]] = [[]]
     size = 0
     for i, leaf in enumerate(leaves):
-        if shards[-1] and size + leaf.nbytes > max_shard_bytes:
+        if shards[-1] and size + nbytes(leaf) > max_shard_bytes:
             shards.append([])
             size = 0
         shards[-1].append(i)
-        size += leaf.nbytes
+        size += nbytes(leaf)
     n = len(shards)
     names = (
         ["model.safetensors"]
@@ -395,7 +403,7 @@ def save_params(
         )
     for name, idx in zip(names, shards, strict=True):
         _write_safetensors(
-            directory / name, [specs[i] for i in idx], [leaves[i] for i in idx], write
+            directory / name, [specs[i] for i in idx], [leaves[i] for i in idx], write, np_dtype
         )
     if not write:
         return
@@ -403,7 +411,7 @@ def save_params(
         weight_map = {
             specs[i].name: name for name, idx in zip(names, shards, strict=True) for i in idx
         }
-        total = sum(leaf.nbytes for leaf in leaves)
+        total = sum(nbytes(leaf) for leaf in leaves)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     for src in tokenizer_files:

@@ -109,7 +109,8 @@ def config_from_hf(
 ) -> ModelConfig:
     """ModelConfig from a parsed config.json (and generation_config.json, whose eos/pad ids are
     merged in: chat checkpoints list their end-of-turn token there). `dtype` None keeps the
-    checkpoint's dtype when it is float32 or bfloat16, else float32."""
+    checkpoint's dtype when it is float32 or bfloat16, else float32; it is both the compute and
+    the parameter dtype (hf.load_params returns the weights in it)."""
     family = family_from_hf(hf)
     _check_supported(hf, family)
     generation = generation or {}
@@ -146,6 +147,7 @@ def config_from_hf(
         qk_norm=family == "qwen3",
         max_seq_len=int(hf.get("max_position_embeddings", 2048)),
         dtype=dtype,
+        param_dtype=dtype,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=eos,
         pad_token_id=int(pad),

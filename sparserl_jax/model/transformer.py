@@ -29,6 +29,7 @@ from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
+from sparserl_jax.model.precision import compute_params
 from sparserl_jax.quant.core import dot, merge_leading_axes
 
 Params = dict
@@ -56,9 +57,10 @@ def _normal_leaves(key: jax.Array, shapes: dict, dtype) -> dict:
 
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
-    """Random params (normal, std 0.02; norms at 1), in cfg.dtype (one compiled program)."""
+    """Random params (normal, std 0.02; norms at 1), in cfg.param_dtype: the master weights (one
+    compiled program)."""
     D, H, V = cfg.d_model, cfg.head_dim, cfg.vocab_size
-    dtype = jnp.dtype(cfg.dtype)
+    dtype = jnp.dtype(cfg.param_dtype)
     key_embed, key_head, *layer_keys = jax.random.split(key, 2 + cfg.n_layers)
     layers = []
     for layer_key in layer_keys:
@@ -130,7 +132,9 @@ def forward(
     (and, with return_qkv, per-layer post-RoPE queries [B, T, N, H], keys and values [B, T, K, H]).
 
     `attn_masks` (one boolean [B, N, T, T] mask per layer, applied on top of causality) replays
-    what a sparse sampler let each query see, for an exact teacher-forced recompute."""
+    what a sparse sampler let each query see, for an exact teacher-forced recompute.
+    Every entry point reads the weights in cfg.dtype (model/precision.py: a no-op on a compute copy)."""
+    params = compute_params(params, cfg)
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     x = params["embed"][tokens]
@@ -164,6 +168,7 @@ def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array,
 
 def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:
     """Full float32 logits over [B, T] (tests and small vocabularies only)."""
+    params = compute_params(params, cfg)
     return logits_from_hidden(params, forward(params, cfg, tokens))
 
 
@@ -215,6 +220,7 @@ def token_logprobs(
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
     position scores token 0 and should be masked) and the entropy of each next-token distribution."""
+    params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat)
     targets = jnp.roll(tokens, -1, axis=1)
     return chunked_logprobs(
@@ -240,6 +246,7 @@ def prefill(
     `observe_prefill(cache, qs, ks, lengths) -> cache` (per-layer [B, T, N, H] queries and
     [B, T, K, H] keys) lets an eviction policy initialise its state from the prompt.
     """
+    params = compute_params(params, cfg)
     h, qs, ks, vs = forward(params, cfg, tokens, return_qkv=True)
     last_BxD = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
     cache = kvc.write_prefill(cache, ks, vs, lengths)
@@ -269,6 +276,7 @@ def decode_step(
     attn_platform pick the attention kernel (kernels.decode_attention); with `mesh` (the cache
     sharded on it) each device attends with its own cache shard under shard_map.
     """
+    params = compute_params(params, cfg)
     positions = cache.length[:, None]
     x = params["embed"][tokens][:, None, :]
     for i, layer in enumerate(params["layers"]):

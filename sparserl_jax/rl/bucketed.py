@@ -36,7 +36,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sparserl_jax import distributed
-from sparserl_jax.model import sharding, transformer
+from sparserl_jax.model import precision, sharding, transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.config import RLConfig
@@ -88,6 +88,11 @@ class BucketedUpdate:
         # the accumulator is not donated to the step: no output has its place (a warning)
         self._apply = jax.jit(functools.partial(_apply, optimizer),
                               donate_argnums=(0, 1) if donate else ())
+        # model.dtype != model.param_dtype (model/precision.py): the forwards and the gradient
+        # read a compute copy of the master, re-cast after each optimizer step into its buffers
+        self.mixed = precision.is_mixed(model_cfg)
+        self._recast = jax.jit(lambda params, old: precision.cast_floats(params, model_cfg.dtype),
+                               donate_argnums=(1,) if donate else ())
         self._zeros_fns: dict = {}  # (params' tree, shardings) -> jitted float32 zeros like them
         self._mismatch = jax.jit(functools.partial(mismatch_metrics, cfg=cfg))
         self._row_norms = jax.jit(functools.partial(row_weight_normalisers, cfg=cfg))
@@ -159,7 +164,8 @@ class BucketedUpdate:
 
     def warm_up(self, params, ref_params, opt_state, B: int, T: int) -> None:
         """Compile every program a batch of [B, T] rows can run (each path and width once),
-        without running them; a no-op after the first call for that shape."""
+        without running them; a no-op after the first call for that shape. `params` is the
+        master; the forwards are compiled for its compute copy."""
         if (B, T) in self._warmed:
             return
         self._warmed.add((B, T))
@@ -170,6 +176,7 @@ class BucketedUpdate:
                                  "sampler_logp": np.zeros((rows, w), np.float32)}
         acc = self._zeros(params)
         paths = self.paths(B)
+        master, params = params, self._compute_like(params)
         for w in self.widths(T):
             if not all(p.fused for p in paths):
                 self._score.lower(params, self._place(np.zeros((s, w), np.int32))).compile()
@@ -185,7 +192,9 @@ class BucketedUpdate:
                 self._micro.lower(params, ref_params if ref_inside else None, acc, mb, norm,
                                   fused=fused).compile()
         scalar = self._scalar(0.0)  # placed as the micro-batch programs return their scalars
-        self._apply.lower(params, opt_state, acc, scalar, scalar).compile()
+        self._apply.lower(master, opt_state, acc, scalar, scalar).compile()
+        if self.mixed:
+            self._recast.lower(master, params).compile()
         full = self._place(zeros(B, T))
         self._mismatch.lower(full["sampler_logp"], full["sampler_logp"], full["response_mask"]).compile()
         if not all(p.fused for p in paths):
@@ -241,7 +250,14 @@ class BucketedUpdate:
 
     # ------------------------------------------------------------------ update
 
-    def __call__(self, params, ref_params, opt_state, batch: dict):
+    def _compute_like(self, params):
+        """The compute copy's shapes, dtypes and layout (params themselves when not mixed)."""
+        if not self.mixed:
+            return params
+        dtype = jnp.dtype(self.model_cfg.dtype)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding), params)
+
+    def __call__(self, params, ref_params, opt_state, batch: dict, *, compute=None):
         """One rollout batch (host arrays: tokens, response_mask, sampler_logp [B, T],
         advantages [B]) -> (params, opt_state, LearnerOutput)."""
         cfg, u = self.cfg, self.cfg.update
@@ -253,6 +269,10 @@ class BucketedUpdate:
         with_ref = cfg.loss.beta > 0
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
         self.warm_up(params, ref_params, opt_state, B, T)
+        # theta_old as the forwards read it: `compute` (the sampler's copy, donated when params
+        # are) or cast here; the master itself when model.dtype is model.param_dtype
+        policy = params if not self.mixed else compute if compute is not None else \
+            precision.compute_copy(params, self.model_cfg)
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
         path = self.choose(lengths, widths)
@@ -262,7 +282,7 @@ class BucketedUpdate:
         if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
             if not path.fused:
-                host["old_logp"] = self.score(params, host["tokens"], lengths)
+                host["old_logp"] = self.score(policy, host["tokens"], lengths)
             if with_ref and not path.ref_inside:
                 host["ref_logp"] = self.score(ref_params, host["tokens"], lengths)
             score_s = time.perf_counter() - t0
@@ -279,7 +299,7 @@ class BucketedUpdate:
                 for mb in self._plan(path, lengths, widths, start):
                     inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B)
                     acc, num, m, logp = self._micro(
-                        params, ref_params if path.ref_inside else None, acc, inputs, norm,
+                        policy, ref_params if path.ref_inside else None, acc, inputs, norm,
                         fused=path.fused)
                     nums.append(num)
                     parts.append(m)
@@ -290,6 +310,7 @@ class BucketedUpdate:
                 denom = tokens if cfg.loss.aggregation == "token_mean" else self._scalar(u.minibatch_size)
                 loss = self._micro_sum(nums)
                 params, opt_state, applied = self._apply(params, opt_state, acc, loss, denom)
+                policy = self._recast(params, policy) if self.mixed else params
                 steps.append((parts, applied))
         # metrics: token-weighted over micro-batches, then over optimizer steps (as make_update_fn)
         steps = distributed.to_host(steps)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from sparserl_jax.model import sharding
+from sparserl_jax.model import precision, sharding
 from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.batch import assemble
@@ -44,7 +44,7 @@ class Learner:
                  reward: Callable[[str, str], float], *, max_len: int | None = None,
                  log: Callable = print):
         """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run."""
-        self.rl, self.samples, self.mesh = rl, samples, mesh
+        self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
         self.tokenizer, self.reward, self.log = tokenizer, reward, log
         self.optimizer = make_optimizer(rl.optim)
         self.update = BucketedUpdate(model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh,
@@ -56,6 +56,11 @@ class Learner:
         if self.mesh.size > 1:
             return sharding.shard_params(params, self.mesh)
         return self.update._committed(params)
+
+    def compute_copy(self, params):
+        """The weights the forwards read (model.dtype), cast from the master `params` (model.
+        param_dtype); `params` themselves when the two dtypes are one (model/precision.py)."""
+        return precision.compute_copy(params, self.model_cfg)
 
     def init_opt_state(self, params):
         """optimizer.init, its scalars (step counts) placed as the update step returns them
@@ -84,10 +89,12 @@ class Learner:
         metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
         return batch, metrics, texts
 
-    def step(self, params, ref_params, opt_state, batch: dict, iteration: int):
-        """Update on one batch, then diagnose it: (params, opt_state, metrics)."""
+    def step(self, params, ref_params, opt_state, batch: dict, iteration: int, *, compute=None):
+        """Update on one batch, then diagnose it: (params, opt_state, metrics). `compute`: the
+        compute copy of `params` the rollout was sampled with (compute_copy; made here if None),
+        donated with them."""
         t0 = time.perf_counter()
-        params, opt_state, out = self.update(params, ref_params, opt_state, batch)
+        params, opt_state, out = self.update(params, ref_params, opt_state, batch, compute=compute)
         t1 = time.perf_counter()
         batch["old_logp"] = out.old_logp
         # host-side diagnostics of this rollout batch (SARS as the update applies it, loops, mismatch)

@@ -65,6 +65,7 @@ from sparserl_jax.distributed import to_host
 from sparserl_jax.model import sharding as shd
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.precision import compute_params
 from sparserl_jax.rollout.sampler import (
     Rollout,
     SamplerConfig,
@@ -237,6 +238,7 @@ class SlotEngine:
         is sampled from the stored logits, so it carries their version; the step then stores the
         logits `params` compute for the next token."""
         cfg, U, M, Q = self.cfg, self.cfg.kv.buffer, self.M, self.Q
+        params = compute_params(params, self.model_cfg)  # once, not in every decode step
         keys = request_keys(key, state.request)
         rows_Q = jnp.arange(Q)
 

@@ -38,6 +38,7 @@ from sparserl_jax import kvcache as kv
 from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.precision import compute_params
 from sparserl_jax.rollout.sampling import SamplingConfig, sample
 from sparserl_jax.validate import check_at_least, check_bool, check_in
 
@@ -233,6 +234,7 @@ def generate(
     given (forced lengths, for benchmarks). Jit with static configs:
     `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
     check_batch(prompts, prompt_lengths, request_ids, max_lengths)
+    params = compute_params(params, model_cfg)  # once, not in every decode step (model/precision.py)
     B, P = prompts.shape
     M = cfg.max_new_tokens
     kv_cfg = cfg.kv

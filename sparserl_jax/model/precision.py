@@ -1,0 +1,61 @@
+"""The parameter dtype and the compute dtype apart (flax / MaxText naming): the master weights, and
+with them the optimizer state, in model.param_dtype (float32); the forward, the backward and the
+rollouts in model.dtype (bfloat16 on GPU / TPU) from a copy cast from the master after each update.
+
+Logits, log-softmax, ratios, losses and reductions stay float32 whatever model.dtype (the model's
+own casts). With dtype == param_dtype nothing here casts: the compute copy is the master itself,
+and every program is the one it was before the two were apart.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.quant.core import QWeight
+
+Params = dict
+
+
+def is_mixed(cfg: ModelConfig) -> bool:
+    """Whether the forward reads the weights in another dtype than the master's."""
+    return cfg.dtype != cfg.param_dtype
+
+
+def _is_weight(x) -> bool:
+    return isinstance(x, QWeight)
+
+
+def cast_floats(tree, dtype):
+    """`tree` with its floating-point arrays in `dtype`; arrays already in it, integer arrays and
+    quantized kernels (QWeight: int8 / fp8 values, float32 scales) are returned as they are."""
+    dtype = jnp.dtype(dtype)
+
+    def cast(x):
+        if _is_weight(x) or not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+            return x
+        return x.astype(dtype)
+
+    return jax.tree.map(cast, tree, is_leaf=_is_weight)
+
+
+def compute_params(params: Params, cfg: ModelConfig) -> Params:
+    """The weights as the forward reads them (model.dtype); under jit, a no-op on a compute copy.
+    The model's entry points call it, so a master passed in still computes in model.dtype."""
+    return cast_floats(params, cfg.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _cast_fn(dtype: str):
+    return jax.jit(functools.partial(cast_floats, dtype=dtype))
+
+
+def compute_copy(params: Params, cfg: ModelConfig) -> Params:
+    """The compute copy of the master `params` (laid out like them): `params` itself when
+    model.dtype is model.param_dtype, else new model.dtype buffers cast by one jitted program."""
+    if not is_mixed(cfg):
+        return params
+    return _cast_fn(cfg.dtype)(params)
