@@ -48,6 +48,11 @@ optimizer state reuse the donated buffers of the old, else both coexist and the 
 one more copy of each). Peak = persistent (params, reference params, optimizer state) + the
 largest phase. The run fits when peak <= (1 - margin) x device memory; on GPU also set
 XLA_PYTHON_CLIENT_MEM_FRACTION (JAX preallocates 75% by default).
+
+With model.dtype apart from model.param_dtype (sparserl_jax/model/precision.py) the params and the
+optimizer state are the param_dtype master, a persistent compute copy (model.dtype) is what the
+sampler and the learner read, pi_ref is kept as a compute copy only (it is only scored), and a
+micro-batch's gradient is in the compute dtype.
 """
 
 from __future__ import annotations
@@ -94,8 +99,9 @@ class Item:
 
 
 def model_config(cfg: TrainConfig, arch: str | None = None) -> tuple[ModelConfig, str]:
-    """The architecture in model.dtype: from `arch` (an HF config.json or a directory holding
-    one), else model.checkpoint's config.json, else model.arch (random-init runs)."""
+    """The architecture in model.dtype and model.param_dtype: from `arch` (an HF config.json or a
+    directory holding one), else model.checkpoint's config.json, else model.arch (random-init runs)."""
+    dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     path = arch
     if path is None and cfg.model.checkpoint:
         path = cfg.model.checkpoint
@@ -105,13 +111,13 @@ def model_config(cfg: TrainConfig, arch: str | None = None) -> tuple[ModelConfig
                 "--arch FILE, e.g. experiments/configs/real/arch/qwen2.5-7b.json"
             )
     if path is None:
-        return dataclasses.replace(cfg.model.arch, dtype=cfg.model.dtype), "model.arch"
+        return dataclasses.replace(cfg.model.arch, **dtypes), "model.arch"
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--arch {path}: no such file (expected an HF config.json)")
     with open(file) as f:
         hf = json.load(f)
-    return config_from_hf(hf, dtype=cfg.model.dtype), file
+    return dataclasses.replace(config_from_hf(hf), **dtypes), file
 
 
 def axis_sizes(cfg: TrainConfig, devices: int | None = None) -> dict[str, int]:
@@ -254,7 +260,9 @@ def estimate(
 
     params = sharding.abstract_params(m)
     opt_state = jax.eval_shape(make_optimizer(cfg.rl.optim).init, params)
-    p_bytes = tree_bytes(params, sizes)
+    p_bytes = tree_bytes(params, sizes)  # the master (model.param_dtype)
+    c_bytes = tree_bytes(params, sizes, dtype=m.dtype)  # a copy as the forwards read it
+    mixed = m.dtype != m.param_dtype
     o_bytes = tree_bytes(opt_state, sizes)
     sparse_cache, C = abstract_cache(cfg.kv, m, call_rows, P_len, r.max_new_tokens)
     dense_kv = dataclasses.replace(cfg.kv, policy="none")
@@ -284,8 +292,10 @@ def estimate(
 
     per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
     items = [
-        Item("params (theta)", "persistent", p_bytes, f"{m.dtype}, PARTITION_RULES"),
-        Item("reference params (pi_ref)", "persistent", p_bytes, "a second copy after step 1"),
+        Item("params (theta)", "persistent", p_bytes,
+             f"{m.param_dtype}{' master' if mixed else ''}, PARTITION_RULES"),
+        Item("reference params (pi_ref)", "persistent", c_bytes,
+             "a second copy after step 1" + (f", {m.dtype} (only scored)" if mixed else "")),
         Item("optimizer state", "persistent", o_bytes, "make_optimizer(rl.optim).init, like params"),
         Item("KV cache (rollout)", "rollout", cache_bytes(sparse_cache, sizes),
              f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs"),
@@ -302,13 +312,17 @@ def estimate(
              layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
              f"layer + hidden + head, b={b_score}"),
         Item("gradients (f32 accumulator + micro-batch)", "update",
-             tree_bytes(params, sizes, dtype=jnp.float32) + p_bytes, "f32 sum + param dtype"),
-        Item("update outputs", "update", 0 if u.donate else p_bytes + o_bytes,
+             tree_bytes(params, sizes, dtype=jnp.float32) + c_bytes, "f32 sum + compute dtype"),
+        Item("update outputs", "update", 0 if u.donate else p_bytes + o_bytes + mixed * c_bytes,
              "in the donated buffers (rl.update.donate)" if u.donate
-             else "new params + opt state (rl.update.donate=false)"),
+             else f"new params{' + compute copy' if mixed else ''} + opt state (rl.update.donate=false)"),
         Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
         Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
     ]
+    if mixed:  # the compute copy, cast from the master after each optimizer step
+        items.insert(1, Item("compute copy of params", "persistent", c_bytes,
+                             f"{m.dtype}, cast from the master after each step: the sampler's and "
+                             "the learner's"))
     if q.enabled:  # QuRL: the sampler's quantized copy of theta, made before every rollout
         items.insert(3, Item("quantized params (behaviour copy)", "rollout",
                              quantized_copy_bytes(cfg, params, sizes),
@@ -319,7 +333,7 @@ def estimate(
         rows_per_device=dict(rollout=b_roll, rollout_call=b_call, micro_batch=b_micro, score=b_score),
         cache_capacity=C, dense_capacity=C_dense,
         dense_cache_bytes=cache_bytes(dense_cache, sizes),
-        sparse_cache_bytes=items[3].bytes,
+        sparse_cache_bytes=next(i.bytes for i in items if i.name == "KV cache (rollout)"),
         update_activations_no_remat=acts_no_remat,
     )
     return items, facts
@@ -371,7 +385,8 @@ def dry_run(
     dense_total, dense_phase = peak(dense_totals)
     budget = int((1 - margin) * device_memory_gib * GIB)
     return {
-        "model": {"source": source, "family": m.family, "dtype": m.dtype, "params": param_count(m),
+        "model": {"source": source, "family": m.family, "dtype": m.dtype, "param_dtype": m.param_dtype,
+                  "params": param_count(m),
                   "d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads,
                   "n_kv_heads": m.n_kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab_size},
         "mesh": sizes,
@@ -398,6 +413,12 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
+def precision(model: dict) -> str:
+    """'bfloat16' or 'bfloat16 compute, float32 master' (a report's model entry)."""
+    param = model.get("param_dtype", model["dtype"])
+    return model["dtype"] if param == model["dtype"] else f"{model['dtype']} compute, {param} master"
+
+
 def to_markdown(rep: dict, command: str | None = None) -> str:
     m, s = rep["model"], rep["shapes"]
     mesh = " x ".join(f"{k}={v}" for k, v in rep["mesh"].items())
@@ -410,7 +431,7 @@ def to_markdown(rep: dict, command: str | None = None) -> str:
     if command:
         lines += ["```", command, "```", ""]
     lines += [
-        f"- model: {m['family']}, {m['params'] / 1e9:.2f}B params, {m['dtype']}; mesh {mesh}",
+        f"- model: {m['family']}, {m['params'] / 1e9:.2f}B params, {precision(m)}; mesh {mesh}",
         f"- rollout: {s['rollout_rows']} rows in {s['rollout_calls']} sampler call(s) of "
         f"{s['rows_per_call']} (rollout.rows_per_call={rep['rollout']['rows_per_call']}), "
         f"prompt {s['prompt_len']} + {s['max_new_tokens']} new "
