@@ -45,3 +45,26 @@ def logprob_tol(cfg, params, keys: int) -> float:
     shift, relative to lse)."""
     return 2 * sum_tol(forward_terms(cfg, keys), logit_magnitude(params)) + sum_tol(
         cfg.vocab_size, 1.0)
+
+
+# bfloat16 compute (model.dtype=bfloat16 over float32 master weights, model/precision.py): every
+# weight is rounded once to bfloat16 and every op's output once more, each a relative error of at
+# most U16; the dots accumulate in float32 (their n-term sums are as above, far below U16).
+U16 = 2.0**-8  # bfloat16 unit roundoff, half its machine epsilon 2^-7 (8 significant bits)
+
+
+def bf16_roundings(cfg) -> int:
+    """bfloat16 roundings on the path from the embeddings to one logit, each a relative error of
+    at most U16 of the value it rounds: per layer the attention branch (the normed input and its
+    scale 2, the q/k/v kernel and output 2, bias 1, RoPE 1, the attention's probabilities and
+    output 2, the o kernel and output 2, the residual sum 1) and the MLP branch (the normed input
+    and its scale 2, the gate/up kernels and outputs 2, silu and the product 2, the down kernel
+    and output 2, the residual sum 1); then the embedding, the final norm (2) and the head."""
+    return cfg.n_layers * (11 + 9) + 4
+
+
+def bf16_logprob_tol(cfg, params) -> float:
+    """How far one token's log-prob may move between a bfloat16-compute forward and a float32 one
+    of the same float32 weights (worst case, errors adding): twice the logits' error (every
+    rounding at the logit_magnitude), plus the float32 V-term sum of exps."""
+    return 2 * bf16_roundings(cfg) * U16 * logit_magnitude(params) + sum_tol(cfg.vocab_size, 1.0)

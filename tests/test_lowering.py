@@ -2,9 +2,10 @@
 
 jax.export lowers a jitted function for a platform the machine lacks; nothing is compiled for it
 and nothing big is allocated (parameters, optimizer state and batches are ShapeDtypeStructs). For
-Qwen2.5-1.5B and 7B (bf16, head_dim 128, the authors' R-KV budget 512 + buffer 128): the Pallas
-decode kernel at several batch sizes, one full sampler call with attn_impl=pallas, and the update
-step. What only hardware can check - that Mosaic / Triton compile the kernels, and their speed -
+Qwen2.5-1.5B and 7B (bf16 compute over float32 master weights, head_dim 128, the authors' R-KV
+budget 512 + buffer 128): the Pallas decode kernel at several batch sizes, one full sampler call
+with attn_impl=pallas, and the update step (the padded one, and the trainer's bucketed programs:
+a micro-batch's gradient from the bfloat16 compute copy, the AdamW step on the master, the re-cast). What only hardware can check - that Mosaic / Triton compile the kernels, and their speed -
 is not covered. The Triton custom call has no export compatibility guarantee, so its safety check
 is disabled (lowering only; the serialized module is never reused).
 """
@@ -24,7 +25,9 @@ from sparserl_jax import kernels
 from sparserl_jax.config import load_config
 from sparserl_jax.dryrun import model_config
 from sparserl_jax.kernels import decode_attention_gpu as gpu
+from sparserl_jax.model import precision
 from sparserl_jax.model import sharding as shd
+from sparserl_jax.rl import bucketed
 from sparserl_jax.rl.batch import BATCH_KEYS
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_update_fn
@@ -117,3 +120,37 @@ def test_sampler_and_update_step_lower_at_real_shapes(name, platform):
     batch = {k: sds((B,) if k == "advantages" else (B, T), dtypes.get(k, "float32")) for k in BATCH_KEYS}
     text = lower(update, platform, params, opt_state, batch)
     assert "stablehlo.while" in text or "stablehlo.dot_general" in text
+
+
+@pytest.mark.parametrize("platform", _platforms())
+def test_mixed_precision_update_programs_lower_at_real_shapes(platform):
+    """The trainer's update (rl/bucketed.py) at bfloat16 compute over float32 master weights
+    (model/precision.py): a micro-batch's gradient (pi_ref inside, remat) from the bfloat16
+    compute copies, the AdamW step on the float32 master and the re-cast of the compute copy,
+    on Qwen2.5-7B's shapes: gradients accumulate in float32, log-probs are float32."""
+    cfg, m = real("qwen2.5-7b")
+    assert (m.dtype, m.param_dtype) == ("bfloat16", "float32")
+    master = shd.abstract_params(m)
+    assert {x.dtype for x in jax.tree.leaves(master)} == {jnp.dtype(jnp.float32)}
+    compute = jax.tree.map(lambda x: sds(x.shape, m.dtype), master)
+    acc = jax.tree.map(lambda x: sds(x.shape, "float32"), master)
+    B, T = cfg.rl.update.micro_batch_size, 256 + 128
+    mb = {"tokens": sds((B, T), "int32"), "response_mask": sds((B, T), "bool"),
+          "sampler_logp": sds((B, T), "float32"), "advantages": sds((B,), "float32")}
+    micro = jax.jit(functools.partial(bucketed._micro_step, m, cfg.rl, fused=True))
+    acc_out, num, _, logp = jax.eval_shape(micro, compute, compute, acc, mb, None)
+    assert {x.dtype for x in jax.tree.leaves(acc_out)} == {jnp.dtype(jnp.float32)}
+    assert num.dtype == logp.dtype == jnp.float32 and logp.shape == (B, T)
+    text = lower(micro, platform, compute, compute, acc, mb, None)
+    assert "bf16" in text and "stablehlo.dot_general" in text
+    optimizer = make_optimizer(cfg.rl.optim)
+    opt_state = jax.eval_shape(optimizer.init, master)
+    assert {x.dtype for x in jax.tree.leaves(opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
+    apply = jax.jit(functools.partial(bucketed._apply, optimizer))
+    new, _, _ = jax.eval_shape(apply, master, opt_state, acc, sds((), "float32"), sds((), "float32"))
+    assert {x.dtype for x in jax.tree.leaves(new)} == {jnp.dtype(jnp.float32)}
+    lower(apply, platform, master, opt_state, acc, sds((), "float32"), sds((), "float32"))
+    recast = jax.jit(functools.partial(precision.cast_floats, dtype=m.dtype))
+    assert jax.tree.map(lambda x: x.dtype, jax.eval_shape(recast, master)) == \
+        jax.tree.map(lambda x: x.dtype, compute)
+    assert "stablehlo.convert" in lower(recast, platform, master)
