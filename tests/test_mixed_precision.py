@@ -180,6 +180,7 @@ def _checkpoint_params(run, name: str, like):
         ckpt.close()
 
 
+@pytest.mark.slow
 def test_a_bf16_compute_run_moves_its_weights_and_resumes_exactly(tmp_path, tmp_path_factory):
     """The issue's run (warm start skipped): `--config smoke.yaml model.dtype=bfloat16
     rl.optim.lr=1e-6 train.iterations=2 train.save_every=1` moves the float32 master weights in
