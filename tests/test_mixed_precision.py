@@ -151,8 +151,8 @@ def test_bf16_compute_tracks_the_float32_run(tmp_path_factory):
 def test_on_policy_ratio_is_one_from_one_compute_copy(tmp_path_factory):
     """pi_theta / pi_old on the only step, both from the same bfloat16 compute copy, pi_old
     teacher-forced first (another program, other row groups; the fused path takes pi_old from
-    the update's own forward, so 1 exactly): 1 within twice bf16_logprob_tol, each bfloat16
-    program being within it of float32."""
+    the update's own forward, so 1 exactly): |log ratio| within bf16_logprob_tol (the two
+    programs round the same weights; 1 exactly on the machine this was written on)."""
     mc16 = dataclasses.replace(MC, dtype="bfloat16")
     params = transformer.init_params(mc16, jax.random.key(0))
     batch = _on_policy_batch(params)
@@ -160,7 +160,7 @@ def test_on_policy_ratio_is_one_from_one_compute_copy(tmp_path_factory):
     with compile_cache_in_process(tmp_path_factory):
         _, _, (metrics,) = _train(mc16, params, batch, cfg, calls=1)
     assert metrics["old_from_update"] == 0.0
-    tol = np.expm1(2 * float_tol.bf16_logprob_tol(MC, params))
+    tol = np.expm1(float_tol.bf16_logprob_tol(MC, params))
     assert abs(metrics["loss/ratio_mean"] - 1) <= tol
     assert abs(metrics["loss/ratio_max"] - 1) <= tol
 
