@@ -36,7 +36,6 @@ import numpy as np
 
 import fig_a_curves
 import figlib
-import figprov
 from figlib import fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,89 +167,8 @@ def replicates(out: str) -> dict:
     return {"replicates": found} if found else {}
 
 
-def claims(data: dict, n_eval: int) -> list[tuple[str, int, int, dict]]:
-    """The papers' claims read at every run of one result: (claim, runs where it holds, runs, the
-    other outcomes' counts by name). Collapse by the accuracy rule first, the reward rule beside it;
-    comparisons by the tie rule at each run pair (figlib.Comparison.counts), and Sparse-RL vs dense
-    also per warm start (the tie rule over its seeds)."""
-    warms, per_seed = figlib.results_of(_upgrade(data), "per_seed")
-    n = len(per_seed["naive_sparse"])
-
-    def by_accuracy(arm: str) -> int:
-        rows = per_seed[arm]
-        return sum(figlib.collapsed(r["dense_acc"], w) for r, w in zip(rows, figlib.warm_dense_of(rows, warms)))
-
-    def by_reward(arm: str) -> int:
-        return sum(r["collapse_iteration"] is not None for r in per_seed[arm])
-
-    def compared(a: str, b: str, key: str) -> list[figlib.Comparison]:
-        return figlib.compare(a, per_seed[a], b, per_seed[b], key, n_eval)
-
-    (ahead, tie, behind), (s_ahead, s_tie, s_behind) = (compared("sparse_rl", "naive_sparse", k)[-1].counts()
-                                                        for k in ("dense_acc", "sparse_acc"))
-    vs_dense = compared("sparse_rl", "dense", "dense_acc")
-    d_ahead, d_tie, d_behind = vs_dense[-1].counts()
-    per_warm = [c.sign for c in vs_dense[:-1]] or [vs_dense[-1].sign]
-    return [
-        ("naive sparse collapses (accuracy rule)", by_accuracy("naive_sparse"), n, {}),
-        ("naive sparse collapses (reward rule, beside it)", by_reward("naive_sparse"), n, {}),
-        ("Sparse-RL does not collapse (accuracy rule)", n - by_accuracy("sparse_rl"), n, {}),
-        ("Sparse-RL does not collapse (reward rule, beside it)", n - by_reward("sparse_rl"), n, {}),
-        ("Sparse-RL ahead of naive sparse, dense inference (tie rule at each run)", ahead, n,
-         {"tie": tie, "behind": behind}),
-        ("Sparse-RL not behind naive sparse, dense inference (tie rule at each run)", n - behind, n, {}),
-        ("Sparse-RL ahead of naive sparse, sparse inference (tie rule at each run)", s_ahead, n,
-         {"tie": s_tie, "behind": s_behind}),
-        ("Sparse-RL level with dense, dense inference (a tie at each run)", d_tie, n,
-         {"behind": d_behind, "ahead": d_ahead}),
-        ("Sparse-RL level with dense at each warm start (the tie rule over its seeds)", per_warm.count(0),
-         len(per_warm), {"behind": per_warm.count(-1), "ahead": per_warm.count(1)}),
-    ]
-
-
-def _claim_cell(k: int, n: int, others: dict) -> str:
-    """verdict_phrase's reading, then the other outcomes' counts."""
-    phrase = figlib.verdict_phrase(k, n)
-    return phrase + "".join(f"; {name} {count}" for name, count in others.items())
-
-
-def machine_of(data: dict) -> str:
-    """A result's machine as its provenance names it (CPU model, family and model)."""
-    return data.get("provenance", {}).get("cpu", "machine not recorded").replace(", AVX-512)", ")")
-
-
-def verdicts_table(data: dict, n_eval: int) -> list[str]:
-    """The claims on this result's machine, on every replicate beside it, and pooled over all of
-    them: counts of runs, a verdict word only where every run on every machine agrees."""
-    results = {f"this result: {machine_of(data)}": data,
-               **{f"{name}.json: {machine_of(d)}": d for name, d in data.get("replicates", {}).items()}}
-    read = [claims(d, d.get("eval_prompts", n_eval)) for d in results.values()]
-    body = []
-    for i, (claim, _, _, names) in enumerate(read[0]):
-        k, n = sum(r[i][1] for r in read), sum(r[i][2] for r in read)
-        pooled = {name: sum(r[i][3][name] for r in read) for name in names}
-        body.append([claim, *(_claim_cell(*r[i][1:]) for r in read), _claim_cell(k, n, pooled)])
-    arms = [_upgrade(d)["per_seed"] for d in results.values()]
-    acc = [([r["dense_acc"] for r in a["sparse_rl"]], [r["dense_acc"] for r in a["dense"]]) for a in arms]
-    body.append(["Sparse-RL's dense-inference accuracy / dense's (ratio of the means)",
-                 *(f"{figlib.ratio_of_means(*a):.0%}" for a in acc),
-                 f"{figlib.ratio_of_means(sum((a[0] for a in acc), []), sum((a[1] for a in acc), [])):.0%}"])
-    warm = [" / ".join(f"{w['sparse_acc']:.3f}" for _, w in sorted(figlib.warm_starts_of(_upgrade(d)).items()))
-            for d in results.values()]
-    body.append(["warm starts' sparse-inference accuracy (SFT seeds in order)", *warm, "-"])
-    where = "each machine and pooled over every replicate" if len(results) > 1 else "this machine"
-    lines = ["", f"Verdicts on {where} (runs where the claim holds; the same command, unchanged, on each "
-             "machine):", "",
-             *figlib.md_table(["claim (rule)", *results, f"pooled over {len(results)} machine(s)"], body), "",
-             figlib.VERDICT_NOTE]
-    for name, d in data.get("replicates", {}).items():
-        shown = {**d, "provenance": {**d["provenance"], "arms_json": False}}  # its arms.json is not committed
-        lines += ["", f"Replicate [{REPLICATES}/{name}.json]({REPLICATES}/{name}.json): `{d['command']}`. "
-                  + figprov.provenance_line(shown)]
-    return lines
-
-
 def render(data: dict, base, command: str) -> figlib.Rendered:
+    replicas = {name: _upgrade(d) for name, d in data.get("replicates", {}).items()}  # other machines' runs
     data = _upgrade(data)
     warms, per_seed = figlib.results_of(data, "per_seed")
     n = base.train.eval_prompts
@@ -267,7 +185,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"Mean ± std over {runs} run(s). Sparse inference KV saving: "
         f"{np.mean([r['sparse_kv_saving'] for r in per_seed['sparse_rl']]):.1%} of the entries a dense cache holds.",
         *figlib.per_warm_start_table(per_seed, warms), *fig_a_curves.comparisons(per_seed, n),
-        *verdicts_table(data, n)]
+        *fig_a_curves.verdicts_table({**data, "replicates": replicas}, n, REPLICATES)]
     if "legacy" in data:
         portable = {True: "on", False: "off", None: "not recorded"}[data["legacy"]["portable_cpu"]]
         lines += ["", f"Recorded by this run: portable CPU settings {portable}, wall time "

@@ -133,6 +133,96 @@ def comparisons(per_seed: dict, n_eval: int) -> list[str]:
     return lines
 
 
+def claims(data: dict, n_eval: int) -> list[tuple[str, int, int, dict]]:
+    """The papers' claims read at every run of one result: (claim, runs where it holds, runs, the
+    other outcomes' counts by name). Collapse by the accuracy rule first, the reward rule beside it;
+    comparisons by the tie rule at each run pair (figlib.Comparison.counts), and Sparse-RL vs dense
+    also per warm start (the tie rule over its seeds)."""
+    warms, per_seed = figlib.results_of(data, "per_seed")
+    n = len(per_seed["naive_sparse"])
+
+    def by_accuracy(arm: str) -> int:
+        rows = per_seed[arm]
+        return sum(figlib.collapsed(r["dense_acc"], w) for r, w in zip(rows, figlib.warm_dense_of(rows, warms)))
+
+    def by_reward(arm: str) -> int:
+        return sum(r["collapse_iteration"] is not None for r in per_seed[arm])
+
+    def compared(a: str, b: str, key: str) -> list[figlib.Comparison]:
+        return figlib.compare(a, per_seed[a], b, per_seed[b], key, n_eval)
+
+    (ahead, tie, behind), (s_ahead, s_tie, s_behind) = (compared("sparse_rl", "naive_sparse", k)[-1].counts()
+                                                        for k in ("dense_acc", "sparse_acc"))
+    vs_dense = compared("sparse_rl", "dense", "dense_acc")
+    d_ahead, d_tie, d_behind = vs_dense[-1].counts()
+    per_warm = [c.sign for c in vs_dense[:-1]] or [vs_dense[-1].sign]
+    n_ahead, n_tie, n_behind = compared("naive_sparse", "dense", "dense_acc")[-1].counts()
+    return [
+        ("naive sparse collapses (accuracy rule)", by_accuracy("naive_sparse"), n, {}),
+        ("naive sparse collapses (reward rule, beside it)", by_reward("naive_sparse"), n, {}),
+        ("naive sparse behind dense, dense inference (tie rule at each run)", n_behind, n,
+         {"tie": n_tie, "ahead": n_ahead}),
+        ("Sparse-RL does not collapse (accuracy rule)", n - by_accuracy("sparse_rl"), n, {}),
+        ("Sparse-RL does not collapse (reward rule, beside it)", n - by_reward("sparse_rl"), n, {}),
+        ("Sparse-RL ahead of naive sparse, dense inference (tie rule at each run)", ahead, n,
+         {"tie": tie, "behind": behind}),
+        ("Sparse-RL not behind naive sparse, dense inference (tie rule at each run)", n - behind, n, {}),
+        ("Sparse-RL ahead of naive sparse, sparse inference (tie rule at each run)", s_ahead, n,
+         {"tie": s_tie, "behind": s_behind}),
+        ("Sparse-RL level with dense, dense inference (a tie at each run)", d_tie, n,
+         {"behind": d_behind, "ahead": d_ahead}),
+        ("Sparse-RL level with dense at each warm start (the tie rule over its seeds)", per_warm.count(0),
+         len(per_warm), {"behind": per_warm.count(-1), "ahead": per_warm.count(1)}),
+    ]
+
+
+def _claim_cell(k: int, n: int, others: dict) -> str:
+    """verdict_phrase's reading, then the other outcomes' counts."""
+    phrase = figlib.verdict_phrase(k, n)
+    return phrase + "".join(f"; {name} {count}" for name, count in others.items())
+
+
+def machine_of(data: dict) -> str:
+    """A result's machine as its provenance names it (CPU model, family and model)."""
+    return data.get("provenance", {}).get("cpu", "machine not recorded").replace(", AVX-512)", ")")
+
+
+def verdicts_table(data: dict, n_eval: int, folder: str = "replicates") -> list[str]:
+    """The claims on this result's machine, on every replicate beside it (data["replicates"]:
+    {name: results.json of the same command on another machine, in <folder>/<name>.json}), and
+    pooled over all of them: counts of runs, a verdict word only where every run on every machine
+    agrees (figlib.verdict_phrase)."""
+    results = {f"this result: {machine_of(data)}": data,
+               **{f"{name}.json: {machine_of(d)}": d for name, d in data.get("replicates", {}).items()}}
+    read = [claims(d, d.get("eval_prompts", n_eval)) for d in results.values()]
+    body = []
+    for i, (claim, _, _, names) in enumerate(read[0]):
+        k, n = sum(r[i][1] for r in read), sum(r[i][2] for r in read)
+        pooled = {name: sum(r[i][3][name] for r in read) for name in names}
+        body.append([claim, *(_claim_cell(*r[i][1:]) for r in read), _claim_cell(k, n, pooled)])
+    arms = [d["per_seed"] for d in results.values()]
+    acc = [([r["dense_acc"] for r in a["sparse_rl"]], [r["dense_acc"] for r in a["dense"]]) for a in arms]
+    body.append(["Sparse-RL's dense-inference accuracy / dense's (ratio of the means)",
+                 *(f"{figlib.ratio_of_means(*a):.0%}" for a in acc),
+                 f"{figlib.ratio_of_means(sum((a[0] for a in acc), []), sum((a[1] for a in acc), [])):.0%}"])
+    warm = [" / ".join(f"{w['sparse_acc']:.3f}" for _, w in sorted(figlib.warm_starts_of(d).items()))
+            for d in results.values()]
+    body.append(["warm starts' sparse-inference accuracy (SFT seeds in order)", *warm, "-"])
+    header = ["claim (rule)", *results, f"pooled over {len(results)} machines"]
+    if len(results) == 1:  # one machine: its column is the pooled one
+        header, body = header[:-1], [cells[:-1] for cells in body]
+        where = "this machine (runs where the claim holds)"
+    else:
+        where = ("each machine and pooled over every replicate (runs where the claim holds; the same "
+                 "command, unchanged, on each machine)")
+    lines = ["", f"Verdicts on {where}:", "", *figlib.md_table(header, body), "", figlib.VERDICT_NOTE]
+    for name, d in data.get("replicates", {}).items():
+        shown = {**d, "provenance": {**d["provenance"], "arms_json": False}}  # its arms.json is not committed
+        lines += ["", f"Replicate [{folder}/{name}.json]({folder}/{name}.json): `{d['command']}`. "
+                  + figlib.provenance_line(shown)]
+    return lines
+
+
 def diagnostics_table(diag: dict) -> list[str]:
     return ["", "Rollout diagnostics (last 25% of iterations; rejection counts every response token the "
             "update leaves out, SARS and IBR-mask alike):", "",
@@ -284,7 +374,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"(mean ± std over the {len(next(iter(per_seed.values())))} runs). Accuracy is avg@1 on "
         f"{n_eval} held-out prompts at the training temperature.", "",
         *arm_table(per_seed, warms), "", figlib.COLLAPSE_NOTE,
-        *figlib.per_warm_start_table(per_seed, warms), *comparisons(per_seed, n_eval)]
+        *figlib.per_warm_start_table(per_seed, warms), *comparisons(per_seed, n_eval),
+        *verdicts_table(data, n_eval)]
     title = figlib.run_title(base, command, seeds, "Figure a: dense vs naive sparse vs Sparse-RL rollouts",
                              sorted(warms) or [0])
     curves, has_eval = curves_figure(data["histories"], warms, per_seed, base, n_eval, title)

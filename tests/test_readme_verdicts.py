@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 
 import default as default_experiment  # noqa: E402
+import fig_a_curves  # noqa: E402
 import figlib  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,11 +40,9 @@ def row(rows: dict[str, str], start: str) -> str:
     return cell
 
 
-def counts_of(path: Path, a: str, b: str) -> tuple[int, int, int]:
-    """(a ahead, tied, a behind) of a committed figure a result's runs, dense inference, by the tie rule."""
-    data = json.loads(path.read_text())
-    _, per_seed = figlib.results_of(data, "per_seed")
-    return figlib.compare(a, per_seed[a], b, per_seed[b], "dense_acc", data["eval_prompts"])[-1].counts()
+def claims_of(data: dict) -> dict[str, tuple[int, int]]:
+    """A figure a / default result's claims (fig_a_curves.claims): claim -> (runs where it holds, runs)."""
+    return {claim: (k, n) for claim, k, n, _ in fig_a_curves.claims(data, data["eval_prompts"])}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_the_default_rows_counts_are_its_results_pooled_over_machines(rows):
     out = str(RESULTS / "default")
     data, _ = figlib.load_results(out, False)
     machines = [data, *default_experiment.replicates(out).get("replicates", {}).values()]
-    read = [{claim: (k, n) for claim, k, n, _ in default_experiment.claims(d, d["eval_prompts"])} for d in machines]
+    read = [claims_of(d) for d in machines]
     pooled = {claim: tuple(map(sum, zip(*(r[claim] for r in read)))) for claim in read[0]}
     cell = row(rows, "default experiment")
     k, n = pooled["naive sparse collapses (accuracy rule)"]
@@ -76,11 +75,14 @@ def test_the_default_rows_counts_are_its_results_pooled_over_machines(rows):
 @pytest.mark.parametrize("start, config", [("a. training curves, SnapKV@48", "walk_key"),
                                            ("a. training curves, R-KV@48", "walk_key_rkv")])
 def test_figure_a_rows_counts_are_its_results(rows, start, config):
-    cell, path = row(rows, start), RESULTS / "fig_a_curves" / config / "results.json"
-    ahead, tie, behind = counts_of(path, "naive_sparse", "dense")
-    assert f"naive behind dense {figlib.verdict_phrase(behind, ahead + tie + behind)}" in cell
-    ahead, tie, behind = counts_of(path, "sparse_rl", "dense")
-    phrase = figlib.verdict_phrase(tie, ahead + tie + behind)[:-1]  # '(k of n' then the cell's own detail
+    cell = row(rows, start)
+    claims = claims_of(json.loads((RESULTS / "fig_a_curves" / config / "results.json").read_text()))
+    k, n = claims["naive sparse behind dense, dense inference (tie rule at each run)"]
+    assert f"naive behind dense {figlib.verdict_phrase(k, n)}" in cell
+    k, n = claims["naive sparse collapses (accuracy rule)"]
+    assert f"naive collapses on {k} of {n} by the accuracy rule" in cell
+    k, n = claims["Sparse-RL level with dense, dense inference (a tie at each run)"]
+    phrase = figlib.verdict_phrase(k, n)[:-1]  # '(k of n' then the cell's own detail
     assert f"Sparse-RL level with dense {phrase if '**' in phrase else 'on ' + phrase}" in cell
 
 
