@@ -195,8 +195,9 @@ def run(args, study) -> dict:
     study.overrides, study.base = base, figlib.load_config([study.config], base)
     jobs = plan(args.seeds, setting, args.smoke)
     keys = {name: figlib.config_key(study.resolve(o)) for name, o in jobs}
-    todo = [] if args.render_only else run_records.missing(records_dir, keys.items())
-    print(f"{len(jobs) - len(todo)} of {len(jobs)} planned runs recorded in {records_dir}; "
+    missing = run_records.missing(records_dir, keys.items())
+    todo = [] if args.render_only else missing
+    print(f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "
           f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}", flush=True)
     t0 = time.perf_counter()
     workers.parallel_map(_job, [(args.config, base, args.runs_dir, records_dir, n, o, args.eval_prompts,
