@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-import workers  # noqa: E402  (imports no JAX)
+from sparserl_jax.experiments import workers  # imports no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

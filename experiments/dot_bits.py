@@ -32,7 +32,7 @@ import sys
 import sysconfig
 import time
 
-import workers  # imports no JAX
+from sparserl_jax.experiments import workers  # imports no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-import workers  # imports no JAX
-from figruns import REPO
+from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments.figruns import REPO
 
 # The commit that turned the portable CPU settings on (workers.py): results committed before it
 # ran with the host's own numerics.

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-import workers  # imports no JAX
+from sparserl_jax.experiments import workers  # imports no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED = os.path.join(HERE, "results", "default", "fingerprint_smoke.json")
@@ -33,7 +33,7 @@ def compute(config: str = CONFIG) -> dict:
     import jax
 
     jax.devices()  # start the backend here: parallel_map then runs every arm in this process
-    import default
+    from sparserl_jax.experiments import default
 
     with tempfile.TemporaryDirectory() as out:
         results = default.run(config, overrides(config), out, seeds=(0,), warms=(0,), log=lambda *a: None)
@@ -44,7 +44,7 @@ def compute(config: str = CONFIG) -> dict:
 def overrides(config: str = CONFIG) -> list[str]:
     """The fingerprint's run: `python experiments/default.py --smoke` (whose results.json holds the
     same fingerprint for its first warm start), without a progress bar."""
-    from figlib import smoke_overrides
+    from sparserl_jax.experiments.figlib import smoke_overrides
 
     return [*smoke_overrides(config), "train.progress=false"]
 

@@ -47,10 +47,9 @@ import time
 import jax
 import numpy as np
 
-import figlib
-import step_timing
 from sparserl_jax import compile_clock
 from sparserl_jax.config import load_config
+from sparserl_jax.experiments import figlib, step_timing
 from sparserl_jax.rollout import engine as engine_mod
 from sparserl_jax.train import Trainer
 

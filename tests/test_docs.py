@@ -124,9 +124,10 @@ def unexercised(text: str) -> list[str]:
     tests = "\n".join(p.read_text() for p in (REPO / "tests").glob("*.py") if p.name != "test_docs.py")
     results = "\n".join(p.read_text() for p in (REPO / "experiments/results").rglob("*.md"))
 
-    def tested(script: str) -> bool:  # imported by a test, or its file named there
+    def tested(script: str) -> bool:  # imported by a test (sparserl_jax.experiments), or its file named there
         stem = re.escape(Path(script).stem)
-        pattern = rf"^\s*(import|from) {stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']"
+        pattern = (rf"^\s*from sparserl_jax\.experiments(\.real)? import [\w, ]*\b{stem}\b|"
+                   rf"\bsparserl_jax\.experiments(\.real)?\.{stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']")
         return re.search(pattern, tests, re.M) is not None
 
     def module_tested(mod: str) -> bool:  # `python -m` or an import of it in a test
