@@ -26,7 +26,8 @@ weights: the learner's speed-up on identical batches, side by side. Our rollout'
 decode step in training stand next to `generate` outside training at the same batch, sampling and
 prompts with exactly --decode-steps new tokens (bench_vs_hf's measurement), on the same core.
 Compilation is left out the same way everywhere: only iterations after the warm-up are timed, and
-JAX compile events inside timed iterations are counted (ours must have none).
+JAX compilations inside timed iterations are counted (ours must have none), with their seconds as
+sparserl_jax.compile_clock counts them (tracing, lowering and compiling, each second once).
 """
 
 from __future__ import annotations
@@ -90,25 +91,6 @@ def our_config(args, regime: str, out_dir: str):
 # ----------------------------------------------------------------------------- ours
 
 
-class CompileClock:
-    """Counts JAX backend compilations (and their seconds) since the last reset."""
-
-    def __init__(self):
-        from jax import monitoring
-
-        self.n, self.seconds = 0, 0.0
-        monitoring.register_event_duration_secs_listener(self._on)
-
-    def _on(self, event, duration, **_):
-        if "backend_compile" in event:
-            self.n += 1
-            self.seconds += duration
-
-    def take(self) -> tuple[int, float]:
-        out, (self.n, self.seconds) = (self.n, self.seconds), (0, 0.0)
-        return out
-
-
 def _padded_learner(trainer):
     """The previous learner: pi_old and pi_ref scored apart, then the one-program update, on the
     batch's full width; returns a function timing both on a copy of the weights."""
@@ -164,9 +146,9 @@ def run_ours(job) -> dict:
     import jax
     import numpy as np
 
+    from sparserl_jax import compile_clock
     from sparserl_jax.train import Trainer
 
-    clock = CompileClock()
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = our_config(args, regime, out_dir)
         trainer = Trainer(cfg, log=lambda *a, **k: None)
@@ -175,7 +157,7 @@ def run_ours(job) -> dict:
         U, M = cfg.kv.buffer, cfg.rollout.max_new_tokens
         rows, first_examples = [], None
         for it in range(args.warmup + args.iterations):
-            clock.take()
+            since = compile_clock.Since()  # compile time as every benchmark counts it
             t0 = time.perf_counter()
             key = jax.random.fold_in(jax.random.key(cfg.train.seed), trainer.iteration)
             rollout = trainer.source.next(trainer.params, key, trainer.iteration)
@@ -183,7 +165,7 @@ def run_ours(job) -> dict:
             batch, metrics, _ = trainer.learner.batch(rollout)
             t1 = time.perf_counter()
             ref = padded(trainer.params, trainer.ref_params, trainer.opt_state, batch) if padded else {}
-            ref_compiles = clock.take()
+            ref_compiles, since = (since.compiles, since.seconds), compile_clock.Since()
             t2 = time.perf_counter()
             trainer.params, trainer.opt_state, learned = trainer.learner.step(
                 trainer.params, trainer.ref_params, trainer.opt_state, batch, trainer.iteration)
@@ -193,7 +175,7 @@ def run_ours(job) -> dict:
             steps = min(-(-int(lengths.max()) // U), -(-M // U)) * U
             roll = rollout.metrics["time/rollout_s"]
             learn = learned["time/score_s"] + learned["time/update_s"]
-            n_compiles, compile_s = clock.take()
+            n_compiles, compile_s = since.compiles, since.seconds
             rows.append({
                 "iteration": it, "warmup": it < args.warmup, "tokens": int(lengths.sum()),
                 "length_mean": float(lengths.mean()), "rows": int(lengths.size),
