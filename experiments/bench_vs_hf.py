@@ -29,7 +29,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparserl_jax.experiments import figprov
 from sparserl_jax.experiments.xla_one_thread import xla_flags  # before the backend starts
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.model import hf, transformer
@@ -84,10 +84,7 @@ def machine() -> dict:
     import torch
     import transformers
 
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
-                       if ln.startswith("Model name")), platform.processor())
-    return dict(cpu=model_name, cpus=os.cpu_count(), affinity=sorted(os.sched_getaffinity(0)),
+    return dict(cpu=figprov.cpu_model(), cpus=os.cpu_count(), affinity=sorted(os.sched_getaffinity(0)),
                 python=platform.python_version(), jax=jax.__version__, torch=torch.__version__,
                 transformers=transformers.__version__, xla_flags=xla_flags(),
                 torch_threads=torch.get_num_threads())

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments import figprov, workers  # import no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -367,25 +367,9 @@ def markdown(report: dict) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; {cpu} "
-            f"({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU numerics "
-            f"{'on' if workers.portable_cpu_enabled() else 'off'}; commit {_commit()}")
-
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+            f"{figprov.cpu_model()} ({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU "
+            f"numerics {'on' if workers.portable_cpu_enabled() else 'off'}; commit {figprov.commit() or 'unknown'}")
 
 
 def main(argv=None) -> dict:

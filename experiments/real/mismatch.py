@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments import figprov, workers  # import no JAX
 from sparserl_jax.experiments.real import report
 from sparserl_jax.kvcache.policies import POLICIES as REGISTRY  # starts no backend
 
@@ -125,7 +125,7 @@ def main(argv=None) -> dict | None:
         return None
     args = parse_args(argv)
     t0 = time.perf_counter()
-    start = report.figprov.provenance(workers.available_cores(), None)  # the commit at the run's start
+    start = figprov.provenance(workers.available_cores(), None)  # the commit at the run's start
     data = {"eviction": eviction, "quantization": quantization, "lengths": lengths}[args.measurement](args)
     data["wall_s"] = time.perf_counter() - t0
     data["cores"] = len(workers.available_cores())
