@@ -97,7 +97,7 @@ def layout_names(text: str) -> tuple[set[str], set[str]]:
 
 
 def unnamed_modules(text: str, modules: set[str]) -> list[str]:
-    """The modules (paths of the two trees) that docs/layout.md does not name; a package's
+    """The modules (paths of the three trees) that docs/layout.md does not name; a package's
     __init__.py is named by its folder's bullet."""
     folders, files = layout_names(text)
     return sorted(m for m in modules if (m.rpartition("/")[0] + "/" not in folders
@@ -158,7 +158,7 @@ def test_the_docs_the_code_cites_exist(path):
 
 
 def test_layout_names_every_module():
-    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels")
+    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels", "experiments")
                for p in (REPO / tree).rglob("*.py")}
     assert unnamed_modules((REPO / "docs/layout.md").read_text(), modules) == []
 
