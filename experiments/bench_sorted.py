@@ -105,9 +105,8 @@ def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
 def trainer_bench(iterations: int, smoke: bool = False, runs_dir: str | None = None) -> list[dict]:
     """The trainer rows: profile_sorted's arms through Trainer.step, one process, the same update
     batches each (`iterations`, whole groups of n); `smoke`: figlib's seconds-long settings."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import figlib
-    import profile_sorted as prof
+    from sparserl_jax.experiments import figlib
+    from sparserl_jax.experiments import profile_sorted as prof
 
     config = os.path.join(figlib.HERE, "configs", "long_tail.yaml")
     overrides = figlib.smoke_overrides(config) if smoke else []

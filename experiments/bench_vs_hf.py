@@ -3,10 +3,11 @@
 A random model of the chosen shape is written as an HF checkpoint (sparserl_jax.model.hf) and
 loaded by transformers (torch, float32), so both engines run the same weights. Each engine decodes
 greedily exactly --new-tokens tokens after a random --prompt-len prompt (no EOS), at each --batch.
-Engines run one thread each (torch.set_num_threads(1); XLA CPU without its thread pool, set before
-jax is imported; run the script under `taskset -c 1` to pin the process to one core), and their
-calls are interleaved (dense, sparse, HF, dense, ...) so background load falls on all alike. The
-median call per engine is reported, with ours/HF and sparse/dense tokens/s ratios.
+Engines run one thread each (torch.set_num_threads(1); XLA CPU without its thread pool, set by
+xla_one_thread.py before jax starts its backend; run the script under `taskset -c 1` to pin the
+process to one core), and their calls are interleaved (dense, sparse, HF, dense, ...) so background
+load falls on all alike. The median call per engine is reported, with ours/HF and sparse/dense
+tokens/s ratios.
 Targets (a benchmark, not a test): dense >= 1.0x HF at batch 1 and >= 1.5x at batch 8.
 
     taskset -c 1 python experiments/bench_vs_hf.py            # experiments/results/bench_vs_hf.{json,md}
@@ -20,34 +21,29 @@ Compile time (AOT lower + compile) and HF's first call are excluded from the med
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import datetime
+import json
 import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import shlex  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from sparserl_jax.kvcache import KVConfig  # noqa: E402
-from sparserl_jax.model import hf, transformer  # noqa: E402
-from sparserl_jax.model.config import ModelConfig, param_count  # noqa: E402
-from sparserl_jax.rollout.sampler import SamplerConfig, generate  # noqa: E402
-from sparserl_jax.rollout.sampling import SamplingConfig  # noqa: E402
+from sparserl_jax.experiments import figprov
+from sparserl_jax.experiments.xla_one_thread import xla_flags  # before the backend starts
+from sparserl_jax.kvcache import KVConfig
+from sparserl_jax.model import hf, transformer
+from sparserl_jax.model.config import ModelConfig, param_count
+from sparserl_jax.rollout.sampler import SamplerConfig, generate
+from sparserl_jax.rollout.sampling import SamplingConfig
 
 # Qwen2-shaped, 40.5M parameters: small enough that the whole run stays within ~5 minutes on
 # one shared core (the 315M shape is 5x slower per step).
@@ -88,12 +84,9 @@ def machine() -> dict:
     import torch
     import transformers
 
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
-                       if ln.startswith("Model name")), platform.processor())
-    return dict(cpu=model_name, cpus=os.cpu_count(), affinity=sorted(os.sched_getaffinity(0)),
+    return dict(cpu=figprov.cpu_model(), cpus=os.cpu_count(), affinity=sorted(os.sched_getaffinity(0)),
                 python=platform.python_version(), jax=jax.__version__, torch=torch.__version__,
-                transformers=transformers.__version__, xla_flags=os.environ["XLA_FLAGS"].strip(),
+                transformers=transformers.__version__, xla_flags=xla_flags(),
                 torch_threads=torch.get_num_threads())
 
 

@@ -26,7 +26,8 @@ weights: the learner's speed-up on identical batches, side by side. Our rollout'
 decode step in training stand next to `generate` outside training at the same batch, sampling and
 prompts with exactly --decode-steps new tokens (bench_vs_hf's measurement), on the same core.
 Compilation is left out the same way everywhere: only iterations after the warm-up are timed, and
-JAX compile events inside timed iterations are counted (ours must have none).
+JAX compilations inside timed iterations are counted (ours must have none), with their seconds as
+sparserl_jax.compile_clock counts them (tracing, lowering and compiling, each second once).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 
-import workers  # noqa: E402  (imports no JAX)
+from sparserl_jax.experiments import figprov, workers  # import no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -88,25 +89,6 @@ def our_config(args, regime: str, out_dir: str):
 
 
 # ----------------------------------------------------------------------------- ours
-
-
-class CompileClock:
-    """Counts JAX backend compilations (and their seconds) since the last reset."""
-
-    def __init__(self):
-        from jax import monitoring
-
-        self.n, self.seconds = 0, 0.0
-        monitoring.register_event_duration_secs_listener(self._on)
-
-    def _on(self, event, duration, **_):
-        if "backend_compile" in event:
-            self.n += 1
-            self.seconds += duration
-
-    def take(self) -> tuple[int, float]:
-        out, (self.n, self.seconds) = (self.n, self.seconds), (0, 0.0)
-        return out
 
 
 def _padded_learner(trainer):
@@ -164,9 +146,9 @@ def run_ours(job) -> dict:
     import jax
     import numpy as np
 
+    from sparserl_jax import compile_clock
     from sparserl_jax.train import Trainer
 
-    clock = CompileClock()
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = our_config(args, regime, out_dir)
         trainer = Trainer(cfg, log=lambda *a, **k: None)
@@ -175,7 +157,7 @@ def run_ours(job) -> dict:
         U, M = cfg.kv.buffer, cfg.rollout.max_new_tokens
         rows, first_examples = [], None
         for it in range(args.warmup + args.iterations):
-            clock.take()
+            since = compile_clock.Since()  # compile time as every benchmark counts it
             t0 = time.perf_counter()
             key = jax.random.fold_in(jax.random.key(cfg.train.seed), trainer.iteration)
             rollout = trainer.source.next(trainer.params, key, trainer.iteration)
@@ -183,7 +165,7 @@ def run_ours(job) -> dict:
             batch, metrics, _ = trainer.learner.batch(rollout)
             t1 = time.perf_counter()
             ref = padded(trainer.params, trainer.ref_params, trainer.opt_state, batch) if padded else {}
-            ref_compiles = clock.take()
+            ref_compiles, since = (since.compiles, since.seconds), compile_clock.Since()
             t2 = time.perf_counter()
             trainer.params, trainer.opt_state, learned = trainer.learner.step(
                 trainer.params, trainer.ref_params, trainer.opt_state, batch, trainer.iteration)
@@ -193,7 +175,7 @@ def run_ours(job) -> dict:
             steps = min(-(-int(lengths.max()) // U), -(-M // U)) * U
             roll = rollout.metrics["time/rollout_s"]
             learn = learned["time/score_s"] + learned["time/update_s"]
-            n_compiles, compile_s = clock.take()
+            n_compiles, compile_s = since.compiles, since.seconds
             rows.append({
                 "iteration": it, "warmup": it < args.warmup, "tokens": int(lengths.sum()),
                 "length_mean": float(lengths.mean()), "rows": int(lengths.size),
@@ -385,25 +367,9 @@ def markdown(report: dict) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; {cpu} "
-            f"({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU numerics "
-            f"{'on' if workers.portable_cpu_enabled() else 'off'}; commit {_commit()}")
-
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+            f"{figprov.cpu_model()} ({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU "
+            f"numerics {'on' if workers.portable_cpu_enabled() else 'off'}; commit {figprov.commit() or 'unknown'}")
 
 
 def main(argv=None) -> dict:

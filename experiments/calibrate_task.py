@@ -15,8 +15,8 @@ the sparse arms see no reward and nothing trains).
 
 from __future__ import annotations
 
-import figlib
-from figlib import fmt
+from sparserl_jax.experiments import figlib
+from sparserl_jax.experiments.figlib import fmt
 
 
 def arguments(p) -> None:

@@ -34,9 +34,8 @@ import os
 
 import numpy as np
 
-import fig_a_curves
-import figlib
-from figlib import fmt
+from sparserl_jax.experiments import fig_a_curves, figlib
+from sparserl_jax.experiments.figlib import fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")

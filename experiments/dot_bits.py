@@ -32,7 +32,7 @@ import sys
 import sysconfig
 import time
 
-import workers  # imports no JAX
+from sparserl_jax.experiments import workers  # imports no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")
@@ -42,6 +42,9 @@ CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")
 # contracts another axis of an operand (x^T @ y, x @ y^T) still goes to Eigen.
 XLA_DOTS_FLAGS = ("--xla_cpu_multi_thread_eigen=false",
                   "--xla_backend_extra_options=xla_force_enable_experimental_llvm_ir_gemm")
+# Under qemu: the venv's site-packages with its .pth files (site.addsitedir), then this script.
+EMULATED = ("import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
 SHAPES = {"large": [(2048, 128, 256), (512, 256, 128), (37, 576, 1536)],
           "small": [(4, 4, 4), (8, 8, 8), (8, 64, 64), (1, 128, 256), (128, 128, 49)]}
 
@@ -247,12 +250,14 @@ def main() -> None:
         argv = [a for a in sys.argv[1:] if a not in ("--emulate", args.emulate)
                 and not a.startswith("--emulate=")]
         env = dict(os.environ)
-        # qemu-user runs the interpreter itself: the venv's packages (and this repository, which
-        # the venv holds as an editable install) come by PYTHONPATH; no compilation cache (its
-        # entries hold this host's instruction set)
-        env["PYTHONPATH"] = os.pathsep.join([sysconfig.get_paths()["purelib"], os.path.dirname(HERE), HERE])
+        # qemu-user runs the interpreter itself, outside the venv: the venv's packages come by
+        # PYTHONPATH, and this repository (the venv's editable install) by the import hook its .pth
+        # file installs, which EMULATED runs before this script; no compilation cache (its entries
+        # hold this host's instruction set)
+        purelib = sysconfig.get_paths()["purelib"]
+        env["PYTHONPATH"] = purelib
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
-        cmd = [qemu, "-cpu", args.emulate, sys.executable, os.path.abspath(__file__), *argv]
+        cmd = [qemu, "-cpu", args.emulate, sys.executable, "-c", EMULATED, purelib, os.path.abspath(__file__), *argv]
         raise SystemExit(subprocess.run(cmd, env=env).returncode)
     if args.xla_dots:  # before set_portable_cpu_env, which keeps flags already given
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *XLA_DOTS_FLAGS]).strip()

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from sparserl_jax import dryrun  # noqa: E402
-from sparserl_jax.config import load_config  # noqa: E402
+from sparserl_jax import dryrun
+from sparserl_jax.config import load_config
 
 REAL = "experiments/configs/real"
 MODELS = ("qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b-instruct")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.lines import Line2D
 
-import figlib
+from sparserl_jax.experiments import figlib
 from sparserl_jax.rl.diagnostics import N_BINS
 
 ARMS = {  # arm -> (rl.mode, sparse rollouts?)

@@ -14,8 +14,8 @@ budget by the tie rule (figlib).
 
 from __future__ import annotations
 
-import figlib
-from figlib import fmt
+from sparserl_jax.experiments import figlib
+from sparserl_jax.experiments.figlib import fmt
 
 
 def arguments(p) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import figlib
+from sparserl_jax.experiments import figlib
 from sparserl_jax.kvcache.policies import POLICIES
 
 MODES = ("naive_sparse", "sparse_rl")

@@ -12,7 +12,7 @@ variant and the paired differences the tie rule judges (figlib).
 
 from __future__ import annotations
 
-import figlib
+from sparserl_jax.experiments import figlib
 
 VARIANTS = {  # name -> (rl.mode, extra overrides)
     "none": ("naive_sparse", ()),

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import fig_a_curves
-import figlib
-from figlib import fmt
+from sparserl_jax.experiments import fig_a_curves, figlib
+from sparserl_jax.experiments.figlib import fmt
 from sparserl_jax.kvcache.policies import POLICIES
 
 SPARSE_POLICIES = [p for p in POLICIES if p != "none"]

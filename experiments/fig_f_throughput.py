@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-import bench_decode
-import figlib
+from sparserl_jax.experiments import bench_decode, figlib
 
 SMOKE_BENCH = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
                "--lengths", "16", "32", "--budget", "8", "--buffer", "8", "--window", "2",

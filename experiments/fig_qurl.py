@@ -14,7 +14,7 @@ run; rollout tokens/s is measured on this machine (on CPU a quantized dot may be
 
 from __future__ import annotations
 
-import figlib
+from sparserl_jax.experiments import figlib
 
 INT8 = ("quant.format=int8",)
 VARIANTS = {  # name -> (rl.mode, sparse KV rollouts?, extra overrides, paper GSM8K accuracy)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import os
 
-import figlib
 import numpy as np
-import step_timing
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MultipleLocator, PercentFormatter
+
+from sparserl_jax.experiments import figlib, step_timing
 
 N_GROUP = 4  # the paper's n
 LONG_TAIL_CONFIG = os.path.join(figlib.HERE, "configs", "long_tail.yaml")

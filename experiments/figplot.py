@@ -15,14 +15,14 @@ from typing import Iterable, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.text  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.text
+import numpy as np
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
 
-from figruns import DEFAULT_CONFIG  # noqa: E402
-from figstats import mean_std  # noqa: E402
-from sparserl_jax.config import TrainConfig  # noqa: E402
+from sparserl_jax.config import TrainConfig
+from sparserl_jax.experiments.figruns import DEFAULT_CONFIG
+from sparserl_jax.experiments.figstats import mean_std
 
 # Paper-column figures: one column COLUMN_W wide (a panel of a two-column figure too), a two-column
 # figure at most TWO_COLUMN_W, no text below MIN_FONT_PT at the size the PNG is printed.

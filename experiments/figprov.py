@@ -1,6 +1,8 @@
 """Provenance: what produced a result (the command with its pinning, the commit, the portable CPU
 settings, the machine, jax, cores, wall time), recorded in every results.json and written as one
-sentence under results.md's title; for results from before it was recorded, what git says.
+sentence under results.md's title; for results from before it was recorded, what git says. The one
+place that reads the commit (`commit`) and the CPU (`cpu_model`): the benchmarks' machine lines
+take them from here too. Imports no JAX.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import subprocess
 import sys
 from typing import Sequence
 
-import workers  # imports no JAX
-from figruns import REPO
+from sparserl_jax.experiments import workers  # imports no JAX
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The commit that turned the portable CPU settings on (workers.py): results committed before it
 # ran with the host's own numerics.
@@ -24,6 +27,11 @@ def _git(*args: str) -> str | None:
                               timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def commit() -> str | None:
+    """The checkout's commit (12 hex digits), None outside a git checkout."""
+    return _git("rev-parse", "--short=12", "HEAD")
 
 
 def command_line(cores: Sequence[int] | None = None) -> str:
@@ -39,7 +47,8 @@ def command_line(cores: Sequence[int] | None = None) -> str:
 
 
 def cpu_model() -> str:
-    """The CPU's model name, family and model, and whether it has AVX-512."""
+    """The CPU's model name, family and model, and whether it has AVX-512 (a fingerprint records
+    it without comparing it: another CPU with AVX2 should give the same hashes)."""
     try:
         with open("/proc/cpuinfo") as f:
             info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
@@ -64,7 +73,7 @@ def provenance(cores: Sequence[int], seconds: float | None) -> dict:
     import jax
 
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": _git("rev-parse", "--short=12", "HEAD"), "uncommitted_changes": bool(dirty),
+    return {"commit": commit(), "uncommitted_changes": bool(dirty),
             **({"commit_at": "start"} if seconds is None else {}),
             "portable_cpu": workers.portable_cpu_enabled(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "cpu": cpu_model(), "jax": jax.__version__, "python": sys.version.split()[0],

@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-import workers  # imports no JAX
-from figstats import last_quarter, reward_collapse_iteration, run_mean
 from sparserl_jax.config import TrainConfig, load_config, to_dict
+from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments.figstats import last_quarter, reward_collapse_iteration, run_mean
 from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.train import Trainer
 

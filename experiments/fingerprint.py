@@ -20,7 +20,8 @@ import os
 import sys
 import tempfile
 
-import workers  # imports no JAX
+from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments.figprov import cpu_model  # imports no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMITTED = os.path.join(HERE, "results", "default", "fingerprint_smoke.json")
@@ -33,7 +34,7 @@ def compute(config: str = CONFIG) -> dict:
     import jax
 
     jax.devices()  # start the backend here: parallel_map then runs every arm in this process
-    import default
+    from sparserl_jax.experiments import default
 
     with tempfile.TemporaryDirectory() as out:
         results = default.run(config, overrides(config), out, seeds=(0,), warms=(0,), log=lambda *a: None)
@@ -44,23 +45,9 @@ def compute(config: str = CONFIG) -> dict:
 def overrides(config: str = CONFIG) -> list[str]:
     """The fingerprint's run: `python experiments/default.py --smoke` (whose results.json holds the
     same fingerprint for its first warm start), without a progress bar."""
-    from figlib import smoke_overrides
+    from sparserl_jax.experiments.figlib import smoke_overrides
 
     return [*smoke_overrides(config), "train.progress=false"]
-
-
-def cpu_model() -> str:
-    """The CPU's model name, family and model numbers and whether it has AVX-512 (recorded, not
-    compared: another CPU with AVX2 should give the same hashes)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
-    except OSError:
-        return "?"
-    info = {k.strip(): v.strip() for k, v in info.items()}
-    avx512 = "avx512f" in info.get("flags", "").split()
-    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})")
 
 
 def compare(mine: dict, ours: dict) -> list[str]:

@@ -50,10 +50,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from sparserl_jax.experiments import gpu_report  # imports no JAX: this process never starts a device
 
-import gpu_report  # noqa: E402  (imports no JAX: this process never starts a device)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 TITLES = {"env": "environment", "numerics": "kernel numerics against the reference",
           "bandwidth": "kernel bandwidth against a device copy", "sampler": "sampler decode throughput",
@@ -111,8 +110,7 @@ def step_env(name: str, mode: str) -> dict:
 
 def lower(mode: str, out: str | None, argv) -> int:
     """--lower: every program of the check at this size lowered for cuda here (gpu_lower.py)."""
-    import gpu_lower
-    import gpu_steps
+    from sparserl_jax.experiments import gpu_lower, gpu_steps
 
     rows = gpu_lower.lower_all(gpu_steps.SIZES[mode])
     command = shlex.join(["python", "experiments/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
@@ -130,7 +128,7 @@ def lower(mode: str, out: str | None, argv) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.step:  # one step, in its own process
-        import gpu_steps
+        from sparserl_jax.experiments import gpu_steps
 
         return gpu_steps.run_step(args.step, args.out, args.mode, args.deadline, fail=args.fail == args.step)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"

@@ -19,8 +19,6 @@ the reference divides 0 by 0 there).
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import time
 
 import jax
@@ -28,12 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bench_kernel  # noqa: E402
-from sparserl_jax import kernels  # noqa: E402
-from sparserl_jax.kernels.sharded import attention_specs  # noqa: E402
-from sparserl_jax.model import sharding  # noqa: E402
+from sparserl_jax import kernels
+from sparserl_jax.experiments import bench_kernel
+from sparserl_jax.kernels.sharded import attention_specs
+from sparserl_jax.model import sharding
 
 F32_EPS = float(jnp.finfo(jnp.float32).eps) / 2  # unit roundoff of float32
 

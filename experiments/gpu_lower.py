@@ -15,19 +15,14 @@ compatibility guarantee, so that check is disabled (lowering only).
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from jax import export
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import gpu_kernel_check as gk  # noqa: E402
-import gpu_report  # noqa: E402
-import gpu_steps  # noqa: E402
+from sparserl_jax.experiments import gpu_kernel_check as gk
+from sparserl_jax.experiments import gpu_report, gpu_steps
 
 TRITON = "__gpu$xla.gpu.triton"
 DISABLED = [export.DisabledSafetyCheck.custom_call(TRITON)]
@@ -44,9 +39,9 @@ def lower(fn, *args) -> str:
 def programs(sizes: gpu_steps.Sizes):
     """(step, program, shape, build) of every program the check lowers; build() -> (jitted fn,
     abstract args)."""
-    import bench_decode
     from sparserl_jax.config import load_config
     from sparserl_jax.dryrun import model_config
+    from sparserl_jax.experiments import bench_decode
     from sparserl_jax.model import sharding
     from sparserl_jax.rl.optim import make_optimizer
     from sparserl_jax.rl.update import make_update_fn

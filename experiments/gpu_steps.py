@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from sparserl_jax.experiments import gpu_report  # imports no JAX
 
-import gpu_report  # noqa: E402  (imports no JAX)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 REAL = os.path.join(HERE, "configs", "real")
 DEFAULT_CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")  # the default experiment's
@@ -125,8 +124,7 @@ def step_env(sizes: Sizes, ctx: dict, record):
     """Device, memory, versions, the commit (figprov's provenance)."""
     import importlib.metadata as md
 
-    import figprov
-    import workers
+    from sparserl_jax.experiments import figprov, workers
 
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
@@ -160,7 +158,7 @@ def step_env(sizes: Sizes, ctx: dict, record):
 
 
 def step_numerics(sizes: Sizes, ctx: dict, record):
-    import gpu_kernel_check as gk
+    from sparserl_jax.experiments import gpu_kernel_check as gk
 
     data = gk.numerics(kernel_shapes(sizes), sizes.kernel_batches, sizes.kernel_impl, sizes.block_c, record)
     checks, lines, figure = gk.numerics_summary(data)
@@ -168,7 +166,7 @@ def step_numerics(sizes: Sizes, ctx: dict, record):
 
 
 def step_bandwidth(sizes: Sizes, ctx: dict, record):
-    import gpu_kernel_check as gk
+    from sparserl_jax.experiments import gpu_kernel_check as gk
 
     data = gk.bandwidth(kernel_shapes(sizes), sizes.bandwidth_cases, sizes.kernel_impl, sizes.block_c,
                         sizes.copy_mib, sizes.timing, sizes.kernel_calls, record)
@@ -181,8 +179,8 @@ def step_bandwidth(sizes: Sizes, ctx: dict, record):
 def step_sampler(sizes: Sizes, ctx: dict, record):
     """experiments/bench_decode.py's rows (its profile, inputs, timing and tables) at each batch:
     R-KV 512 + 128 and dense, compile apart; every row recorded as it finishes."""
-    import bench_decode
     from sparserl_jax import kernels
+    from sparserl_jax.experiments import bench_decode
     from sparserl_jax.model import transformer
 
     args = bench_decode.parse_args(list(sizes.sampler_argv))
@@ -482,7 +480,7 @@ def step_e2e(sizes: Sizes, ctx: dict, record):
     """Training, evaluation, checkpoint and resume of the default experiment at smoke size."""
     overrides = sizes.e2e_overrides
     if overrides is None:  # what `python experiments/default.py --smoke` sets
-        import figlib
+        from sparserl_jax.experiments import figlib
 
         overrides = (*figlib.smoke_overrides(DEFAULT_CONFIG), "train.iterations=2")
     work = tempfile.mkdtemp(prefix="gpu_check_e2e_")

@@ -15,9 +15,9 @@ import collections
 import dataclasses
 import math
 
-import figlib
-from fig_a_curves import ARMS
 from sparserl_jax.data.tasks.cycle_walk import MEMO_LETTERS
+from sparserl_jax.experiments import figlib
+from sparserl_jax.experiments.fig_a_curves import ARMS
 
 
 def memo_statistics(responses: list[str]) -> dict:

@@ -47,10 +47,9 @@ import time
 import jax
 import numpy as np
 
-import figlib
-import step_timing
 from sparserl_jax import compile_clock
 from sparserl_jax.config import load_config
+from sparserl_jax.experiments import figlib, figprov, step_timing
 from sparserl_jax.rollout import engine as engine_mod
 from sparserl_jax.train import Trainer
 
@@ -271,8 +270,7 @@ def main(argv=None):
     for name in args.arms:
         rows = run_arm(name, study, rec, args.iterations)
         arms[name] = {"rows": rows, "summary": summary(rows)}
-    commit = os.popen(f"git -C {figlib.REPO} rev-parse --short HEAD").read().strip()
-    meta = {"command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]), "commit": commit,
+    meta = {"command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]), "commit": figprov.commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": jax.devices()[0].device_kind, "jax": jax.__version__,
             "affinity": sorted(os.sched_getaffinity(0)), "accounting": ACCOUNTING}

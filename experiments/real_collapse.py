@@ -23,13 +23,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import figlib  # noqa: E402
-import numpy as np  # noqa: E402
-import run_records  # noqa: E402
-import workers  # noqa: E402
-from sparserl_jax.config import to_dict  # noqa: E402
+from sparserl_jax.config import to_dict
+from sparserl_jax.experiments import figlib, run_records, workers
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_collapse.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_collapse")

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from typing import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
+from matplotlib import pyplot as plt
+from matplotlib.container import BarContainer
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-import figlib  # noqa: E402
-import numpy as np  # noqa: E402
-from figlib import fmt  # noqa: E402
-from matplotlib import pyplot as plt  # noqa: E402
-from matplotlib.container import BarContainer  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from sparserl_jax.experiments import figlib
+from sparserl_jax.experiments.figlib import fmt
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_rl")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 
-import figlib
-from figlib import fmt
+from sparserl_jax.experiments import figlib
+from sparserl_jax.experiments.figlib import fmt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -14,10 +14,9 @@ import os
 import signal
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+from sparserl_jax.experiments import workers  # imports no JAX
 
-import workers  # noqa: E402  (imports no JAX)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _die():

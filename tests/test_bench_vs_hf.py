@@ -3,13 +3,9 @@ checkpoint directory (--checkpoint, as for SmolLM2), and writes its JSON and mar
 
 import json
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-from hf_fixtures import make_tiny_hf_checkpoint  # noqa: E402
+from hf_fixtures import make_tiny_hf_checkpoint
 
 pytestmark = pytest.mark.xdist_group("bench_vs_hf")
 
@@ -19,7 +15,7 @@ def test_smoke_writes_rows(tmp_path, use_checkpoint, monkeypatch):
     # bench_vs_hf sets XLA_FLAGS for its own process when imported: keep it out of later
     # tests' subprocesses (monkeypatch restores the variable)
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    import bench_vs_hf
+    from sparserl_jax.experiments import bench_vs_hf
 
     args = ["--smoke", "--batch", "1", "2", "--out", str(tmp_path / "b.json")]
     if use_checkpoint:

@@ -3,13 +3,11 @@ timed, our learner compiles nothing after the warm-up and the report is written.
 
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
 pytest.importorskip("trl")
-import bench_vs_trl  # noqa: E402
+from sparserl_jax.experiments import bench_vs_trl
 
 pytestmark = pytest.mark.xdist_group("bench_vs_trl")
 

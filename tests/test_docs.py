@@ -97,7 +97,7 @@ def layout_names(text: str) -> tuple[set[str], set[str]]:
 
 
 def unnamed_modules(text: str, modules: set[str]) -> list[str]:
-    """The modules (paths of the two trees) that docs/layout.md does not name; a package's
+    """The modules (paths of the three trees) that docs/layout.md does not name; a package's
     __init__.py is named by its folder's bullet."""
     folders, files = layout_names(text)
     return sorted(m for m in modules if (m.rpartition("/")[0] + "/" not in folders
@@ -124,9 +124,10 @@ def unexercised(text: str) -> list[str]:
     tests = "\n".join(p.read_text() for p in (REPO / "tests").glob("*.py") if p.name != "test_docs.py")
     results = "\n".join(p.read_text() for p in (REPO / "experiments/results").rglob("*.md"))
 
-    def tested(script: str) -> bool:  # imported by a test, or its file named there
+    def tested(script: str) -> bool:  # imported by a test (sparserl_jax.experiments), or its file named there
         stem = re.escape(Path(script).stem)
-        pattern = rf"^\s*(import|from) {stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']"
+        pattern = (rf"^\s*from sparserl_jax\.experiments(\.real)? import [\w, ]*\b{stem}\b|"
+                   rf"\bsparserl_jax\.experiments(\.real)?\.{stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']")
         return re.search(pattern, tests, re.M) is not None
 
     def module_tested(mod: str) -> bool:  # `python -m` or an import of it in a test
@@ -157,7 +158,7 @@ def test_the_docs_the_code_cites_exist(path):
 
 
 def test_layout_names_every_module():
-    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels")
+    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels", "experiments")
                for p in (REPO / tree).rglob("*.py")}
     assert unnamed_modules((REPO / "docs/layout.md").read_text(), modules) == []
 

@@ -11,10 +11,9 @@ import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-EXPERIMENTS = Path(__file__).parent.parent / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))
+from sparserl_jax.experiments import default as default_experiment
 
-import default as default_experiment  # noqa: E402
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 
 jax.devices()  # the backend runs: workers.parallel_map runs the arms here (no worker start-up)
 
@@ -35,7 +34,7 @@ def test_default_experiment_smoke(tmp_path):
     start 0, which on the CPU model and jax version that committed it equals
     experiments/results/default/fingerprint_smoke.json bit for bit (what `python
     experiments/fingerprint.py` computes in one process: the same run with one warm start)."""
-    import fingerprint
+    from sparserl_jax.experiments import fingerprint
 
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")}
     # on one core (the docs' taskset pinning): one worker process, every program compiled once
@@ -80,7 +79,7 @@ def test_default_experiment_smoke(tmp_path):
 
 
 def test_warm_start_spread_smoke(tmp_path):
-    import warm_start_spread
+    from sparserl_jax.experiments import warm_start_spread
 
     out = warm_start_spread.main(["--smoke", "--seeds", "0", "1", "--budgets", "48",
                                   "--out", str(tmp_path), "--runs-dir", str(tmp_path / "runs"),

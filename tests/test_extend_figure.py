@@ -13,16 +13,12 @@ results.json, arms.json, config.yaml and the PNG; --replot re-renders results.md
 results.json and config.yaml alone, byte for byte, training nothing."""
 
 import json
-import os
-import sys
 
 import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-import figlib  # noqa: E402
+from sparserl_jax.experiments import figlib
 
 jax.devices()  # the backend runs: the runs train in this process (no worker start-up)
 

@@ -2,15 +2,11 @@
 figplot.py, figruns.py, figlib.Figure's choices and budgets) on crafted inputs whose cells,
 verdicts and drawn marks are known; figures render off-screen (Agg) and train nothing."""
 
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-import figlib  # noqa: E402
+from sparserl_jax.experiments import figlib
 
 COLUMNS = (("acc", "dense_acc", ".3f"), ("saving", "train_kv_saving", ".1%"))
 

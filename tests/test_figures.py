@@ -8,30 +8,29 @@ import json
 import os
 import re
 import shutil
-import sys
 
 import jax
 import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-import calibrate_task  # noqa: E402
-import fig_a_curves  # noqa: E402
-import fig_b_budget  # noqa: E402
-import fig_c_policies  # noqa: E402
-import fig_d_corrections  # noqa: E402
-import fig_e_robustness  # noqa: E402
-import fig_f_throughput  # noqa: E402
-import fig_qurl  # noqa: E402
-import fig_sortedrl  # noqa: E402
-import figlib  # noqa: E402
-import real_rl  # noqa: E402
-from sparserl_jax.config import load_config  # noqa: E402
-import memo_choice  # noqa: E402
-import warm_start_spread  # noqa: E402
-import default as default_experiment  # noqa: E402
+from sparserl_jax.config import load_config
+from sparserl_jax.experiments import (
+    calibrate_task,
+    fig_a_curves,
+    fig_b_budget,
+    fig_c_policies,
+    fig_d_corrections,
+    fig_e_robustness,
+    fig_f_throughput,
+    fig_qurl,
+    fig_sortedrl,
+    figlib,
+    memo_choice,
+    real_rl,
+    warm_start_spread,
+)
+from sparserl_jax.experiments import default as default_experiment
 
 pytestmark = pytest.mark.xdist_group("figures")
 jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
@@ -348,7 +347,7 @@ def test_memo_choice(runs_dir, tmp_path):
 def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch):
     """study_from_args counts the cores before it pins its own process to the first: train_all's
     workers get all of them (pinning first left one worker for the whole figure)."""
-    import workers
+    from sparserl_jax.experiments import workers
 
     cores = [0, 1, 2]
     monkeypatch.setattr(workers, "available_cores", lambda: list(cores))
@@ -372,7 +371,7 @@ def test_a_figures_defaults_come_before_smoke_and_the_command_line(tmp_path):
     the command line's override (the default experiment's 40 iterations, smoke's 2, a user's 7)."""
     import argparse
 
-    import default as default_experiment
+    from sparserl_jax.experiments import default as default_experiment
 
     args = argparse.Namespace(replot=None, smoke=True, config=default_experiment.CONFIG,
                               overrides=["train.seed=3"], runs_dir=str(tmp_path))

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).parent.parent / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))
+from sparserl_jax.experiments import gpu_check, gpu_report, gpu_steps
+from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE
 
-import gpu_check  # noqa: E402
-import gpu_report  # noqa: E402
-import gpu_steps  # noqa: E402
-from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE  # noqa: E402
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 
 FORCED = "numerics"
 
@@ -150,7 +147,7 @@ def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
 def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
     """The numerics step's kernel calls, plain and under shard_map, exported for cuda from shapes
     (`python experiments/gpu_check.py --lower` does every step's programs, about a minute)."""
-    import gpu_lower
+    from sparserl_jax.experiments import gpu_lower
 
     rows = gpu_lower.lower_all(gpu_steps.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
     assert len(rows) == 2 * 2 * 2  # two models' heads x two batches x plain / shard_map

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# what a build reads: the metadata, setup.py's package discovery and the two source folders
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "requirements.txt", "sparserl_jax", "kernels")
-# the folder of each top-level package in the source tree (kernels/ installs as sparserl_jax.kernels)
-ROOTS = {"sparserl_jax": REPO / "sparserl_jax", "sparserl_jax.kernels": REPO / "kernels"}
+# what a build reads: the metadata, setup.py's package discovery and the three source folders
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "requirements.txt", "sparserl_jax", "kernels",
+                "experiments")
+# the folder of each package in the source tree (kernels/ and experiments/ install under sparserl_jax)
+ROOTS = {"sparserl_jax": REPO / "sparserl_jax", "sparserl_jax.kernels": REPO / "kernels",
+         "sparserl_jax.experiments": REPO / "experiments"}
 
 
 def module_names(roots: dict[str, Path]) -> list[str]:
@@ -59,13 +61,14 @@ def test_module_names_of_a_tree(tmp_path):
     assert module_names({"p": tmp_path / "a"}) == ["p", "p.b", "p.b.__main__", "p.x"]
     assert "sparserl_jax.kernels.sharded" in module_names(ROOTS)
     assert "sparserl_jax.quant.config" in module_names(ROOTS)
+    assert "sparserl_jax.experiments.real.measure" in module_names(ROOTS)
 
 
 @pytest.mark.slow
 def test_wheel_installs_every_module(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "results")  # not experiments' results
     for name in BUILD_INPUTS:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, src / name, ignore=ignore)

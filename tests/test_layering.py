@@ -6,6 +6,7 @@ function body, is an arrow.
 - The rooms (a top-level module, or a package with everything under it) stand on FLOORS: a room
   imports only rooms on lower floors, never one on its own floor or above; a new room must be
   given a floor. So kernels import nothing of the model, and the model nothing of rollout/ or rl/.
+- experiments/ (installed as sparserl_jax.experiments) is no room: none imports it.
 - No call-time import of the package anywhere: an import of sparserl_jax inside a function body
   hides an arrow from a reader (and, before this test, hid cycles). Third-party packages that a
   feature needs only when it runs (torch, transformers and gguf for a conversion, math_verify for
@@ -188,6 +189,14 @@ def test_rooms_stand_on_floors():
 
 def test_the_loop_rules():
     assert violations(graph()) == []
+
+
+def test_no_room_imports_the_experiments():
+    """experiments/ (installed as sparserl_jax.experiments) stands above every floor: the package
+    and the kernels never import it."""
+    experiments = {"sparserl_jax.experiments", *_modules({REPO / "experiments": "sparserl_jax.experiments"})}
+    assert {m: sorted(imports(p, experiments, m)) for m, p in _modules().items()
+            if imports(p, experiments, m)} == {}
 
 
 def test_no_call_time_package_imports():

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from sparserl_jax.experiments import workers  # imports no JAX
+
 REPO = Path(__file__).parent.parent
 EXPERIMENTS = REPO / "experiments"
-sys.path.insert(0, str(EXPERIMENTS))
-
-import workers  # noqa: E402  (imports no JAX)
 
 QEMU = shutil.which("qemu-x86_64")
 EMULATED_CPU = "EPYC-Rome"  # AMD Zen 2: AVX2 and FMA, no AVX-512
@@ -28,9 +27,9 @@ HOST_AVX512 = "avx512f" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpu
 # small dots (YNNPACK and Eigen's oneDNN sgemm), a reduction, softmax and the transcendental
 # functions the model uses, or (argv[3] == "large") larger dots; prints one hash per result
 PROBE = r"""
-import hashlib, sys
-sys.path.insert(0, sys.argv[1])
-import workers
+import hashlib, site, sys
+site.addsitedir(sys.argv[1])  # its .pth files too: the editable install's import hook, under qemu as well
+from sparserl_jax.experiments import workers
 if sys.argv[2] == "portable":
     workers.pin_to_one_core()
 import jax, jax.numpy as jnp, numpy as np
@@ -104,7 +103,7 @@ needs_qemu = pytest.mark.skipif(
 
 
 def _probe(mode: str, size: str, emulated: bool) -> list[str]:
-    return _run(["-c", PROBE, str(EXPERIMENTS), mode, size], emulated=emulated, timeout=300).split()
+    return _run(["-c", PROBE, sysconfig.get_paths()["purelib"], mode, size], emulated=emulated, timeout=300).split()
 
 
 @pytest.mark.slow
@@ -136,10 +135,8 @@ def test_fingerprint_is_the_default_smoke_at_warm_start_0(tmp_path):
     import argparse
     import dataclasses
 
-    import default
-    import figlib
-    import fingerprint
     from sparserl_jax.config import load_config
+    from sparserl_jax.experiments import default, figlib, fingerprint
 
     args = argparse.Namespace(replot=None, smoke=True, config=default.CONFIG, overrides=[],
                               runs_dir=str(tmp_path))
@@ -154,7 +151,7 @@ def test_fingerprint_compares_field_by_field(tmp_path, monkeypatch, capsys):
     """fingerprint.py's verdict: 0 and "reproduces" when every field but the CPU equals the file's,
     1 and one line per differing field otherwise (with the reason when jax or the settings differ);
     --write records this machine's."""
-    import fingerprint
+    from sparserl_jax.experiments import fingerprint
 
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
     path = tmp_path / "fp.json"

@@ -5,18 +5,13 @@ of the run, whether the tree was clean, the CPU model, the jax version, the core
 (figplot.COLUMN_W, 3.5 in at its DPI) or named in its results.md's two-column declaration
 (figplot.width_note). Files only: no JAX, milliseconds."""
 
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-import figplot  # noqa: E402
-import figprov  # noqa: E402
+from sparserl_jax.experiments import figplot, figprov
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"

@@ -4,18 +4,13 @@ and the counts of the default experiment's and figure a's rows are those their c
 results.json files give (the default's pooled over its replicates on other machines). No JAX."""
 
 import json
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-
-import default as default_experiment  # noqa: E402
-import fig_a_curves  # noqa: E402
-import figlib  # noqa: E402
+from sparserl_jax.experiments import default as default_experiment
+from sparserl_jax.experiments import fig_a_curves, figlib
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"

@@ -4,16 +4,14 @@ results.md / results.json accumulating one run per call."""
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-HERE = os.path.dirname(__file__)
-sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real")]
+from sparserl_jax.experiments.real import calibrate
 
-import calibrate  # noqa: E402
+HERE = os.path.dirname(__file__)
 
 CONFIG = os.path.join(HERE, "..", "experiments", "configs", "real", "smollm2_chat_arithmetic.yaml")
 

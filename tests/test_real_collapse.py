@@ -5,15 +5,12 @@ some records present trains only the missing runs (a study continued on another 
 
 import json
 import os
-import sys
 
 import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-import real_collapse  # noqa: E402
-import run_records  # noqa: E402
+from sparserl_jax.experiments import real_collapse, run_records
 
 jax.devices()  # the backend runs: the arms train in this process (no worker start-up)
 

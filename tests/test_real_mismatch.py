@@ -5,8 +5,6 @@ dense sampler against its own teacher-forced recompute is at the float noise flo
 [0, 1], the engine decodes the static sampler's responses)."""
 
 import json
-import os
-import sys
 
 import jax
 import numpy as np
@@ -15,16 +13,10 @@ from compile_cache import compile_cache_in_process
 from float_tol import EPS32, logprob_tol
 from hf_fixtures import make_tiny_hf_checkpoint
 
-HERE = os.path.dirname(__file__)
-sys.path[:0] = [os.path.join(HERE, "..", "experiments", "real"), os.path.join(HERE, "..", "experiments")]
-
-import mismatch  # noqa: E402
-import prompts  # noqa: E402
-import report  # noqa: E402
-import update_mask  # noqa: E402
-from sparserl_jax import quant  # noqa: E402
-from sparserl_jax.model import hf  # noqa: E402
-from sparserl_jax.tokenizer import CharTokenizer  # noqa: E402
+from sparserl_jax import quant
+from sparserl_jax.experiments.real import mismatch, prompts, report, update_mask
+from sparserl_jax.model import hf
+from sparserl_jax.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.xdist_group("real_mismatch")
 jax.devices()  # the backend runs: workers.parallel_map runs the arms in this process

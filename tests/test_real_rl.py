@@ -3,23 +3,17 @@ template: the arms that exercise every rollout path (dense, R-KV + Sparse-RL, in
 int8 + SortedRL), their table and figure, --replot, and the exact resume of a killed run."""
 
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-HERE = os.path.dirname(__file__)
-sys.path[:0] = [os.path.join(HERE, "..", "experiments")]
-
-import real_rl  # noqa: E402
+from sparserl_jax.experiments import real_rl
+from sparserl_jax.metrics_log import read_metrics
+from sparserl_jax.train import Trainer
 
 jax.devices()  # the backend runs: the runs train in this process (no worker start-up, no pinning)
-
-from sparserl_jax.metrics_log import read_metrics  # noqa: E402
-from sparserl_jax.train import Trainer  # noqa: E402
 
 pytest.importorskip("transformers")
 

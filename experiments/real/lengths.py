@@ -20,11 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sparserl_jax.experiments.real import measure
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import generate_jit
 from sparserl_jax.rollout.stats import rollout_bubble
-
-import measure
 
 
 def _static(params, model_cfg, ids, lengths, cfg, key, Q, limits):

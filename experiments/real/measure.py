@@ -22,6 +22,7 @@ import numpy as np
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax import quant
+from sparserl_jax.experiments.real import prompts as prompt_list
 from sparserl_jax.model import hf
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.config import RLConfig, UpdateConfig
@@ -30,11 +31,9 @@ from sparserl_jax.rl.corrections.compose import mismatch_metrics
 from sparserl_jax.rl.update import make_score_fn
 from sparserl_jax.rollout.sampler import SamplerConfig, generate_jit
 from sparserl_jax.rollout.sampling import SamplingConfig
-from sparserl_jax.tokenizer import HFTokenizer
 from sparserl_jax.rollout.source import concat_rollouts
 from sparserl_jax.rollout.stats import kv_statistics
-
-import prompts as prompt_list
+from sparserl_jax.tokenizer import HFTokenizer
 
 SARS = RLConfig(mode="sparse_rl")  # token band [0.5, 1.5], veto 1e-4, log-ratio clamp 20
 TEMPERATURE = 1.0

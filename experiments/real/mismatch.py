@@ -20,13 +20,11 @@ import os
 import sys
 import time
 
+from sparserl_jax.experiments import figprov, workers  # import no JAX
+from sparserl_jax.experiments.real import report
+from sparserl_jax.kvcache.policies import POLICIES as REGISTRY  # starts no backend
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
-
-import workers  # noqa: E402  (imports no JAX)
-
-import report  # noqa: E402
-from sparserl_jax.kvcache.policies import POLICIES as REGISTRY  # noqa: E402  (starts no backend)
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CHECKPOINT = os.path.join(REPO, "checkpoints", "smollm2-135m")
@@ -65,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _arm(args, name: str, **kw):
-    import measure
+    from sparserl_jax.experiments.real import measure
 
     return measure.Arm(name=name, checkpoint=args.checkpoint, prompts=args.prompts,
                        max_new=args.max_new, seed=args.seed, buffer=args.buffer,
@@ -73,7 +71,7 @@ def _arm(args, name: str, **kw):
 
 
 def _run_mismatch(arm):
-    import measure
+    from sparserl_jax.experiments.real import measure
 
     return measure.mismatch_arm(arm)
 
@@ -82,7 +80,7 @@ def _run_job(job):
     """Worker entry: ("mismatch", arm) or ("update", arm)."""
     kind, arm = job
     if kind == "update":
-        import update_mask
+        from sparserl_jax.experiments.real import update_mask
 
         return update_mask.update_arm(arm)
     return _run_mismatch(arm)
@@ -113,7 +111,7 @@ def lengths(args) -> dict:
 
 
 def _lengths_job(job):
-    import lengths as lengths_mod
+    from sparserl_jax.experiments.real import lengths as lengths_mod
 
     arm, slots, repeats = job
     return lengths_mod.lengths_arm(arm, slots=slots, repeats=repeats)
@@ -127,7 +125,7 @@ def main(argv=None) -> dict | None:
         return None
     args = parse_args(argv)
     t0 = time.perf_counter()
-    start = report.figprov.provenance(workers.available_cores(), None)  # the commit at the run's start
+    start = figprov.provenance(workers.available_cores(), None)  # the commit at the run's start
     data = {"eviction": eviction, "quantization": quantization, "lengths": lengths}[args.measurement](args)
     data["wall_s"] = time.perf_counter() - t0
     data["cores"] = len(workers.available_cores())

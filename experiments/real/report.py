@@ -12,15 +12,15 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-import refs  # noqa: E402
+from sparserl_jax.experiments import figprov  # the provenance sentence every results.md carries
+from sparserl_jax.experiments.figplot import POLICY_COLOURS, check_print_size, width_note  # the figures' shared style
+from sparserl_jax.experiments.real import refs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
-import figprov  # noqa: E402  (the provenance sentence every results.md carries)
-from figplot import POLICY_COLOURS, check_print_size, width_note  # noqa: E402  (the figures' shared style)
+
 plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7})
 
 

@@ -19,13 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparserl_jax import quant
+from sparserl_jax.experiments.real import measure
 from sparserl_jax.quant.config import PROJECTIONS
 from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.config import OptimConfig, RLConfig, UpdateConfig
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rl.update import make_update_fn
-
-import measure
 
 GROUPS = {"qkv": ("q", "k", "v"), "o_mlp": ("o", "gate", "up", "down")}
 FORMATS = ("int8", "fp8")
