@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ DEFAULT_RUNS = os.path.join(REPO, "runs", "figures")
 SMOKE_OVERRIDES = (
     "sft.steps=5", "train.iterations=2", "train.eval_prompts=4", "rollout.prompts=2",
     "rollout.samples=4", "rl.update.minibatch_size=8", "rl.update.micro_batch_size=8",
+    "rl.update.compile_ahead=false",  # two iterations compile only the programs they run
 )
 
 # An RL run from a warm start's weights (model.init_from): neither SFT phase runs again.
@@ -44,7 +46,8 @@ FROM_WARM_START = ("sft.steps=0", "sft.curriculum.steps=0")
 EVAL_PROMPTS = 512
 
 # Settings that do not change what a run computes: left out of its identity.
-_NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints")
+_NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints",
+                 "rl.update.compile_ahead")
 
 
 def _non_default(tree: dict, default: dict) -> dict:
@@ -75,8 +78,8 @@ def config_key(cfg: TrainConfig) -> str:
     model.init_from), not by its location."""
     tree = to_dict(cfg)
     for dotted in _NOT_IDENTITY:
-        section, name = dotted.split(".")
-        tree[section].pop(name, None)
+        *sections, name = dotted.split(".")
+        functools.reduce(lambda node, key: node[key], sections, tree).pop(name, None)
     if tree["model"]["init_from"]:
         tree["model"]["init_from"] = os.path.basename(os.path.normpath(tree["model"]["init_from"]))
     tree = _non_default(tree, to_dict(TrainConfig()))

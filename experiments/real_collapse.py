@@ -175,7 +175,7 @@ def base_overrides(args, setting: Setting) -> list[str]:
     every = 1 if args.smoke else args.eval_every
     extra = ["rollout.max_new_tokens=16", "rollout.prompts=2", "rollout.samples=2", "data.max_prompt_len=160",
              "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2",
-             "rl.update.score_batch_size=4"] if args.smoke else []
+             "rl.update.score_batch_size=4", "rl.update.compile_ahead=false"] if args.smoke else []
     return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense",
             "train.eval_temperature=0", f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=32",
             f"train.save_every={1 if args.smoke else 5}", "train.keep_checkpoints=2", *extra, *args.overrides]

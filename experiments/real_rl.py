@@ -82,7 +82,7 @@ COMPARISONS = {
 SMOKE = ("train.iterations=2", "train.save_every=1", "rollout.prompts=2", "rollout.samples=2",
          "rollout.max_new_tokens=24", "data.max_prompt_len=160", "kv.budget=64", "kv.buffer=8",
          "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4",
-         "sorted.group_batches=2", "train.eval_prompts=2")
+         "sorted.group_batches=2", "train.eval_prompts=2", "rl.update.compile_ahead=false")
 
 
 def row(run: figlib.Run, n_eval: int) -> dict:

@@ -37,7 +37,7 @@ def test_no_compilation_after_the_first_iteration(arm, warm_start, tmp_path):
     cfg = load_config([SMOKE], [
         f"train.out_dir={tmp_path}", "train.progress=false", f"model.init_from={warm_start}",
         "sft.steps=0", "sft.curriculum.steps=0", "sorted.group_batches=2", "sorted.slots=8",
-        "rl.update.micro_batch_size=4", "train.iterations=4", *ARMS[arm]])
+        "rl.update.micro_batch_size=4", "train.iterations=4", "rl.update.compile_ahead=true", *ARMS[arm]])
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     trainer.start()
     source, rollout_compiles = trainer.source, []

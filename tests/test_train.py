@@ -153,7 +153,7 @@ def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path)
         lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
     trainer = Trainer(_cfg(tmp_path, "sft.steps=2", "train.iterations=3", "train.eval_every=1",
                            "train.eval_kv=dense", "train.eval_prompts=4", "train.eval_batch_size=4",
-                           "kv.policy=rkv", "kv.budget=8", "kv.buffer=4"))
+                           "kv.policy=rkv", "kv.budget=8", "kv.buffer=4", "rl.update.compile_ahead=true"))
     seen = []
     log = trainer.state.log_metrics
     trainer.state.log_metrics = lambda it, m: (seen.append((it, len(compiles), dict(m))), log(it, m))

@@ -19,8 +19,9 @@ paths its settings allow (`paths`, `choose`; a cost model over the planned width
           rounding (fused with IBR normalised per micro-batch keeps the micro-batches' rows);
   pi_ref  teacher-forced inside the micro-batch's program when each row is visited once (one
           epoch), scored first otherwise, not computed at all when loss.beta = 0.
-Every path's programs are compiled for every width before the first update (`warm_up`), so none
-compiles later and the widest one's memory is known at once.
+Every path's programs are compiled for every width before the first update (`warm_up`, with
+update.compile_ahead, the default), so none compiles later and the widest one's memory is known at
+once.
 """
 
 from __future__ import annotations
@@ -268,7 +269,8 @@ class BucketedUpdate:
         T = max(T_batch, self.max_len or 0)
         with_ref = cfg.loss.beta > 0
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
-        self.warm_up(params, ref_params, opt_state, B, T)
+        if u.compile_ahead:
+            self.warm_up(params, ref_params, opt_state, B, T)
         # theta_old as the forwards read it: `compute` (the sampler's copy, donated when params
         # are) or cast here; the master itself when model.dtype is model.param_dtype
         policy = params if not self.mixed else compute if compute is not None else \

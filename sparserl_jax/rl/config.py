@@ -132,8 +132,13 @@ class UpdateConfig:
     The cost of scoring and of the update follows the real tokens (rl/buckets.py):
     `length_bucket`: each micro-batch (and scoring chunk) is as wide as its longest row (prompt +
       response) rounded up to a multiple of this many positions, capped at the rollout width
-      data.max_prompt_len + rollout.max_new_tokens (a few compiled widths, all compiled before the
-      first update); 0 pads every row to the full width.
+      data.max_prompt_len + rollout.max_new_tokens (a few compiled widths); 0 pads every row to the
+      full width.
+    `compile_ahead`: every width and path is compiled before the first update, so no iteration
+      after the first compiles (what a long run wants: its first iteration pays once); off, each
+      program compiles when a batch first needs it (the experiments' --smoke: a two-iteration run
+      compiles only what it runs, about 40% less time). The same programs either way: no number
+      changes.
     `group_by_length`: a minibatch's rows are sorted by length before they are cut into
       micro-batches (and all rows before scoring chunks), so short rows share narrow micro-batches.
       Kept off automatically where the micro-batch composition is part of the math (IBR
@@ -155,13 +160,14 @@ class UpdateConfig:
     length_bucket: int = 64
     group_by_length: bool = True
     reuse_old_forward: bool = True
+    compile_ahead: bool = True
 
     def __post_init__(self):
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
                      "score_batch_size"):
             check_at_least(f"update.{name}", getattr(self, name), 1)
         check_at_least("update.length_bucket", self.length_bucket, 0)  # 0: no length buckets
-        for name in ("remat", "donate", "group_by_length", "reuse_old_forward"):
+        for name in ("remat", "donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
             check_bool(f"update.{name}", getattr(self, name))
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
