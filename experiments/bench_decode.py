@@ -159,7 +159,7 @@ def kv_bytes(model: ModelConfig, batch: int, capacity: int) -> int:
     return batch * model.n_layers * 2 * model.n_kv_heads * capacity * model.head_dim * itemsize
 
 
-def make_inputs(prof: Profile, key: jax.Array) -> tuple[Int[Array, "B P"], Int[Array, "B"]]:
+def make_inputs(prof: Profile, key: jax.Array) -> tuple[Int[Array, "B P"], Int[Array, " B"]]:
     """Random prompt tokens (never pad) of the profile's full prompt length."""
     prompts_BxP = jax.random.randint(
         key, (prof.batch, prof.prompt_len), 1, prof.model.vocab_size, jnp.int32

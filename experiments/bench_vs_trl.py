@@ -144,7 +144,6 @@ def _generate_reference(trainer, examples, steps: int) -> dict:
 def run_ours(job) -> dict:
     args, regime = job
     import jax
-    import numpy as np
 
     from sparserl_jax import compile_clock
     from sparserl_jax.train import Trainer

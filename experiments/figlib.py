@@ -37,27 +37,105 @@ import json
 import os
 import shutil
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sparserl_jax.config import TrainConfig, dump_config, load_config
 from sparserl_jax.experiments import workers  # imports no JAX
 from sparserl_jax.experiments.figplot import (
-    ARM_COLOURS, BAND_CAPTION, COLUMN_W, DPI, MIN_FONT_PT, PANEL_W, POLICY_COLOURS, TWO_COLUMN_W,
-    ablation_figure, arm_colours, band, band_legend_below, check_print_size, clipped_err, config_name,
-    curve, heatmap, iteration_axis, mean_curves, mean_line, panels, plt, run_bars, run_title, runs_phrase,
-    save_figure, seeds_caption, sparse_curve, spread, symlog_axis, width_note)
+    ARM_COLOURS,
+    BAND_CAPTION,
+    COLUMN_W,
+    DPI,
+    MIN_FONT_PT,
+    PANEL_W,
+    POLICY_COLOURS,
+    TWO_COLUMN_W,
+    ablation_figure,
+    arm_colours,
+    band,
+    band_legend_below,
+    check_print_size,
+    clipped_err,
+    config_name,
+    curve,
+    heatmap,
+    iteration_axis,
+    mean_curves,
+    mean_line,
+    panels,
+    plt,
+    run_bars,
+    run_title,
+    runs_phrase,
+    save_figure,
+    seeds_caption,
+    sparse_curve,
+    spread,
+    symlog_axis,
+    width_note,
+)
 from sparserl_jax.experiments.figprov import PORTABLE_SINCE, command_line, cpu_model, provenance, provenance_line
 from sparserl_jax.experiments.figruns import (
-    DEFAULT_CONFIG, DEFAULT_RUNS, EVAL_PROMPTS, FROM_WARM_START, HERE, REPO, RESULTS_EPOCH,
-    SMOKE_OVERRIDES, Run, Study, accuracies, config_key, run_variants, scores, summarize,
-    summarize_history, warm_rows)
+    DEFAULT_CONFIG,
+    DEFAULT_RUNS,
+    EVAL_PROMPTS,
+    FROM_WARM_START,
+    HERE,
+    REPO,
+    RESULTS_EPOCH,
+    SMOKE_OVERRIDES,
+    Run,
+    Study,
+    accuracies,
+    config_key,
+    run_variants,
+    scores,
+    summarize,
+    summarize_history,
+    warm_rows,
+)
 from sparserl_jax.experiments.figstats import (
-    ACC_METRICS, COLLAPSE_FRACTION, COLLAPSE_HEADERS, COLLAPSE_NOTE, REWARD_WINDOW, TIE_NOTE, TIE_SE,
-    Column, Comparison, arm_cells, collapse_cells, collapsed, compare, compare_arms, comparison_lines,
-    comparison_table, diff_se, fmt, headers, iteration_time, last_quarter, md_table, mean_std,
-    per_warm_start_table, ratio_of_means, results_of, reward_collapse_iteration, run_mean,
-    seconds_per_iteration, seed_collapse_cells, seed_rows, stat_cells, tie_verdict, unit_of, VERDICT_NOTE,
-    verdict_phrase, warm_dense_of, warm_note, warm_starts_of, with_reward_rule)
+    ACC_METRICS,
+    COLLAPSE_FRACTION,
+    COLLAPSE_HEADERS,
+    COLLAPSE_NOTE,
+    REWARD_WINDOW,
+    TIE_NOTE,
+    TIE_SE,
+    VERDICT_NOTE,
+    Column,
+    Comparison,
+    arm_cells,
+    collapse_cells,
+    collapsed,
+    compare,
+    compare_arms,
+    comparison_lines,
+    comparison_table,
+    diff_se,
+    fmt,
+    headers,
+    iteration_time,
+    last_quarter,
+    md_table,
+    mean_std,
+    per_warm_start_table,
+    ratio_of_means,
+    results_of,
+    reward_collapse_iteration,
+    run_mean,
+    seconds_per_iteration,
+    seed_collapse_cells,
+    seed_rows,
+    stat_cells,
+    tie_verdict,
+    unit_of,
+    verdict_phrase,
+    warm_dense_of,
+    warm_note,
+    warm_starts_of,
+    with_reward_rule,
+)
 
 # The figure library's public names: the scaffold's own and those of its parts.
 __all__ = [
@@ -109,8 +187,8 @@ class Figure:
 
     name: str  # results directory: experiments/results/<name>[/<config stem>]
     doc: str
-    run: Callable[[argparse.Namespace, "Study | None"], dict]
-    render: Callable[[dict, "TrainConfig | None", str], Rendered]
+    run: Callable[[argparse.Namespace, Study | None], dict]
+    render: Callable[[dict, TrainConfig | None, str], Rendered]
     arguments: Callable[[argparse.ArgumentParser], None] | None = None
     choices: dict[str, Sequence[str]] | None = None  # e.g. {"--variants": VARIANTS}: names to pick (default all)
     budgets: Sequence[int] | None = None  # --budgets default: the KV budgets swept

@@ -10,7 +10,7 @@ one legend below the panels, titles saying what was run, bars of runs and heatma
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import matplotlib
 

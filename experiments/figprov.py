@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from sparserl_jax.experiments import workers  # imports no JAX
 

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -16,7 +16,7 @@ through figlib (figlib.collapsed is the name the results cite).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 VERDICT_OK = ("ok", "warn")
 _MIN_STEP_S = 10.0  # a step is not started with less time than this left

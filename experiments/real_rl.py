@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib import pyplot as plt

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 SCHEMA = 1
 

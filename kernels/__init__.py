@@ -51,7 +51,7 @@ def decode_attention(
     q: Float[Array, "B N H"],
     k: Float[Array, "B K C H"],
     v: Float[Array, "B K C H"],
-    fill: Int[Array, "B"],
+    fill: Int[Array, " B"],
     scale: float | None = None,
     impl: str = "auto",
     *,

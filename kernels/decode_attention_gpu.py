@@ -160,7 +160,7 @@ def decode_attention_gpu(
     q: Float[Array, "B N H"],
     k: Float[Array, "B K C H"],
     v: Float[Array, "B K C H"],
-    fill: Int[Array, "B"],
+    fill: Int[Array, " B"],
     scale: float | None = None,
     *,
     block_c: int = 64,

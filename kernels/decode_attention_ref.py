@@ -11,7 +11,7 @@ def decode_attention_ref(
     q: Float[Array, "B N H"],
     k: Float[Array, "B K C H"],
     v: Float[Array, "B K C H"],
-    fill: Int[Array, "B"],
+    fill: Int[Array, " B"],
     scale: float | None = None,
 ) -> tuple[Float[Array, "B N H"], Float[Array, "B N"]]:
     """Attention of one query per sequence to slots [0, fill[b]) of its cache.

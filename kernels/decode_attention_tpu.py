@@ -26,7 +26,7 @@ LANES = 128  # m and l are kept lane-replicated ([Gp, 128]) as Mosaic prefers la
 
 # --- jax-version guards ----------------------------------------------------------------------
 # Mosaic compiler params: `TPUCompilerParams` up to jax 0.6, `CompilerParams` after.
-_MosaicParams = getattr(pltpu, "CompilerParams", None) or getattr(pltpu, "TPUCompilerParams")
+_MosaicParams = getattr(pltpu, "CompilerParams", None) or pltpu.TPUCompilerParams
 # VMEM scratch: `pltpu.VMEM(shape, dtype)`; newer releases also spell it pltpu.MemorySpace.VMEM.
 _VMEM = getattr(pltpu, "VMEM", None) or pltpu.MemorySpace.VMEM
 
@@ -117,7 +117,7 @@ def decode_attention_tpu(
     q: Float[Array, "B N H"],
     k: Float[Array, "B K C H"],
     v: Float[Array, "B K C H"],
-    fill: Int[Array, "B"],
+    fill: Int[Array, " B"],
     scale: float | None = None,
     *,
     block_c: int | None = None,

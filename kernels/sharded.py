@@ -17,7 +17,7 @@ the attention function directly.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 from jax.sharding import Mesh

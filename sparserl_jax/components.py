@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
@@ -22,6 +22,7 @@ from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.source import BatchSource, SortedSource
 from sparserl_jax.tokenizer import CharTokenizer, HFTokenizer
+
 
 @dataclasses.dataclass
 class Components:

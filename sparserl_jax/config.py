@@ -11,7 +11,8 @@ accepted ones, and each section checks its ranges when built (sparserl_jax.valid
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 

@@ -14,7 +14,8 @@ import collections.abc
 import dataclasses
 import types
 import typing
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 

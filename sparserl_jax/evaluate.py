@@ -19,19 +19,24 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
-from sparserl_jax import cli
-from sparserl_jax import components
-from sparserl_jax import distributed
+from sparserl_jax import cli, components, distributed
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
-from sparserl_jax.generate import (add_kv_args, add_quant_args, check_cache, check_flags, check_lengths,
-                                   kv_config_from_args, quantized)
+from sparserl_jax.generate import (
+    add_kv_args,
+    add_quant_args,
+    check_cache,
+    check_flags,
+    check_lengths,
+    kv_config_from_args,
+    quantized,
+)
 from sparserl_jax.model import sharding
 from sparserl_jax.rollout.on_mesh import generate_on_mesh
 from sparserl_jax.rollout.prompts import pad_prompt_batch

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

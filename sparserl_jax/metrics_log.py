@@ -8,7 +8,7 @@ import json
 import math
 import os
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.compat.proto import event_pb2, summary_pb2

@@ -11,7 +11,7 @@ record quant.invariant_scaling so that a resumed run never scales its weights tw
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

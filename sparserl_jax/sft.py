@@ -6,11 +6,11 @@ Cross-entropy on response tokens only, so that RL starts from a policy that some
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from sparserl_jax import components

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import string
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import jinja2
 import jinja2.ext
@@ -201,7 +202,7 @@ class HFTokenizer:
     # ---- loading and saving
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike) -> "HFTokenizer":
+    def from_dir(cls, path: str | os.PathLike) -> HFTokenizer:
         """Loads tokenizer.json + tokenizer_config.json (+ generation_config.json, config.json if present)."""
         path = os.fspath(path)
         tok_file = os.path.join(path, "tokenizer.json")
@@ -318,7 +319,7 @@ class HFTokenizer:
     def is_newline(self, token_id: int) -> bool:
         return int(token_id) in self.newline_token_ids
 
-    def newline_mask(self) -> Bool[np.ndarray, "V"]:
+    def newline_mask(self) -> Bool[np.ndarray, " V"]:
         """[V] bool mask of newline tokens, for use inside jitted decode loops."""
         mask_V = np.zeros(self.vocab_size, dtype=bool)
         mask_V[list(self.newline_token_ids)] = True

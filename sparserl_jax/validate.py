@@ -5,7 +5,8 @@ so any module may use it)."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def _is_number(value: Any) -> bool:

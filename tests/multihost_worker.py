@@ -17,8 +17,8 @@ def main(process_id: int, num_processes: int, port: int) -> None:
         f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
     )
     import jax
-
     from sharding_worker import check_equivalence
+
     from sparserl_jax.model import sharding as shd
     from sparserl_jax.model.config import ModelConfig
 

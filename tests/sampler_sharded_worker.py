@@ -50,12 +50,12 @@ def check_attention_layouts() -> None:
         "tensor not dividing K (replicated heads)": (1, 1, 8),
     }
     for impl in ("xla", "interpret"):
-        ref = jax.jit(lambda *a: kernels.decode_attention(*a, impl=impl))(q, k, v, fill)
+        ref = jax.jit(lambda *a: kernels.decode_attention(*a, impl=impl))(q, k, v, fill)  # noqa: B023 (called within the iteration)
         for name, sizes in layouts.items():
             mesh = shd.make_mesh(shd.MeshConfig(*sizes))
             kv_sh = shd.cache_shardings(cache, mesh).k[0]
             ks, vs = jax.device_put(k, kv_sh), jax.device_put(v, kv_sh)
-            fn = jax.jit(lambda *a, m=mesh: kernels.decode_attention(*a, impl=impl, mesh=m))
+            fn = jax.jit(lambda *a, m=mesh: kernels.decode_attention(*a, impl=impl, mesh=m))  # noqa: B023 (called within the iteration)
             compiled = fn.lower(q, ks, vs, fill).compile()
             assert not cache_collectives(compiled.as_text(), C, H), (impl, name)
             o, lse = compiled(q, ks, vs, fill)
@@ -66,7 +66,7 @@ def check_attention_layouts() -> None:
         if impl == "interpret":  # the check can fail: without shard_map XLA gathers the cache
             mesh = shd.make_mesh(shd.MeshConfig(8, 1, 1))
             kv_sh = shd.cache_shardings(cache, mesh).k[0]
-            bare = jax.jit(lambda *a: kernels.decode_attention(*a, impl=impl))
+            bare = jax.jit(lambda *a: kernels.decode_attention(*a, impl=impl))  # noqa: B023 (called within the iteration)
             hlo = bare.lower(q, jax.device_put(k, kv_sh), jax.device_put(v, kv_sh), fill)
             assert cache_collectives(hlo.compile().as_text(), C, H), "no gather without shard_map"
 

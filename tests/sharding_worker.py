@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from float_tol import forward_terms, logit_magnitude, sum_tol
 from jax.sharding import PartitionSpec as P
 
 from sparserl_jax import distributed
@@ -19,7 +20,6 @@ from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import sharding as shd
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from float_tol import forward_terms, logit_magnitude, sum_tol
 
 RTOL, ATOL = 1e-5, 1e-6  # see assert_close
 

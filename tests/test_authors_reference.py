@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from float_tol import EPS32, sum_tol
+from float_tol import sum_tol
+from fresh_rng import keys_with_near_duplicates, rng_from
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache import cache as kvc
@@ -30,7 +31,6 @@ from sparserl_jax.rl import advantages as adv_lib
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import loss
 from sparserl_jax.rl.corrections import compose
-from fresh_rng import keys_with_near_duplicates, rng_from
 
 pytestmark = pytest.mark.xdist_group("authors_reference")
 
@@ -271,7 +271,7 @@ def value_tol(inp, args) -> float:
     return sum_tol(B + T, mag[inp["mask"]].max())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ours_all(seed: int):
     cfgs = tuple(c for _, c, _ in PAIRS)
     f = jax.jit(lambda inp: [ours(inp, c) for c in cfgs])
@@ -284,7 +284,7 @@ def _ours_all(seed: int):
 def test_loss_gradient_weights_masks_and_kl_equal_the_authors_code(seed):
     inp, outs = _ours_all(seed)
     mask = inp["mask"]
-    for (name, cfg, args), (value, grad, weight, accept, kl) in zip(PAIRS, outs):
+    for (name, _cfg, args), (value, grad, weight, accept, kl) in zip(PAIRS, outs):
         want, w_ref, m_ref = reference(inp, args)
         np.testing.assert_allclose(value, want, atol=value_tol(inp, args), err_msg=name)
         # per token (no sums in d loss / d log pi): a few float32 roundings, against central
@@ -456,7 +456,7 @@ def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: st
     return tie_free
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compressed(seed: int):
     k, q = random_kv(seed)
     cache = to_cache(k, q)

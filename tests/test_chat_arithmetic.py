@@ -10,8 +10,12 @@ import pytest
 
 from sparserl_jax.config import load_config
 from sparserl_jax.data.tasks import get_task
-from sparserl_jax.data.tasks.chat_arithmetic import (INSTRUCTION, evaluate_expression,
-                                                     extract_answer_line, extract_last_number)
+from sparserl_jax.data.tasks.chat_arithmetic import (
+    INSTRUCTION,
+    evaluate_expression,
+    extract_answer_line,
+    extract_last_number,
+)
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real",
                       "smollm2_chat_arithmetic.yaml")

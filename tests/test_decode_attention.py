@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_lowering import lower
 
 from sparserl_jax import kernels
 from sparserl_jax.kernels import decode_attention_gpu as gpu
 from sparserl_jax.kernels import decode_attention_tpu as tpu
 from sparserl_jax.kernels.decode_attention_ref import decode_attention_ref
-from test_lowering import lower
 
 needs_triton = pytest.mark.skipif(
     not gpu.TRITON_AVAILABLE, reason="this jax has no Pallas Triton (deprecated since jax 0.11)"

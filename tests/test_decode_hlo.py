@@ -41,7 +41,7 @@ def _parse(text: str) -> dict[str, dict]:
         rest = re.sub(r"/\*[^*]*\*/", "", m.group(3))
         if rest.startswith("("):  # tuple shape: up to the matching parenthesis
             depth = 0
-            for i, ch in enumerate(rest):
+            for i, ch in enumerate(rest):  # noqa: B007  (i is read after the break)
                 depth += {"(": 1, ")": -1}.get(ch, 0)
                 if depth == 0:
                     break

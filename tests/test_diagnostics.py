@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
-
 from fresh_rng import rng_from
+
 from sparserl_jax.config import load_config
 from sparserl_jax.rl import config as C
 from sparserl_jax.rl import diagnostics as D

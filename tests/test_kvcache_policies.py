@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from float_tol import sum_tol
+from fresh_rng import keys_with_near_duplicates, rng_from
 
 from sparserl_jax import kernels
 from sparserl_jax import kvcache as kv
@@ -19,7 +20,6 @@ from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.kvcache import observe
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from fresh_rng import keys_with_near_duplicates, rng_from
 
 L, B, K, N, H, C = 2, 4, 2, 4, 8, 24
 G = N // K

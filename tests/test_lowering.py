@@ -47,7 +47,7 @@ def _platforms():
     return [pytest.param(p, marks=needs_triton) if p == "cuda" else p for p in PLATFORMS]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real(name: str):
     cfg = load_config([str(REAL / f"{name}.yaml")])
     model_cfg, _ = model_config(cfg, str(REAL / "arch" / f"{name}.json"))

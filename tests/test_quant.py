@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 from float_tol import EPS32, forward_terms, logit_magnitude, sum_tol
+from test_sharding import fake_device_env
+from test_train import _cfg, _strip_timing
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax import quant
+from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.core import QMAX
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.sampling import SamplingConfig
-from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.train import Trainer
-from test_sharding import fake_device_env
-from test_train import _cfg, _strip_timing
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, tie_embeddings=False)
 PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))

@@ -9,7 +9,6 @@ import pytest
 
 from sparserl_jax.data import rewards as R
 
-
 # ---------------------------------------------------------------- extraction
 
 

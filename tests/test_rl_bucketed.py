@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import monitoring
+from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
 
 from sparserl_jax import rl
 from sparserl_jax.model.config import ModelConfig
@@ -19,7 +20,6 @@ from sparserl_jax.rl import buckets
 from sparserl_jax.rl import update as update_lib
 from sparserl_jax.rl.bucketed import BucketedUpdate, Path
 from sparserl_jax.rl.corrections import CORRECTIONS, Correction, register
-from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
 
 MC = ModelConfig.tiny()
 pytestmark = pytest.mark.xdist_group("rl_update")  # shares test_rl_update's compiled programs
@@ -117,7 +117,6 @@ def test_bucketed_update_equals_padded_update(name, i, monkeypatch):
     # sum; a gradient entry differs by up to ~1e-5 of the largest one; plus the rounding of
     # p - g itself (one float32 ulp of |p| per step). A wrong path (a missing row, a wrong
     # normaliser or denominator) changes entries by >= 10% of the largest.
-    eps = np.finfo(np.float32).eps
     _assert_same_params(cfg, params, want_params, got_params)
     want = {k: float(v) for k, v in want.items()}
     if cfg.loss.beta == 0:

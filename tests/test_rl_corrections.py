@@ -11,9 +11,8 @@ from float_tol import EPS32, sum_tol
 
 from sparserl_jax.config_io import from_dict
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl.corrections import compose
 from sparserl_jax.rl import loss as loss_lib
-from sparserl_jax.rl.corrections import CORRECTIONS, Correction
+from sparserl_jax.rl.corrections import CORRECTIONS, Correction, compose
 from sparserl_jax.rl.corrections.ibr import IBR_MODES
 from sparserl_jax.rl.corrections.xi import LEVELS
 
@@ -79,7 +78,7 @@ def test_sampler_equal_old_changes_nothing():
     inp = inputs(0)
     inp = dict(inp, sampler=inp["old"])
     mask = np_(inp["mask"])
-    for cfg, c in zip(ALL_MODE_CFGS, corr_many(inp, ALL_MODE_CFGS)):
+    for _cfg, c in zip(ALL_MODE_CFGS, corr_many(inp, ALL_MODE_CFGS)):
         np.testing.assert_array_equal(np_(c.xi), 1.0)
         np.testing.assert_array_equal(np_(c.accept), mask)
         np.testing.assert_array_equal(np_(c.veto), False)

@@ -57,9 +57,9 @@ def np_reference(inp, cfg: C.RLConfig, magnitude: bool = False) -> float:
 
         def at_level(level):
             if level == "token":
-                return xi_i
-            agg = lx.sum() if level == "sequence" else lx.mean()
-            return np.full(len(idx), np.exp(np.clip(agg, -20, 20)))
+                return xi_i  # noqa: B023 (called within the iteration)
+            agg = lx.sum() if level == "sequence" else lx.mean()  # noqa: B023 (called within the iteration)
+            return np.full(len(idx), np.exp(np.clip(agg, -20, 20)))  # noqa: B023 (called within the iteration)
 
         keep = np.ones(len(idx), bool)
         if use_sars:
@@ -228,7 +228,7 @@ def _case_id(cfg):
 SEEDS = (0, 1, 2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_case_losses():
     """Every case's loss for every seed, from one compiled function (one compile, not 32)."""
     f = jax.jit(lambda inp: jnp.stack([jax_loss(inp, c)[0] for c in CASES]))

@@ -80,7 +80,7 @@ def random_params(cfg, key):
     return jax.tree.unflatten(treedef, out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def setup():
     k_params, k_ref, k_data = jax.random.split(key(0), 3)
     params, ref_params = random_params(MC, k_params), random_params(MC, k_ref)

@@ -263,7 +263,7 @@ def test_a_request_depends_on_its_own_key_not_on_its_row_or_neighbours(policy, t
         alone = smp.generate_jit(PARAMS, CFG, tokens[b:b + 1], lengths[b:b + 1], jax.random.key(5), cfg,
                                  ids[b:b + 1])
         j = int(jnp.argmax(perm == b))
-        for other in (alone, jax.tree.map(lambda x: x[j:j + 1], shuffled.replace(kept_positions=None))):
+        for other in (alone, jax.tree.map(lambda x: x[j:j + 1], shuffled.replace(kept_positions=None))):  # noqa: B023 (called within the iteration)
             np.testing.assert_array_equal(other.tokens[0], batch.tokens[b])
             # another batch shape is another program: float noise (measured <= 9.5e-7), while
             # a request drawn with another key differs by ~1

@@ -52,7 +52,7 @@ def test_no_compilation_after_the_first_iteration(arm, warm_start, tmp_path):
     source.next = counted_next
     step_compiles, engine_compiles = [], []
     engine = getattr(source, "scheduler", None) and source.scheduler.engine
-    for i in range(3 if arm == "batch" else 4):  # sorted: two groups
+    for _ in range(3 if arm == "batch" else 4):  # sorted: two groups
         since, before = compile_clock.Since(), engine and engine.stats.compiles
         trainer.step()
         trainer.iteration += 1

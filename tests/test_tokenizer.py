@@ -12,8 +12,10 @@ from sparserl_jax.tokenizer import (
     CHAR_ALPHABET,
     CharTokenizer,
     HFTokenizer,
-    Tokenizer as TokenizerProtocol,
     load_tokenizer,
+)
+from sparserl_jax.tokenizer import (
+    Tokenizer as TokenizerProtocol,
 )
 
 # A ChatML template in the style of Qwen2.5 (default system prompt, generation prompt).

@@ -1,7 +1,6 @@
 """The trainer: configs and their errors, exact resume, and reward going up on an easy task."""
 
 import dataclasses
-import json
 import os
 import warnings
 

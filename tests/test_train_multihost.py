@@ -14,7 +14,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from test_multihost import free_port, wait_all
 
 ROOT = pathlib.Path(__file__).parent.parent

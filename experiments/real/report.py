@@ -91,7 +91,7 @@ def eviction_markdown(data: dict) -> str:
             lambda c: _sci(c["kl_k3"]), lambda c: _pct(c["token_reject"]), lambda c: _pct(c["veto"]),
             lambda c: _pct(c["kv_saving"]))]
         for name, t in [(k, v) for k, v in tiny.items() if k.split(" ")[0] == pol] or [(pol, {})]:
-            g = lambda k, f: f(t[k]) if k in t else "-"  # noqa: E731
+            g = lambda k, f: f(t[k]) if k in t else "-"  # noqa: E731, B023
             lines.append(f"| {name} | {' | '.join(real)} | {g('kl_k3', _sci)} | "
                          f"{g('token_reject', _pct)} | {g('seq_reject', _pct)} | {g('kv_saving', _pct)} | "
                          f"{t.get('source', '-')} |")
@@ -155,7 +155,7 @@ def quantization_markdown(data: dict) -> str:
     for u in data["updates"]:
         c = u["codes_changed"]
         inv = u["arm"]["invariant_s"]
-        lines.append(f"| {'s = %g' % inv if inv else 'off'} | {_pct(u['weights_changed'])} | " +
+        lines.append(f"| {f's = {inv:g}' if inv else 'off'} | {_pct(u['weights_changed'])} | " +
                      " | ".join(f"{100 * c[f][g]:.3f}%" for f in ("int8", "fp8")
                                 for g in ("qkv", "o_mlp", "all")) + f" | {u['grad_norm']:.3g} |")
     lines += ["", f"Papers: {refs.PAPER_QURL}."]

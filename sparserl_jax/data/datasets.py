@@ -13,7 +13,8 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Iterator, Literal, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -125,8 +126,10 @@ def parse_row(row: Any, where: str) -> tuple[str | list[dict], str]:
     return question, label_answer(str(label))
 
 
-def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig = DatasetConfig()) -> list[PromptExample]:
-    """Reads a jsonl prompt file (blank lines ignored) into PromptExamples."""
+def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig | None = None) -> list[PromptExample]:
+    """Reads a jsonl prompt file (blank lines ignored) into PromptExamples (`cfg`: DatasetConfig()
+    when None)."""
+    cfg = DatasetConfig() if cfg is None else cfg
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data.dataset={path!r} does not exist")

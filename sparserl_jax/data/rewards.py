@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import json
+import logging
 import re
 import select
 import signal
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 RewardFn = Callable[[str, str], float]
 
@@ -127,7 +127,7 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutWarning())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _math_verify():
     """math-verify's parse and verify, imported and warmed up once (sympy and the LaTeX grammar take
     seconds to load; that time must not count against the first check's limit)."""

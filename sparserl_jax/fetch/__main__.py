@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 from sparserl_jax import cli
 from sparserl_jax.fetch import MODELS, fetch

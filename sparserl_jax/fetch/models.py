@@ -8,7 +8,8 @@ contents change under the same version never yields a silently different model.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sparserl_jax import cli
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from sparserl_jax.kvcache.cache import KVCache, init_cache, resize
-from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.kvcache.policies import POLICIES, Policy
 from sparserl_jax.kvcache.compress import compress, kept_positions
+from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.observe import observe_decode, observe_prefill
+from sparserl_jax.kvcache.policies import POLICIES, Policy
 
 
 class CacheShape(Protocol):

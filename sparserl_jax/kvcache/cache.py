@@ -9,9 +9,6 @@ and head (`fill` is per sequence), because every compression keeps the same coun
 
 from __future__ import annotations
 
-from typing import Optional
-
-import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float, Int
@@ -22,11 +19,11 @@ class KVCache:
     k: tuple[Float[Array, "B K C H"], ...]  # one per layer, after RoPE
     v: tuple[Float[Array, "B K C H"], ...]
     pos: tuple[Int[Array, "B K C"], ...]  # original token position of each slot, -1 when empty
-    fill: Int[Array, "B"]  # filled slots (same for every layer and KV head)
-    length: Int[Array, "B"]  # tokens seen so far = position of the next token
+    fill: Int[Array, " B"]  # filled slots (same for every layer and KV head)
+    length: Int[Array, " B"]  # tokens seen so far = position of the next token
     # Optional eviction-policy state (None when the policy does not need it):
-    mass: Optional[tuple[Float[Array, "B K C"], ...]] = None  # H2O accumulated attention
-    window_q: Optional[tuple[Float[Array, "B N W H"], ...]] = None  # last W queries (ring)
+    mass: tuple[Float[Array, "B K C"], ...] | None = None  # H2O accumulated attention
+    window_q: tuple[Float[Array, "B N W H"], ...] | None = None  # last W queries (ring)
 
     @property
     def capacity(self) -> int:
@@ -86,7 +83,7 @@ def write_prefill(
     cache: KVCache,
     k_layers: list[Float[Array, "B T K H"]],
     v_layers: list[Float[Array, "B T K H"]],
-    lengths: Int[Array, "B"],
+    lengths: Int[Array, " B"],
 ) -> KVCache:
     """Store right-padded prompt keys/values (T <= capacity) in slots [0, T); fill = lengths."""
     B, T = k_layers[0].shape[:2]

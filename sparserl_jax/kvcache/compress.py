@@ -35,7 +35,7 @@ def select_slots(
 
 
 def _compact_layer(
-    cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, "B"]
+    cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, " B"]
 ) -> tuple:
     """Gather the kept k, v, pos (and mass) of one layer into slots [0, budget) where `do`;
     slots [budget, C) of compacted rows become empty (pos -1, mass 0; k, v left as garbage)."""
@@ -60,7 +60,7 @@ def compress(
     kv_cfg: KVConfig,
     cache: KVCache,
     key: jax.Array | None = None,
-    active: Bool[Array, "B"] | None = None,
+    active: Bool[Array, " B"] | None = None,
 ) -> KVCache:
     """Keep `budget` entries of every sequence that is `active` (default: all) and holds more
     than `budget`; fill becomes budget. Other sequences are returned unchanged, and so is the

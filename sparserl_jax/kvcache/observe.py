@@ -11,7 +11,7 @@ prefill take (None when the policy keeps no state).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +63,7 @@ def record_window_query(cache: KVCache, layer: int, q: Float[Array, "B N H"], ls
 def prompt_mass(
     q: Float[Array, "B T N H"],
     k: Float[Array, "B T K H"],
-    lengths: Int[Array, "B"],
+    lengths: Int[Array, " B"],
     chunk: int = PROMPT_QUERY_CHUNK,
 ) -> Float[Array, "B K T"]:
     """H2O's mass after the prompt: for key j, the sum over real queries i >= j of the causal
@@ -94,7 +94,7 @@ def prompt_mass(
 
 
 def prompt_window_queries(
-    q: Float[Array, "B T N H"], lengths: Int[Array, "B"], window: int
+    q: Float[Array, "B T N H"], lengths: Int[Array, " B"], window: int
 ) -> Float[Array, "B N W H"]:
     """The last w real prompt queries of each sequence, ring slot r holding the position p in
     [length - w, length) with p % w == r (zeros for p < 0, i.e. prompts shorter than w)."""
@@ -140,11 +140,11 @@ def _chain(fns):
     return run
 
 
-def observe_decode(kv_cfg: KVConfig) -> Optional[Callable[..., KVCache]]:
+def observe_decode(kv_cfg: KVConfig) -> Callable[..., KVCache] | None:
     """decode_step's `observe(cache, layer, q[B,N,H], lse[B,N]) -> cache` for this policy."""
     return _chain([_DECODE[s] for s in POLICIES[kv_cfg.policy].state])
 
 
-def observe_prefill(kv_cfg: KVConfig) -> Optional[Callable[..., KVCache]]:
+def observe_prefill(kv_cfg: KVConfig) -> Callable[..., KVCache] | None:
     """prefill's `observe_prefill(cache, qs, ks, lengths) -> cache` for this policy."""
     return _chain([_PREFILL[s] for s in POLICIES[kv_cfg.policy].state])

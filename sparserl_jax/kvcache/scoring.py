@@ -14,22 +14,22 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 
-def slots(capacity: int) -> Int[Array, "C"]:
+def slots(capacity: int) -> Int[Array, " C"]:
     return jnp.arange(capacity, dtype=jnp.int32)
 
 
-def valid_slots(fill: Int[Array, "B"], capacity: int) -> Bool[Array, "B C"]:
+def valid_slots(fill: Int[Array, " B"], capacity: int) -> Bool[Array, "B C"]:
     """Filled slots [0, fill)."""
     return slots(capacity)[None, :] < fill[:, None]
 
 
-def window_slots(fill: Int[Array, "B"], capacity: int, window: int) -> Bool[Array, "B C"]:
+def window_slots(fill: Int[Array, " B"], capacity: int, window: int) -> Bool[Array, "B C"]:
     """The last w filled slots [fill - w, fill): the observation window, always kept."""
     c = slots(capacity)[None, :]
     return (c < fill[:, None]) & (c >= fill[:, None] - window)
 
 
-def candidate_slots(fill: Int[Array, "B"], capacity: int, window: int) -> Bool[Array, "B C"]:
+def candidate_slots(fill: Int[Array, " B"], capacity: int, window: int) -> Bool[Array, "B C"]:
     """Filled slots outside the window [0, fill - w): the entries a policy scores."""
     return slots(capacity)[None, :] < (fill - window)[:, None]
 
@@ -46,7 +46,7 @@ def attention_logits(
     ) * (H**-0.5)
 
 
-def masked_softmax(x: Float[Array, "..."], mask: Bool[Array, "..."], axis: int = -1):
+def masked_softmax(x: Float[Array, ...], mask: Bool[Array, ...], axis: int = -1):
     """Float32 softmax over the entries where `mask` holds; 0 elsewhere (and for empty rows)."""
     x = jnp.where(mask, x.astype(jnp.float32), -jnp.inf)
     m = jnp.max(x, axis=axis, keepdims=True)

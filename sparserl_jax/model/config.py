@@ -80,7 +80,7 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     @classmethod
-    def tiny(cls, family: Family = "qwen2", **overrides) -> "ModelConfig":
+    def tiny(cls, family: Family = "qwen2", **overrides) -> ModelConfig:
         """A small model of the given family for CPU tests and the default experiment."""
         base = dict(
             family=family,

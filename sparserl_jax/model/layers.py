@@ -12,14 +12,14 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.core import dot
 
 
-def rms_norm(x: Float[Array, "... D"], weight: Float[Array, "D"], eps: float) -> Float[Array, "... D"]:
+def rms_norm(x: Float[Array, "... D"], weight: Float[Array, " D"], eps: float) -> Float[Array, "... D"]:
     """RMSNorm computed in float32, cast back to the input dtype before the weight (as HF does)."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return weight * x32.astype(x.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> Float[Array, "H2"]:
+def rope_inv_freq(cfg: ModelConfig) -> Float[Array, " H2"]:
     """Inverse frequencies (head_dim / 2 of them), with the "llama3" scaling when configured."""
     H = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
@@ -39,7 +39,7 @@ def rope_inv_freq(cfg: ModelConfig) -> Float[Array, "H2"]:
 
 
 def apply_rope(
-    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: Float[Array, "H2"]
+    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: Float[Array, " H2"]
 ) -> Float[Array, "B T N H"]:
     """Rotate-half RoPE (HF convention: the two halves of the head dim form the pairs)."""
     angles_BxTxH2 = positions[..., None].astype(jnp.float32) * inv_freq

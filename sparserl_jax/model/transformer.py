@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -235,7 +235,7 @@ def prefill(
     params: Params,
     cfg: ModelConfig,
     tokens: Int[Array, "B T"],
-    lengths: Int[Array, "B"],
+    lengths: Int[Array, " B"],
     cache: kvc.KVCache,
     *,
     observe_prefill: Callable | None = None,
@@ -262,7 +262,7 @@ def decode_step(
     params: Params,
     cfg: ModelConfig,
     cache: kvc.KVCache,
-    tokens: Int[Array, "B"],
+    tokens: Int[Array, " B"],
     *,
     attn_impl: str = "auto",
     observe: Callable | None = None,

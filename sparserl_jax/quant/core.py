@@ -8,7 +8,6 @@ not saturation. A channel (or token) of zeros gets scale 1 instead of 0/0.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float
@@ -22,7 +21,7 @@ def storage_dtype(fmt: str):
     return jnp.int8 if fmt == "int8" else fp8_dtype()
 
 
-def quantize(x: Array, fmt: str, axes: tuple[int, ...]) -> tuple[Array, Float[Array, "..."]]:
+def quantize(x: Array, fmt: str, axes: tuple[int, ...]) -> tuple[Array, Float[Array, ...]]:
     """(values, scale) with x ~ values * scale; `scale` is float32, reduced over `axes` (kept as
     size-1 axes)."""
     x32 = x.astype(jnp.float32)
@@ -42,7 +41,7 @@ class QWeight:
     format of the dot (None: weight-only W8A16); `impl` "native" or "fake"."""
 
     values: Array
-    scale: Float[Array, "..."]
+    scale: Float[Array, ...]
     fmt: str = struct.field(pytree_node=False, default="int8")
     act: str | None = struct.field(pytree_node=False, default="int8")
     impl: str = struct.field(pytree_node=False, default="native")
@@ -51,7 +50,7 @@ class QWeight:
     def shape(self):
         return self.values.shape
 
-    def dequantize(self) -> Float[Array, "..."]:
+    def dequantize(self) -> Float[Array, ...]:
         return self.values.astype(jnp.float32) * self.scale
 
     @property

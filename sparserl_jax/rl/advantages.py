@@ -11,13 +11,13 @@ from jaxtyping import Array, Bool, Float
 
 
 def grpo_advantages(
-    rewards: Float[Array, "B"],
+    rewards: Float[Array, " B"],
     group_size: int,
     *,
     eps: float = 1e-6,
     std_ddof: int = 1,
     scale_by_std: bool = True,
-) -> Float[Array, "B"]:
+) -> Float[Array, " B"]:
     """A_i = (R_i - mean_group R) / (std_group R + eps) over groups of `group_size` consecutive
     samples. std_ddof=1 is the unbiased group std (torch.std, the authors' code); a group of one
     sample gets A = 0. scale_by_std=False gives the mean-centred variant (Dr. GRPO)."""
@@ -37,7 +37,7 @@ def grpo_advantages(
 
 
 def token_advantages(
-    advantages: Float[Array, "B"], mask: Bool[Array, "B T"]
+    advantages: Float[Array, " B"], mask: Bool[Array, "B T"]
 ) -> Float[Array, "B T"]:
     """Broadcast each response's advantage to its tokens (0 outside the mask)."""
     return jnp.where(mask, advantages.astype(jnp.float32)[:, None], 0.0)

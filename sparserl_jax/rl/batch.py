@@ -24,7 +24,7 @@ BATCH_KEYS = TOKEN_KEYS + ("advantages",)
 
 
 def response_mask_from_lengths(
-    prompt_lengths: Int[Array, "B"], total_lengths: Int[Array, "B"], T: int
+    prompt_lengths: Int[Array, " B"], total_lengths: Int[Array, " B"], T: int
 ) -> Bool[Array, "B T"]:
     """Mask of positions whose next token is a response token: prompt_len - 1 <= t < total - 1."""
     t_BxT = jnp.arange(T)[None, :]
@@ -33,7 +33,7 @@ def response_mask_from_lengths(
 
 def assemble(
     prompts: Int[Array, "B P"],
-    prompt_lengths: Int[Array, "B"],
+    prompt_lengths: Int[Array, " B"],
     response_tokens: Int[Array, "B M"],
     response_logp: Float[Array, "B M"],
     response_mask: Bool[Array, "B M"],

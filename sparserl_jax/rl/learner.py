@@ -12,7 +12,7 @@ optimizer state and pi_ref stay with the caller, which passes them in and takes 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sparserl_jax.model import precision, sharding
-from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl import buckets
+from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.bucketed import BucketedUpdate
 from sparserl_jax.rl.config import RLConfig

@@ -12,7 +12,7 @@ gradient is not finite leaves params and optimizer state unchanged and counts in
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +47,7 @@ def micro_batch_loss(
     cfg: RLConfig,
     *,
     denominator: Float[Array, ""] | None = None,
-    weight_norm: Float[Array, ""] | Float[Array, "B"] | None = None,
+    weight_norm: Float[Array, ""] | Float[Array, " B"] | None = None,
     old_from_forward: bool = False,
 ) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"]]]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +62,6 @@ from sparserl_jax import compile_clock
 from sparserl_jax import kvcache as kv
 from sparserl_jax.distributed import to_host
 from sparserl_jax.model import sharding as shd
-from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
 from sparserl_jax.rollout.sampler import (
@@ -84,15 +82,15 @@ class SlotState:
 
     cache: kv.KVCache
     logits: Float[Array, "Q V"]  # next-token logits of each slot
-    logits_version: Int[Array, "Q"]  # policy version of the weights that computed them
-    kept: Int[Array, "Q"]  # KV entries behind those logits
-    prev: Int[Array, "Q"]  # last token (newline trigger)
-    done: Bool[Array, "Q"]  # not decoding: free, or finished and not yet harvested
-    n_comp: Int[Array, "Q"]
-    t: Int[Array, "Q"]  # index of the next response token = tokens generated so far
-    request: Int[Array, "Q"]  # request id (its random keys)
-    limit: Int[Array, "Q"]  # forced response length (max_new_tokens when none)
-    prompt_len: Int[Array, "Q"]
+    logits_version: Int[Array, " Q"]  # policy version of the weights that computed them
+    kept: Int[Array, " Q"]  # KV entries behind those logits
+    prev: Int[Array, " Q"]  # last token (newline trigger)
+    done: Bool[Array, " Q"]  # not decoding: free, or finished and not yet harvested
+    n_comp: Int[Array, " Q"]
+    t: Int[Array, " Q"]  # index of the next response token = tokens generated so far
+    request: Int[Array, " Q"]  # request id (its random keys)
+    limit: Int[Array, " Q"]  # forced response length (max_new_tokens when none)
+    prompt_len: Int[Array, " Q"]
     tokens: Int[Array, "Q M"]
     logprobs: Float[Array, "Q M"]
     kept_tok: Int[Array, "Q M"]
@@ -184,7 +182,7 @@ class SlotEngine:
     """Q slots decoding requests of prompts up to `prompt_len` tokens (see the module doc)."""
 
     def __init__(self, model_cfg: ModelConfig, cfg: SamplerConfig, slots: int, prompt_len: int,
-                 *, segment_chunks: int = 2, mesh: Optional[Mesh] = None):
+                 *, segment_chunks: int = 2, mesh: Mesh | None = None):
         self.dp = _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh)
         if mesh is not None and mesh.size > 1:
             cfg = dataclasses.replace(cfg, mesh=mesh)
@@ -366,7 +364,7 @@ class SlotEngine:
         self.stats.seconds += dt
 
     def insert(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-               limits=None, partial: Optional[Finished] = None, version: int = 0) -> SlotState:
+               limits=None, partial: Finished | None = None, version: int = 0) -> SlotState:
         """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`,
         prefilled with the weights of `version`; with `partial` (their harvested partial
         responses) they resume after re-prefilling prompt + partial response. Its host time is
@@ -402,7 +400,7 @@ class SlotEngine:
         return state
 
     def _insert_rows(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-                     limits=None, partial: Optional[Finished] = None, version: int = 0) -> SlotState:
+                     limits=None, partial: Finished | None = None, version: int = 0) -> SlotState:
         tic, compiled = time.perf_counter(), compile_clock.Since()
         n = len(slots)
         nb = _bucket(n, self.Q, self.dp)
@@ -495,7 +493,7 @@ class SlotEngine:
             if finished:
                 got = self.harvest(state, finished)
                 for j, s in enumerate(finished):
-                    results[occupant.pop(s)] = jax.tree.map(lambda x: x[j], dataclasses.asdict(got))
+                    results[occupant.pop(s)] = jax.tree.map(lambda x: x[j], dataclasses.asdict(got))  # noqa: B023 (called within the iteration)
                 free.extend(finished)
         rows = [results[i] for i in range(N)]
         return Finished(**{k: np.stack([r[k] for r in rows]) for k in rows[0]})

@@ -4,7 +4,7 @@ the check that a run's prompts fit data.max_prompt_len. Touches nothing: host-si
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

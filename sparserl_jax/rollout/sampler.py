@@ -26,7 +26,6 @@ it (rollout.rows_per_call) or, in the slot engine, on the slot and segment it ra
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,10 +54,10 @@ class SamplerConfig:
     attn_impl: str = "auto"
     # The platform the attention kernel is built for (None: where the arrays live); set it to
     # lower a program for a platform this machine lacks (tests/test_lowering.py).
-    attn_platform: Optional[str] = None
+    attn_platform: str | None = None
     # The mesh the batch is sharded on: decode attention runs per device under shard_map on it
     # (None: no shard_map; with a sharded cache XLA would then gather it before a Pallas call).
-    mesh: Optional[Mesh] = None
+    mesh: Mesh | None = None
     record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
 
     def __post_init__(self):
@@ -86,11 +85,11 @@ class Rollout:
     tokens: Int[Array, "B M"]  # generated tokens, pad after the end
     logprobs: Float[Array, "B M"]  # log-prob of each token under the sampled distribution
     mask: Bool[Array, "B M"]  # True for generated tokens (EOS included)
-    lengths: Int[Array, "B"]  # generated tokens per sequence
+    lengths: Int[Array, " B"]  # generated tokens per sequence
     kept: Int[Array, "B M"]  # KV entries (per layer and head) behind the logits of each token
-    n_compressions: Int[Array, "B"]
-    evicted_fraction: Float[Array, "B"]  # 1 - kept / seen at the last generated token
-    kept_positions: Optional[Int[Array, "R L B K C"]] = None  # per chunk, when record_kept
+    n_compressions: Int[Array, " B"]
+    evicted_fraction: Float[Array, " B"]  # 1 - kept / seen at the last generated token
+    kept_positions: Int[Array, "R L B K C"] | None = None  # per chunk, when record_kept
 
 
 def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) -> int:
@@ -109,13 +108,13 @@ class RequestKeys:
     evict: jax.Array
     prompt: jax.Array
 
-    def at(self, t) -> "RequestKeys":
+    def at(self, t) -> RequestKeys:
         """The keys for response token t (t: a scalar or a [B] array)."""
         fold = jax.vmap(jax.random.fold_in, in_axes=(0, 0 if jnp.ndim(t) else None))
         return RequestKeys(*(fold(k, t) for k in (self.sample, self.evict, self.prompt)))
 
 
-def request_keys(key: jax.Array, request_ids: Int[Array, "B"]) -> RequestKeys:
+def request_keys(key: jax.Array, request_ids: Int[Array, " B"]) -> RequestKeys:
     """Request r's keys: fold_in(key, r) split into sampling, eviction and prompt-compression keys."""
     split = jax.vmap(lambda r: jax.random.split(jax.random.fold_in(key, r), 3))(request_ids)
     return RequestKeys(split[:, 0], split[:, 1], split[:, 2])
@@ -135,7 +134,7 @@ def prefill_requests(
     params: transformer.Params,
     model_cfg: ModelConfig,
     prompts: Int[Array, "B W"],
-    prompt_lengths: Int[Array, "B"],
+    prompt_lengths: Int[Array, " B"],
     keys: RequestKeys,
     cfg: SamplerConfig,
     capacity: int,
@@ -223,11 +222,11 @@ def generate(
     params: transformer.Params,
     model_cfg: ModelConfig,
     prompts: Int[Array, "B P"],
-    prompt_lengths: Int[Array, "B"],
+    prompt_lengths: Int[Array, " B"],
     key: jax.Array,
     cfg: SamplerConfig,
-    request_ids: Optional[Int[Array, "B"]] = None,
-    max_lengths: Optional[Int[Array, "B"]] = None,
+    request_ids: Int[Array, " B"] | None = None,
+    max_lengths: Int[Array, " B"] | None = None,
 ) -> Rollout:
     """Sample up to cfg.max_new_tokens after each right-padded prompt; row b is request
     request_ids[b] (default: b) for its random keys, and stops after max_lengths[b] tokens when
@@ -302,7 +301,7 @@ def generate(
     )
 
 
-def evicted_fraction(kept: Int[Array, "B M"], lengths: Int[Array, "B"], prompt_lengths: Int[Array, "B"]):
+def evicted_fraction(kept: Int[Array, "B M"], lengths: Int[Array, " B"], prompt_lengths: Int[Array, " B"]):
     """1 - kept / seen at each row's last generated token."""
     last = jnp.maximum(lengths - 1, 0)
     kept_last = jnp.take_along_axis(kept, last[:, None], axis=1)[:, 0]

@@ -54,7 +54,7 @@ def processed_logprobs(logits: Float[Array, "B V"], cfg: SamplingConfig) -> Floa
 
 def sample(
     logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
-) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
+) -> tuple[Int[Array, " B"], Float[Array, " B"]]:
     """Draw one token per row; return it with its log-prob under the processed distribution.
 
     `key` is one key for the whole batch, or a [B] array of keys, one per row (the sampler's

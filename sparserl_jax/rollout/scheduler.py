@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -44,12 +44,13 @@ from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import Finished, SlotEngine
 from sparserl_jax.validate import check_at_least
 
+
 @dataclasses.dataclass
 class Request:
     uid: int  # request id within the group: its random keys
     prompt: int  # prompt index within the group
     sample: int
-    partial: Optional[Finished] = None  # one-row partial response to resume (partial mode)
+    partial: Finished | None = None  # one-row partial response to resume (partial mode)
     limit: int = 1 << 30  # forced response length (benchmarks, tests)
 
 
@@ -109,7 +110,7 @@ class SortedScheduler:
         return len(self.trained) == len(self.examples)
 
     def load_group(self, examples: Sequence, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray,
-                   key: jax.Array, limits: Optional[np.ndarray] = None) -> None:
+                   key: jax.Array, limits: np.ndarray | None = None) -> None:
         """Queue a new group (n x b prompts, tokens right-padded to the engine's prompt width);
         `limits` [prompts, samples] optionally forces response lengths (benchmarks, tests)."""
         if not self.at_group_boundary:

@@ -8,7 +8,7 @@ shared choice, and gathers the kept entries into slots [0, B) in original-positi
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from jaxtyping import Array, Bool, Float
 
@@ -33,9 +33,9 @@ class Policy:
     """
 
     name: str
-    score: Optional[ScoreFn]
+    score: ScoreFn | None
     state: tuple[str, ...] = ()
-    forced: Optional[ForcedFn] = None
+    forced: ForcedFn | None = None
     needs_key: bool = False
 
     def __post_init__(self):

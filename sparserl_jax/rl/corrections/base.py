@@ -13,7 +13,8 @@ the clip scales multiplied."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
@@ -32,7 +33,7 @@ class Mismatch:
 # accept(m, settings) -> (keep [B, T] or None, veto [B] or None): keep is False on every token the
 # correction rejects (a vetoed response's tokens included); veto marks responses removed whole.
 AcceptFn = Callable[
-    [Mismatch, Any], tuple[Optional[Bool[Array, "B T"]], Optional[Bool[Array, "B"]]]
+    [Mismatch, Any], tuple[Bool[Array, "B T"] | None, Bool[Array, " B"] | None]
 ]
 # weight(m, settings) -> w [B, T] before normalisation (compose.py zeroes it outside the mask).
 WeightFn = Callable[[Mismatch, Any], Float[Array, "B T"]]
@@ -58,11 +59,11 @@ class Correction:
 
     name: str
     settings: type
-    accept: Optional[AcceptFn] = None
-    weight: Optional[WeightFn] = None
-    normalise: Optional[NormaliseFn] = None
-    clip_scale: Optional[ClipScaleFn] = None
-    metrics: Optional[MetricsFn] = None
+    accept: AcceptFn | None = None
+    weight: WeightFn | None = None
+    normalise: NormaliseFn | None = None
+    clip_scale: ClipScaleFn | None = None
+    metrics: MetricsFn | None = None
 
     def __post_init__(self):
         if not dataclasses.is_dataclass(self.settings):

@@ -46,7 +46,7 @@ class Corrections:
     r: Float[Array, "B T"]  # pi_theta / pi_old (log clamped); differentiable
     kl_q: Float[Array, "B T"]  # log pi_ref - log pi_theta (guard +-log_ratio_clamp); differentiable
     accept: Bool[Array, "B T"]  # response tokens every correction keeps: they enter the loss
-    veto: Bool[Array, "B"]  # responses removed whole (a sequence veto, SARS's)
+    veto: Bool[Array, " B"]  # responses removed whole (a sequence veto, SARS's)
     weight: Float[Array, "B T"]  # w_t (IBR or TIS), normalised, stop-gradient; 0 outside accept
     r_acr: Float[Array, "B T"]  # the product of the clip scales (ACR: min(1, C / rho)), else 1
     metrics: dict
@@ -59,7 +59,7 @@ class Behaviour:
 
     mismatch: Mismatch
     accept: Bool[Array, "B T"]  # the response mask AND every correction's keep mask
-    veto: Bool[Array, "B"]  # responses removed whole
+    veto: Bool[Array, " B"]  # responses removed whole
     weight: Float[Array, "B T"]  # the raw weight before normalisation, 0 outside the response mask
 
 
@@ -118,7 +118,7 @@ def behaviour_terms(
     sampler_logp: Float[Array, "B T"],
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
-) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, "B"], Float[Array, "B T"]]:
+) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, " B"], Float[Array, "B T"]]:
     """`behaviour` as arrays: (xi, accept, veto, raw weight before normalisation)."""
     b = behaviour(old_logp, sampler_logp, mask, cfg)
     return b.mismatch.xi, b.accept, b.veto, b.weight
@@ -151,7 +151,7 @@ def row_weight_normalisers(
     sampler_logp: Float[Array, "B T"],
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
-) -> Float[Array, "B"]:
+) -> Float[Array, " B"]:
     """Each row's weight normaliser as the update applies it: the rollout batch's ("global"), or
     that of the row's micro-batch of update.micro_batch_size consecutive rows ("micro_batch");
     1 without normalisation. Rows may then be regrouped freely (length buckets)."""

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.corrections.base import Correction, Mismatch
-from sparserl_jax.rl.corrections.xi import LEVELS, level_ratio
 from sparserl_jax.rl.corrections.registry import register
+from sparserl_jax.rl.corrections.xi import LEVELS, level_ratio
 from sparserl_jax.validate import (
     check_at_least,
     check_bool,
@@ -59,7 +59,7 @@ class SarsConfig:
 
 def sars(
     log_xi: Float[Array, "B T"], mask: Bool[Array, "B T"], cfg: SarsConfig, clamp: float
-) -> tuple[Bool[Array, "B T"], Bool[Array, "B"]]:
+) -> tuple[Bool[Array, "B T"], Bool[Array, " B"]]:
     """Sparsity-Aware Rejection Sampling: (accepted response tokens, vetoed responses).
 
     A token is kept when its ratio at `token_level` lies in [token_lo, token_hi] and its response
@@ -75,7 +75,7 @@ def sars(
     return keep & ~veto_B[:, None], veto_B
 
 
-def sars_accept(m: Mismatch, cfg: SarsConfig) -> tuple[Bool[Array, "B T"], Bool[Array, "B"]]:
+def sars_accept(m: Mismatch, cfg: SarsConfig) -> tuple[Bool[Array, "B T"], Bool[Array, " B"]]:
     """SARS reads the unclamped log xi (its levels clamp after summing)."""
     return sars(m.log_xi, m.mask, cfg, m.clamp)
 
