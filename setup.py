@@ -15,8 +15,11 @@ MOVED = {"sparserl_jax.kernels": "kernels", "sparserl_jax.experiments": "experim
 setup(
     packages=[
         *find_packages(include=["sparserl_jax", "sparserl_jax.*"]),
-        *(name for package, folder in MOVED.items()
-          for name in (package, *(f"{package}.{p}" for p in find_packages(folder)))),
+        *(
+            name
+            for package, folder in MOVED.items()
+            for name in (package, *(f"{package}.{p}" for p in find_packages(folder)))
+        ),
     ],
     package_dir={"sparserl_jax": "sparserl_jax", **MOVED},
 )

@@ -52,7 +52,9 @@ from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
 
 DENSE = "none"
 QUANT = {  # --quant label -> (quant.format, quant.mode)
-    "none": ("none", "w8a8"), "w8a16": ("int8", "w8a16"), "int8": ("int8", "w8a8"),
+    "none": ("none", "w8a8"),
+    "w8a16": ("int8", "w8a16"),
+    "int8": ("int8", "w8a8"),
     "fp8": ("fp8", "w8a8"),
 }
 SPARSE_POLICIES = tuple(p for p in POLICIES if p != DENSE)  # the registry's eviction policies
@@ -76,20 +78,50 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         model=ModelConfig(
-            family="qwen2", vocab_size=512, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2,
-            head_dim=32, d_ff=512, max_seq_len=9000, qkv_bias=True,
+            family="qwen2",
+            vocab_size=512,
+            d_model=256,
+            n_layers=4,
+            n_heads=8,
+            n_kv_heads=2,
+            head_dim=32,
+            d_ff=512,
+            max_seq_len=9000,
+            qkv_bias=True,
         ),
-        batch=4, prompt_len=64, lengths=(1024, 4096, 8192),
-        budget=256, buffer=64, window=8, target_length=8192, target_speedup=2.0,
+        batch=4,
+        prompt_len=64,
+        lengths=(1024, 4096, 8192),
+        budget=256,
+        buffer=64,
+        window=8,
+        target_length=8192,
+        target_speedup=2.0,
     ),
     "gpu": Profile(  # Qwen2.5-1.5B shapes, random bf16 weights
         model=ModelConfig(
-            family="qwen2", vocab_size=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
-            head_dim=128, d_ff=8960, rope_theta=1e6, tie_embeddings=True, qkv_bias=True,
-            max_seq_len=32768, dtype="bfloat16",
+            family="qwen2",
+            vocab_size=151936,
+            d_model=1536,
+            n_layers=28,
+            n_heads=12,
+            n_kv_heads=2,
+            head_dim=128,
+            d_ff=8960,
+            rope_theta=1e6,
+            tie_embeddings=True,
+            qkv_bias=True,
+            max_seq_len=32768,
+            dtype="bfloat16",
         ),
-        batch=64, prompt_len=256, lengths=(4096, 8192, 16384),
-        budget=512, buffer=128, window=8, target_length=8192, target_speedup=3.0,
+        batch=64,
+        prompt_len=256,
+        lengths=(4096, 8192, 16384),
+        budget=512,
+        buffer=128,
+        window=8,
+        target_length=8192,
+        target_speedup=3.0,
     ),
 }
 # --dry-run lowers the chosen profile with these reductions (layers, batch, one short length).
@@ -98,31 +130,49 @@ DRY_RUN = dict(n_layers=2, batch=2, new_tokens_in_buffers=2)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", choices=tuple(PROFILES),
-                   help="model and defaults (default: gpu on a GPU backend, else cpu)")
+    p.add_argument(
+        "--profile", choices=tuple(PROFILES), help="model and defaults (default: gpu on a GPU backend, else cpu)"
+    )
     p.add_argument("--lengths", type=int, nargs="+", help="new tokens per sequence")
     p.add_argument("--batch", type=int, help="sequences decoded together")
     p.add_argument("--prompt-len", type=int, help="prompt tokens per sequence")
-    p.add_argument("--policies", nargs="+", default=[DENSE, *SPARSE_POLICIES],
-                   help=f"'{DENSE}' (dense) and/or eviction policies {SPARSE_POLICIES}")
-    p.add_argument("--quant", nargs="+", default=["none"], choices=tuple(QUANT),
-                   help="weight formats: none (the model dtype), w8a16, int8 (W8A8), fp8 (W8A8)")
+    p.add_argument(
+        "--policies",
+        nargs="+",
+        default=[DENSE, *SPARSE_POLICIES],
+        help=f"'{DENSE}' (dense) and/or eviction policies {SPARSE_POLICIES}",
+    )
+    p.add_argument(
+        "--quant",
+        nargs="+",
+        default=["none"],
+        choices=tuple(QUANT),
+        help="weight formats: none (the model dtype), w8a16, int8 (W8A8), fp8 (W8A8)",
+    )
     p.add_argument("--budget", type=int, help="kv.budget B of kept entries")
     p.add_argument("--buffer", type=int, help="kv.buffer of new entries between compressions")
     p.add_argument("--window", type=int, help="kv.window w")
     p.add_argument("--n-layers", type=int, help="override the profile's layer count")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="least timed calls per row (the median is reported)")
-    p.add_argument("--min-seconds", type=float, default=8.0,
-                   help="keep calling a row until its timed calls add up to this many seconds "
-                        "(steadies the short rows against background load)")
+    p.add_argument("--repeats", type=int, default=1, help="least timed calls per row (the median is reported)")
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=8.0,
+        help="keep calling a row until its timed calls add up to this many seconds "
+        "(steadies the short rows against background load)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attn-impl", default="auto", choices=kernels.IMPLS)
-    p.add_argument("--dry-run", action="store_true",
-                   help="only eval_shape and .lower() every row at a reduced size; writes nothing")
-    p.add_argument("--out", default=None,
-                   help="JSON path (default experiments/results/bench_decode_<profile>.json; "
-                        "the markdown goes next to it)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only eval_shape and .lower() every row at a reduced size; writes nothing",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default experiments/results/bench_decode_<profile>.json; the markdown goes next to it)",
+    )
     return p.parse_args(argv)
 
 
@@ -139,9 +189,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, Profile]:
         prof = dataclasses.replace(prof, lengths=tuple(args.lengths))
     for policy in args.policies:
         if policy != DENSE and policy not in SPARSE_POLICIES:
-            raise ValueError(
-                f"--policies {policy!r}: expected {DENSE!r} or one of {SPARSE_POLICIES}"
-            )
+            raise ValueError(f"--policies {policy!r}: expected {DENSE!r} or one of {SPARSE_POLICIES}")
     need = prof.prompt_len + max(prof.lengths) + prof.buffer
     if prof.model.max_seq_len < need:
         prof = dataclasses.replace(prof, model=dataclasses.replace(prof.model, max_seq_len=need))
@@ -161,9 +209,7 @@ def kv_bytes(model: ModelConfig, batch: int, capacity: int) -> int:
 
 def make_inputs(prof: Profile, key: jax.Array) -> tuple[Int[Array, "B P"], Int[Array, " B"]]:
     """Random prompt tokens (never pad) of the profile's full prompt length."""
-    prompts_BxP = jax.random.randint(
-        key, (prof.batch, prof.prompt_len), 1, prof.model.vocab_size, jnp.int32
-    )
+    prompts_BxP = jax.random.randint(key, (prof.batch, prof.prompt_len), 1, prof.model.vocab_size, jnp.int32)
     lengths_B = jnp.full((prof.batch,), prof.prompt_len, jnp.int32)
     return prompts_BxP, lengths_B
 
@@ -175,18 +221,29 @@ def quantized(params, label: str):
 
 def low_precision_dots(hlo_text: str) -> int:
     """dot_generals of the lowered text with an int8 or float8 operand."""
-    return sum(1 for line in hlo_text.splitlines()
-               if "dot_general" in line and ("xi8>" in line or "xf8E4M3FN>" in line))
+    return sum(
+        1 for line in hlo_text.splitlines() if "dot_general" in line and ("xi8>" in line or "xf8E4M3FN>" in line)
+    )
 
 
-def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, lengths_B,
-              *, repeats: int, min_seconds: float, seed: int, attn_impl: str,
-              quant_label: str = "none") -> dict:
+def bench_row(
+    params,
+    prof: Profile,
+    policy: str,
+    new_tokens: int,
+    prompts_BxP,
+    lengths_B,
+    *,
+    repeats: int,
+    min_seconds: float,
+    seed: int,
+    attn_impl: str,
+    quant_label: str = "none",
+) -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
     and at least `min_seconds` in all; the median call is reported."""
     kv_cfg = kv_config(policy, prof)
-    cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_cfg, eos_token_ids=(),
-                        attn_impl=attn_impl)
+    cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_cfg, eos_token_ids=(), attn_impl=attn_impl)
     capacity = cache_capacity(kv_cfg, prof.prompt_len, new_tokens)
     t0 = time.perf_counter()
     compiled = (
@@ -226,10 +283,8 @@ def bench_row(params, prof: Profile, policy: str, new_tokens: int, prompts_BxP, 
 def add_speedups(rows: list[dict]) -> None:
     """speedup_vs_dense = tokens/s over the dense row's at the same length (None without one)."""
     rows = [r for r in rows if "error" not in r]
-    dense = {(r["new_tokens"], r.get("quant", "none")): r["tokens_per_s"]
-             for r in rows if r["policy"] == DENSE}
-    full = {(r["policy"], r["new_tokens"]): r["tokens_per_s"]
-            for r in rows if r.get("quant", "none") == "none"}
+    dense = {(r["new_tokens"], r.get("quant", "none")): r["tokens_per_s"] for r in rows if r["policy"] == DENSE}
+    full = {(r["policy"], r["new_tokens"]): r["tokens_per_s"] for r in rows if r.get("quant", "none") == "none"}
     for r in rows:
         base = dense.get((r["new_tokens"], r.get("quant", "none")))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
@@ -246,8 +301,7 @@ def acceptance(rows: list[dict], prof: Profile) -> dict:
     at_target = {
         r["policy"]: r["speedup_vs_dense"]
         for r in rows
-        if r["new_tokens"] == prof.target_length and r["policy"] != DENSE
-        and r["speedup_vs_dense"] is not None
+        if r["new_tokens"] == prof.target_length and r["policy"] != DENSE and r["speedup_vs_dense"] is not None
     }
     flatness = {
         p: by[(p, hi)]["step_ms"] / by[(p, lo)]["step_ms"]
@@ -275,8 +329,9 @@ def reduced(prof: Profile) -> Profile:
     )
 
 
-def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str,
-            quant_labels: tuple[str, ...] = ("none",)) -> dict:
+def dry_run(
+    prof: Profile, policies: list[str], seed: int, attn_impl: str, quant_labels: tuple[str, ...] = ("none",)
+) -> dict:
     """eval_shape the full params (no allocation), give the full-size KV bytes of every row, and
     lower every (policy, length) of the reduced profile (no compile, no run)."""
     key_shape = jax.eval_shape(lambda: jax.random.key(seed))
@@ -291,9 +346,15 @@ def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str,
     for new_tokens in prof.lengths:
         for policy in policies:
             capacity = cache_capacity(kv_config(policy, prof), prof.prompt_len, new_tokens)
-            full_rows.append(dict(policy=policy, new_tokens=new_tokens, batch=prof.batch,
-                                  kv_capacity=capacity,
-                                  kv_bytes=kv_bytes(prof.model, prof.batch, capacity)))
+            full_rows.append(
+                dict(
+                    policy=policy,
+                    new_tokens=new_tokens,
+                    batch=prof.batch,
+                    kv_capacity=capacity,
+                    kv_bytes=kv_bytes(prof.model, prof.batch, capacity),
+                )
+            )
     small = reduced(prof)
     params = param_shapes(small.model)
     prompts = jax.ShapeDtypeStruct((small.batch, small.prompt_len), jnp.int32)
@@ -303,20 +364,33 @@ def dry_run(prof: Profile, policies: list[str], seed: int, attn_impl: str,
         fmt, mode = QUANT[label]
         qcfg = quant.QuantConfig(format=fmt, mode=mode)
         row_params = quant.abstract_quantized(params, qcfg) if qcfg.enabled else params
-        cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_config(policy, small),
-                            eos_token_ids=(), attn_impl=attn_impl)
+        cfg = SamplerConfig(
+            max_new_tokens=new_tokens, kv=kv_config(policy, small), eos_token_ids=(), attn_impl=attn_impl
+        )
         t0 = time.perf_counter()
         text = (
             jax.jit(generate, static_argnames=("model_cfg", "cfg"))
             .lower(row_params, small.model, prompts, lengths, key_shape, cfg)
             .as_text()
         )
-        lowered.append(dict(policy=policy, quant=label, new_tokens=new_tokens,
-                            batch=small.batch, n_layers=small.model.n_layers,
-                            lower_s=time.perf_counter() - t0, hlo_chars=len(text),
-                            low_precision_dots=low_precision_dots(text)))
-    return dict(n_params_full=n_params(param_shapes(prof.model)),
-                n_params_lowered=n_params(params), full_size_rows=full_rows, lowered=lowered)
+        lowered.append(
+            dict(
+                policy=policy,
+                quant=label,
+                new_tokens=new_tokens,
+                batch=small.batch,
+                n_layers=small.model.n_layers,
+                lower_s=time.perf_counter() - t0,
+                hlo_chars=len(text),
+                low_precision_dots=low_precision_dots(text),
+            )
+        )
+    return dict(
+        n_params_full=n_params(param_shapes(prof.model)),
+        n_params_lowered=n_params(params),
+        full_size_rows=full_rows,
+        lowered=lowered,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -332,10 +406,18 @@ def main(argv: list[str] | None = None) -> dict:
         "device_kind": device.device_kind,
         "jax_version": jax.__version__,
         "model": dataclasses.asdict(prof.model),
-        "setting": dict(batch=prof.batch, prompt_len=prof.prompt_len, lengths=list(prof.lengths),
-                        budget=prof.budget, buffer=prof.buffer, window=prof.window,
-                        repeats=args.repeats, min_seconds=args.min_seconds,
-                        attn_impl=args.attn_impl, quant=list(args.quant)),
+        "setting": dict(
+            batch=prof.batch,
+            prompt_len=prof.prompt_len,
+            lengths=list(prof.lengths),
+            budget=prof.budget,
+            buffer=prof.buffer,
+            window=prof.window,
+            repeats=args.repeats,
+            min_seconds=args.min_seconds,
+            attn_impl=args.attn_impl,
+            quant=list(args.quant),
+        ),
     }
     if args.dry_run:
         report["dry_run"] = dry_run(prof, args.policies, args.seed, args.attn_impl, tuple(args.quant))
@@ -352,15 +434,32 @@ def main(argv: list[str] | None = None) -> dict:
     # every (weights, policy) at one length before the next length
     for new_tokens, label, policy in itertools.product(prof.lengths, args.quant, args.policies):
         try:
-            row = bench_row(params_by_quant[label], prof, policy, new_tokens, prompts_BxP,
-                            lengths_B, repeats=args.repeats, min_seconds=args.min_seconds,
-                            seed=args.seed, attn_impl=args.attn_impl, quant_label=label)
-            print(f"{policy:>9} {label:>5} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
-                  f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
-                  flush=True)
+            row = bench_row(
+                params_by_quant[label],
+                prof,
+                policy,
+                new_tokens,
+                prompts_BxP,
+                lengths_B,
+                repeats=args.repeats,
+                min_seconds=args.min_seconds,
+                seed=args.seed,
+                attn_impl=args.attn_impl,
+                quant_label=label,
+            )
+            print(
+                f"{policy:>9} {label:>5} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
+                f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
+                flush=True,
+            )
         except Exception as err:  # e.g. a dense cache out of device memory: record, go on
-            row = dict(policy=policy, quant=label, new_tokens=new_tokens, batch=prof.batch,
-                       error=f"{type(err).__name__}: {str(err)[:300]}")
+            row = dict(
+                policy=policy,
+                quant=label,
+                new_tokens=new_tokens,
+                batch=prof.batch,
+                error=f"{type(err).__name__}: {str(err)[:300]}",
+            )
             print(f"{policy:>9} {new_tokens:>6}: {row['error']}", flush=True)
         rows.append(row)
         add_speedups(rows)
@@ -389,8 +488,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Decode benchmark ({report['profile']} profile)",
         "",
-        f"{report['device_kind']} ({report['platform']}), jax {report['jax_version']}, "
-        f"{report['date']}",
+        f"{report['device_kind']} ({report['platform']}), jax {report['jax_version']}, {report['date']}",
         f"`{report['command']}`",
         "",
         f"Model: {m['family']} V={m['vocab_size']} D={m['d_model']} L={m['n_layers']} "
@@ -407,8 +505,10 @@ def markdown(report: dict) -> str:
     ]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
-                         f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | |")
+            lines.append(
+                f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
+                f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | |"
+            )
             continue
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | {r['tokens_per_s']:.1f} | "

@@ -42,23 +42,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, help="head dim H (default 128)")
     p.add_argument("--capacity", type=int, help="cache slots C (GPU default 640)")
     p.add_argument("--fill-frac", type=float, default=1.0, help="live slots / C per row")
-    p.add_argument("--ragged", action="store_true",
-                   help="fills uniform in [1, 2 * fill_frac * C] (clipped to C) instead of equal")
+    p.add_argument(
+        "--ragged", action="store_true", help="fills uniform in [1, 2 * fill_frac * C] (clipped to C) instead of equal"
+    )
     p.add_argument("--dtype", choices=("bfloat16", "float32", "float16"))
     p.add_argument("--iters", type=int, default=20, help="calls per timed repeat")
     p.add_argument("--repeats", type=int, default=7, help="timed repeats (median is reported)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--block-c", type=int, default=None, help="kernel slots per tile")
     p.add_argument("--num-splits", type=int, default=None, help="kernel splits of C")
-    p.add_argument("--copy-mib", type=int, default=None,
-                   help="size of the copy-bandwidth probe (GPU/TPU 1024, CPU 64)")
-    p.add_argument("--cpu-small", action="store_true",
-                   help="small CPU shapes (automatic when the default backend is cpu)")
-    p.add_argument("--interpret", action="store_true",
-                   help="on CPU, also time the Pallas kernel in interpret mode (slow)")
+    p.add_argument("--copy-mib", type=int, default=None, help="size of the copy-bandwidth probe (GPU/TPU 1024, CPU 64)")
+    p.add_argument(
+        "--cpu-small", action="store_true", help="small CPU shapes (automatic when the default backend is cpu)"
+    )
+    p.add_argument(
+        "--interpret", action="store_true", help="on CPU, also time the Pallas kernel in interpret mode (slow)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None,
-                   help="JSON path (default experiments/results/bench_kernel_<platform>.json)")
+    p.add_argument("--out", default=None, help="JSON path (default experiments/results/bench_kernel_<platform>.json)")
     return p.parse_args(argv)
 
 
@@ -101,9 +102,7 @@ def candidates(platform: str, args) -> dict:
     opts = dict(block_c=args.block_c, num_splits=args.num_splits)
     fns = {"xla_reference": jax.jit(functools.partial(kernels.decode_attention, impl="xla"))}
     if platform in kernels.PALLAS_PLATFORMS:
-        fns["pallas_kernel"] = jax.jit(
-            lambda q, k, v, f: kernels.decode_attention(q, k, v, f, impl="pallas", **opts)
-        )
+        fns["pallas_kernel"] = jax.jit(lambda q, k, v, f: kernels.decode_attention(q, k, v, f, impl="pallas", **opts))
     elif args.interpret:
         fns["pallas_interpret"] = jax.jit(
             lambda q, k, v, f: kernels.decode_attention(q, k, v, f, impl="interpret", **opts)
@@ -113,10 +112,15 @@ def candidates(platform: str, args) -> dict:
         # q [B, 1, N, H] against the cache laid out [B, C, K, H] (transposed once, untimed).
         def run(q, k_BCKH, v_BCKH, f):
             o, lse = jax.nn.dot_product_attention(
-                q[:, None], k_BCKH, v_BCKH, key_value_seq_lengths=f,
-                implementation=implementation, return_residual=True,
+                q[:, None],
+                k_BCKH,
+                v_BCKH,
+                key_value_seq_lengths=f,
+                implementation=implementation,
+                return_residual=True,
             )
             return o[:, 0], lse[:, 0]
+
         return jax.jit(run)
 
     fns["jax_nn_dpa_xla"] = sdpa("xla")
@@ -173,8 +177,17 @@ def main(argv: list[str] | None = None) -> dict:
         "platform": platform,
         "device_kind": device.device_kind,
         "jax_version": jax.__version__,
-        "shapes": dict(batch=B, heads=N, kv_heads=K, head_dim=H, capacity=C, dtype=dtype.name,
-                       fill_frac=args.fill_frac, ragged=args.ragged, live_slots=live_slots),
+        "shapes": dict(
+            batch=B,
+            heads=N,
+            kv_heads=K,
+            head_dim=H,
+            capacity=C,
+            dtype=dtype.name,
+            fill_frac=args.fill_frac,
+            ragged=args.ragged,
+            live_slots=live_slots,
+        ),
         "kernel_options": dict(block_c=args.block_c, num_splits=args.num_splits),
         "timing": timing,
         "bytes": dict(live_kv=live_bytes, capacity_kv=capacity_bytes),

@@ -48,16 +48,27 @@ from sparserl_jax.rollout.sampling import SamplingConfig
 # Qwen2-shaped, 40.5M parameters: small enough that the whole run stays within ~5 minutes on
 # one shared core (the issue's 315M shape is 5x slower per step).
 MODEL = ModelConfig(
-    family="qwen2", vocab_size=32000, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2,
-    head_dim=64, d_ff=1536, rope_theta=1e6, tie_embeddings=True, qkv_bias=True, max_seq_len=4096,
+    family="qwen2",
+    vocab_size=32000,
+    d_model=512,
+    n_layers=8,
+    n_heads=8,
+    n_kv_heads=2,
+    head_dim=64,
+    d_ff=1536,
+    rope_theta=1e6,
+    tie_embeddings=True,
+    qkv_bias=True,
+    max_seq_len=4096,
 )
 SMOKE_MODEL = ModelConfig.tiny("qwen2", vocab_size=256)
 TARGETS = {1: 1.0, 8: 1.5}  # dense tokens/s over HF's, per batch size
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -68,9 +79,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny model, 16 new tokens, 1 repeat")
-    p.add_argument("--checkpoint", default=None,
-                   help="a Hugging Face checkpoint directory to run instead of the random model "
-                        "(both engines load its weights; float32)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a Hugging Face checkpoint directory to run instead of the random model "
+        "(both engines load its weights; float32)",
+    )
     p.add_argument("--out", default=os.path.join("experiments", "results", "bench_vs_hf.json"))
     args = p.parse_args(argv)
     if args.smoke:
@@ -84,16 +98,22 @@ def machine() -> dict:
     import torch
     import transformers
 
-    return dict(cpu=figprov.cpu_model(), cpus=os.cpu_count(), affinity=sorted(os.sched_getaffinity(0)),
-                python=platform.python_version(), jax=jax.__version__, torch=torch.__version__,
-                transformers=transformers.__version__, xla_flags=xla_flags(),
-                torch_threads=torch.get_num_threads())
+    return dict(
+        cpu=figprov.cpu_model(),
+        cpus=os.cpu_count(),
+        affinity=sorted(os.sched_getaffinity(0)),
+        python=platform.python_version(),
+        jax=jax.__version__,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        xla_flags=xla_flags(),
+        torch_threads=torch.get_num_threads(),
+    )
 
 
 def ours(params, model: ModelConfig, kv: KVConfig, prompts, lengths, new_tokens: int):
     """A timed call of our compiled sampler: () -> generated tokens [B, new_tokens] (numpy)."""
-    cfg = SamplerConfig(max_new_tokens=new_tokens, sampling=SamplingConfig(temperature=0.0),
-                        kv=kv, eos_token_ids=())
+    cfg = SamplerConfig(max_new_tokens=new_tokens, sampling=SamplingConfig(temperature=0.0), kv=kv, eos_token_ids=())
     compiled = (
         jax.jit(generate, static_argnames=("model_cfg", "cfg"))
         .lower(params, model, prompts, lengths, jax.random.key(0), cfg)
@@ -118,10 +138,16 @@ def huggingface(hf_model, prompts, new_tokens: int):
 
     def call():
         with torch.inference_mode():
-            out = hf_model.generate(input_ids, attention_mask=mask, do_sample=False,
-                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                    eos_token_id=None, pad_token_id=0)
-        return out[:, input_ids.shape[1]:].numpy()
+            out = hf_model.generate(
+                input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        return out[:, input_ids.shape[1] :].numpy()
 
     return call
 
@@ -132,8 +158,7 @@ def bench_batch(params, hf_model, model: ModelConfig, args, batch: int) -> dict:
     prompts = jax.random.randint(key, (batch, args.prompt_len), 1, model.vocab_size, jnp.int32)
     lengths = jnp.full((batch,), args.prompt_len, jnp.int32)
     dense = KVConfig(policy="none", buffer=args.buffer)
-    sparse = KVConfig(policy=args.policy, budget=args.budget, buffer=args.buffer,
-                      window=args.window)
+    sparse = KVConfig(policy=args.policy, budget=args.budget, buffer=args.buffer, window=args.window)
     t0 = time.perf_counter()
     sparse_name = f"ours_sparse_{args.policy}"
     engines = {
@@ -195,8 +220,7 @@ def markdown(report: dict) -> str:
     for r in report["results"]:
         t = list(r["tokens_per_s"].values())
         target = r["target_dense_over_hf"]
-        verdict = "n/a" if target is None else (
-            f">= {target:g}: {'met' if r['dense_over_hf'] >= target else 'missed'}")
+        verdict = "n/a" if target is None else (f">= {target:g}: {'met' if r['dense_over_hf'] >= target else 'missed'}")
         lines.append(
             f"| {r['batch']} | {t[0]:.1f} | {t[1]:.1f} | {t[2]:.1f} | {r['dense_over_hf']:.2f}x | "
             f"{verdict} | {r['sparse_over_hf']:.2f}x | {r['sparse_over_dense']:.2f}x | "
@@ -225,15 +249,21 @@ def main(argv=None) -> dict:
         model=dataclasses.asdict(model),
         n_params=param_count(model),
         checkpoint=args.checkpoint,
-        setting=dict(prompt_len=args.prompt_len, new_tokens=args.new_tokens, repeats=args.repeats,
-                     policy=args.policy, budget=args.budget, buffer=args.buffer,
-                     window=args.window, seed=args.seed),
+        setting=dict(
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            policy=args.policy,
+            budget=args.budget,
+            buffer=args.buffer,
+            window=args.window,
+            seed=args.seed,
+        ),
         results=[],
     )
     t_start = time.perf_counter()
     if args.checkpoint:
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-            args.checkpoint, torch_dtype=torch.float32).eval()
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, torch_dtype=torch.float32).eval()
     else:
         params = transformer.init_params(model, jax.random.key(args.seed))
         params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)  # non-flat logits
@@ -243,10 +273,13 @@ def main(argv=None) -> dict:
     for batch in args.batch:
         row = bench_batch(params, hf_model, model, args, batch)
         report["results"].append(row)
-        print(f"batch {batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in
-                                               row["tokens_per_s"].items())
-              + f"; dense/HF {row['dense_over_hf']:.2f}x, sparse/dense "
-              f"{row['sparse_over_dense']:.2f}x", flush=True)
+        print(
+            f"batch {batch}: "
+            + ", ".join(f"{k} {v:.1f} tok/s" for k, v in row["tokens_per_s"].items())
+            + f"; dense/HF {row['dense_over_hf']:.2f}x, sparse/dense "
+            f"{row['sparse_over_dense']:.2f}x",
+            flush=True,
+        )
     report["total_s"] = time.perf_counter() - t_start
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:

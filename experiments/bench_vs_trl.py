@@ -47,10 +47,16 @@ from sparserl_jax.experiments import figprov, workers  # import no JAX
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CONFIG = os.path.join(HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
-OVERRIDES = ("rl.mode=dense", "kv.policy=none", "train.progress=false", "train.save_every=100000",
-             "train.eval_every=0")
-SMOKE = ("rollout.prompts=2", "rollout.samples=2", "rollout.max_new_tokens=8", "data.max_prompt_len=160",
-         "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4")
+OVERRIDES = ("rl.mode=dense", "kv.policy=none", "train.progress=false", "train.save_every=100000", "train.eval_every=0")
+SMOKE = (
+    "rollout.prompts=2",
+    "rollout.samples=2",
+    "rollout.max_new_tokens=8",
+    "data.max_prompt_len=160",
+    "rl.update.minibatch_size=4",
+    "rl.update.micro_batch_size=2",
+    "rl.update.score_batch_size=4",
+)
 PHASES = ("rollout", "score", "update", "other")
 
 
@@ -75,16 +81,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 def our_config(args, regime: str, out_dir: str):
     from sparserl_jax.config import load_config
 
-    over = [*OVERRIDES, *(SMOKE if args.smoke else ()), f"train.out_dir={out_dir}",
-            f"train.iterations={args.warmup + args.iterations}"]
+    over = [
+        *OVERRIDES,
+        *(SMOKE if args.smoke else ()),
+        f"train.out_dir={out_dir}",
+        f"train.iterations={args.warmup + args.iterations}",
+    ]
     if args.checkpoint:
         over.append(f"model.checkpoint={args.checkpoint}")
     if regime == "fixed":
         over += ["rollout.ignore_eos=true", f"rollout.max_new_tokens={args.fixed_tokens}"]
     cfg = load_config([CONFIG], over + list(args.overrides))
     if cfg.model.checkpoint and not os.path.isabs(cfg.model.checkpoint):  # the config's path is the repo's
-        cfg = load_config([CONFIG], over + list(args.overrides)
-                          + [f"model.checkpoint={os.path.join(REPO, cfg.model.checkpoint)}"])
+        cfg = load_config(
+            [CONFIG], over + list(args.overrides) + [f"model.checkpoint={os.path.join(REPO, cfg.model.checkpoint)}"]
+        )
     return cfg
 
 
@@ -167,7 +178,8 @@ def run_ours(job) -> dict:
             ref_compiles, since = (since.compiles, since.seconds), compile_clock.Since()
             t2 = time.perf_counter()
             trainer.params, trainer.opt_state, learned = trainer.learner.step(
-                trainer.params, trainer.ref_params, trainer.opt_state, batch, trainer.iteration)
+                trainer.params, trainer.ref_params, trainer.opt_state, batch, trainer.iteration
+            )
             t3 = time.perf_counter()
             trainer.iteration += 1
             lengths = rollout.out.lengths
@@ -175,20 +187,45 @@ def run_ours(job) -> dict:
             roll = rollout.metrics["time/rollout_s"]
             learn = learned["time/score_s"] + learned["time/update_s"]
             n_compiles, compile_s = since.compiles, since.seconds
-            rows.append({
-                "iteration": it, "warmup": it < args.warmup, "tokens": int(lengths.sum()),
-                "length_mean": float(lengths.mean()), "rows": int(lengths.size),
-                "rollout_s": roll, "score_s": learned["time/score_s"], "update_s": learned["time/update_s"],
-                "other_s": (t1 - t0 - roll) + (t3 - t2 - learn), "iteration_s": (t1 - t0) + (t3 - t2),
-                "decode_steps": steps, "decode_ms_per_step": 1e3 * roll / steps,
-                "padding_fraction": learned["update/padding_fraction"], "reward": metrics["reward/mean"],
-                "compiles": n_compiles, "compile_s": compile_s,
-                **({"padded_score_s": ref["score_s"], "padded_update_s": ref["update_s"],
-                    "padded_compiles": ref_compiles[0], "padded_compile_s": ref_compiles[1]} if ref else {}),
-            })
+            rows.append(
+                {
+                    "iteration": it,
+                    "warmup": it < args.warmup,
+                    "tokens": int(lengths.sum()),
+                    "length_mean": float(lengths.mean()),
+                    "rows": int(lengths.size),
+                    "rollout_s": roll,
+                    "score_s": learned["time/score_s"],
+                    "update_s": learned["time/update_s"],
+                    "other_s": (t1 - t0 - roll) + (t3 - t2 - learn),
+                    "iteration_s": (t1 - t0) + (t3 - t2),
+                    "decode_steps": steps,
+                    "decode_ms_per_step": 1e3 * roll / steps,
+                    "padding_fraction": learned["update/padding_fraction"],
+                    "reward": metrics["reward/mean"],
+                    "compiles": n_compiles,
+                    "compile_s": compile_s,
+                    **(
+                        {
+                            "padded_score_s": ref["score_s"],
+                            "padded_update_s": ref["update_s"],
+                            "padded_compiles": ref_compiles[0],
+                            "padded_compile_s": ref_compiles[1],
+                        }
+                        if ref
+                        else {}
+                    ),
+                }
+            )
         generate = _generate_reference(trainer, first_examples, args.decode_steps)
-    return {"arm": "ours", "regime": regime, "iterations": rows, "generate_reference": generate,
-            "jax": jax.__version__, "config": _config_dict(cfg)}
+    return {
+        "arm": "ours",
+        "regime": regime,
+        "iterations": rows,
+        "generate_reference": generate,
+        "jax": jax.__version__,
+        "config": _config_dict(cfg),
+    }
 
 
 def _config_dict(cfg) -> dict:
@@ -275,28 +312,67 @@ def run_trl(job) -> dict:
             total = time.perf_counter() - self.t0
             it = len(rows)
             other = timers["gen_and_score"] - timers["rollout"] - timers["score"]
-            rows.append({"iteration": it, "warmup": it < args.warmup, "tokens": timers["tokens"],
-                         "rows": timers["rows"], "length_mean": timers["tokens"] / max(timers["rows"], 1),
-                         "rollout_s": timers["rollout"], "score_s": timers["score"],
-                         "update_s": total - timers["gen_and_score"], "other_s": other,
-                         "iteration_s": total})
+            rows.append(
+                {
+                    "iteration": it,
+                    "warmup": it < args.warmup,
+                    "tokens": timers["tokens"],
+                    "rows": timers["rows"],
+                    "length_mean": timers["tokens"] / max(timers["rows"], 1),
+                    "rollout_s": timers["rollout"],
+                    "score_s": timers["score"],
+                    "update_s": total - timers["gen_and_score"],
+                    "other_s": other,
+                    "iteration_s": total,
+                }
+            )
 
     gen_kwargs = {"min_new_tokens": args.fixed_tokens} if regime == "fixed" else {}
     with tempfile.TemporaryDirectory() as out_dir:
         targs = trl.GRPOConfig(
-            output_dir=out_dir, per_device_train_batch_size=r.rows, num_generations=r.samples,
-            max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=1.0,
-            beta=u.loss.beta, learning_rate=u.optim.lr, weight_decay=u.optim.weight_decay,
-            adam_beta1=u.optim.b1, adam_beta2=u.optim.b2, max_grad_norm=u.optim.grad_clip,
-            lr_scheduler_type="constant", max_steps=n, logging_steps=1, report_to="none",
-            save_strategy="no", use_cpu=True, bf16=False, seed=cfg.train.seed, shuffle_dataset=False,
-            generation_kwargs=gen_kwargs, dataloader_num_workers=0, disable_tqdm=True)
-        trainer = Timed(model=model, reward_funcs=reward, args=targs, train_dataset=dataset,
-                        processing_class=tok, callbacks=[Steps()])
+            output_dir=out_dir,
+            per_device_train_batch_size=r.rows,
+            num_generations=r.samples,
+            max_completion_length=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=1.0,
+            beta=u.loss.beta,
+            learning_rate=u.optim.lr,
+            weight_decay=u.optim.weight_decay,
+            adam_beta1=u.optim.b1,
+            adam_beta2=u.optim.b2,
+            max_grad_norm=u.optim.grad_clip,
+            lr_scheduler_type="constant",
+            max_steps=n,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            seed=cfg.train.seed,
+            shuffle_dataset=False,
+            generation_kwargs=gen_kwargs,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = Timed(
+            model=model,
+            reward_funcs=reward,
+            args=targs,
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=[Steps()],
+        )
         trainer.train()
-    return {"arm": "trl", "regime": regime, "iterations": rows, "trl": trl.__version__,
-            "transformers": transformers.__version__, "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "arm": "trl",
+        "regime": regime,
+        "iterations": rows,
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def run_arm(job) -> dict:
@@ -332,43 +408,65 @@ def summarise(rows: list[dict], *, padded: bool = False) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)", "",
-             f"`{report['command']}`", "", report["machine"], ""]
+    lines = [
+        "# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)",
+        "",
+        f"`{report['command']}`",
+        "",
+        report["machine"],
+        "",
+    ]
     for regime, arms in report["regimes"].items():
         ours, trl = arms["ours"]["summary"], arms["trl"]["summary"]
-        lines += [f"## {regime} response lengths", "",
-                  "| arm | timed iterations | mean response tokens | rollout s/token | scoring s/token | "
-                  "update s/token | other s/token | iteration s/token | iteration s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {regime} response lengths",
+            "",
+            "| arm | timed iterations | mean response tokens | rollout s/token | scoring s/token | "
+            "update s/token | other s/token | iteration s/token | iteration s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for name, s in (("TRL GRPOTrainer", trl), ("ours (Trainer)", ours)):
-            lines.append(f"| {name} | {s['iterations']} | {s['length_mean']:.1f} | "
-                         + " | ".join(f"{s[f'{p}_s_per_token']:.4f}" for p in (*PHASES, "iteration"))
-                         + f" | {s['iteration_s']:.1f} |")
+            lines.append(
+                f"| {name} | {s['iterations']} | {s['length_mean']:.1f} | "
+                + " | ".join(f"{s[f'{p}_s_per_token']:.4f}" for p in (*PHASES, "iteration"))
+                + f" | {s['iteration_s']:.1f} |"
+            )
         if "padded_learner_s_per_token" in ours:
-            lines.append(f"| ours, padded learner (before) | {ours['iterations']} | {ours['length_mean']:.1f} | - | "
-                         f"{ours['padded_score_s_per_token']:.4f} | {ours['padded_update_s_per_token']:.4f} | - | - | - |")
+            lines.append(
+                f"| ours, padded learner (before) | {ours['iterations']} | {ours['length_mean']:.1f} | - | "
+                f"{ours['padded_score_s_per_token']:.4f} | {ours['padded_update_s_per_token']:.4f} | - | - | - |"
+            )
         ratio = ours["iteration_s_per_token"] / trl["iteration_s_per_token"]
-        lines += ["", f"Ours / TRL seconds per response token: **{ratio:.2f}x** (iteration); "
-                  f"rollout {ours['rollout_s_per_token'] / trl['rollout_s_per_token']:.2f}x, scoring + update "
-                  f"{ours['learner_s_per_token'] / max(trl['score_s_per_token'] + trl['update_s_per_token'], 1e-12):.2f}x."]
+        lines += [
+            "",
+            f"Ours / TRL seconds per response token: **{ratio:.2f}x** (iteration); "
+            f"rollout {ours['rollout_s_per_token'] / trl['rollout_s_per_token']:.2f}x, scoring + update "
+            f"{ours['learner_s_per_token'] / max(trl['score_s_per_token'] + trl['update_s_per_token'], 1e-12):.2f}x.",
+        ]
         if "learner_speedup" in ours:
-            lines.append(f"Our learner (scoring + update) on the same batches: **{ours['learner_speedup']:.2f}x** the "
-                         f"padded learner's tokens/s (padding {100 * ours['padding_fraction']:.0f}% of the positions "
-                         f"the learner runs; compiles after warm-up: ours {ours['compiles_after_warmup']}, padded "
-                         f"{ours['padded_compiles']}, its compile time subtracted).")
+            lines.append(
+                f"Our learner (scoring + update) on the same batches: **{ours['learner_speedup']:.2f}x** the "
+                f"padded learner's tokens/s (padding {100 * ours['padding_fraction']:.0f}% of the positions "
+                f"the learner runs; compiles after warm-up: ours {ours['compiles_after_warmup']}, padded "
+                f"{ours['padded_compiles']}, its compile time subtracted)."
+            )
         g = arms["ours"]["generate_reference"]
-        lines.append(f"Decode: {ours['decode_ms_per_step']:.0f} ms per step in training (median, prefill included) vs "
-                     f"{g['ms_per_step']:.0f} ms per step for `generate` outside training ({g['rows']} rows, "
-                     f"{g['steps']} new tokens, same sampling).")
+        lines.append(
+            f"Decode: {ours['decode_ms_per_step']:.0f} ms per step in training (median, prefill included) vs "
+            f"{g['ms_per_step']:.0f} ms per step for `generate` outside training ({g['rows']} rows, "
+            f"{g['steps']} new tokens, same sampling)."
+        )
         lines.append("")
     lines += ["Per-iteration seconds of every arm and the resolved config are in the JSON next to this file."]
     return "\n".join(lines)
 
 
 def machine() -> str:
-    return (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
-            f"{figprov.cpu_model()} ({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU "
-            f"numerics {'on' if workers.portable_cpu_enabled() else 'off'}; commit {figprov.commit() or 'unknown'}")
+    return (
+        f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
+        f"{figprov.cpu_model()} ({os.cpu_count()} CPUs); python {platform.python_version()}; portable CPU "
+        f"numerics {'on' if workers.portable_cpu_enabled() else 'off'}; commit {figprov.commit() or 'unknown'}"
+    )
 
 
 def main(argv=None) -> dict:
@@ -379,14 +477,18 @@ def main(argv=None) -> dict:
 
 def _main(args, argv) -> dict:
     cores = workers.available_cores()
-    report = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
-              "machine": machine(), "regimes": {}}
+    report = {
+        "command": "python "
+        + " ".join([os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "regimes": {},
+    }
     for regime in args.regimes:
         jobs = [(args, regime, "ours"), (args, regime, "trl")]
         results = workers.parallel_map(run_arm, jobs, cores=cores[:2] if len(cores) >= 2 else None)
         report["regimes"][regime] = {
-            res["arm"]: {**res, "summary": summarise(res["iterations"], padded=res["arm"] == "ours")}
-            for res in results}
+            res["arm"]: {**res, "summary": summarise(res["iterations"], padded=res["arm"] == "ours")} for res in results
+        }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

@@ -27,12 +27,14 @@ def arguments(p) -> None:
 def run(args, study) -> dict:
     warm = study.warm_start()
     dense = warm.evaluate({"policy": "none"})
-    cells = {f"{pol}@{b}": warm.evaluate({"policy": pol, "budget": b})
-             for pol in args.policies for b in args.budgets}
-    first = study.arm("calibration/naive_sparse", mode="naive_sparse", policy=study.base.kv.policy,
-                      extra=["train.iterations=1"]).history[0]
-    mismatch = {k: first.get(k, float("nan")) for k in
-                ("mismatch/kl_k3", "diag/loop_fraction", "reward/mean", "response/length_mean")}
+    cells = {f"{pol}@{b}": warm.evaluate({"policy": pol, "budget": b}) for pol in args.policies for b in args.budgets}
+    first = study.arm(
+        "calibration/naive_sparse", mode="naive_sparse", policy=study.base.kv.policy, extra=["train.iterations=1"]
+    ).history[0]
+    mismatch = {
+        k: first.get(k, float("nan"))
+        for k in ("mismatch/kl_k3", "diag/loop_fraction", "reward/mean", "response/length_mean")
+    }
     return {"dense": dense, "sparse": cells, "first_sparse_rollout": mismatch}
 
 
@@ -50,8 +52,10 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         "| inference | accuracy | KV saving | response length |",
         "|---|---|---|---|",
         f"| dense | {dense['accuracy']:.3f} | 0.0% | {dense['mean_length']:.1f} |",
-        *(f"| {name} | {r['accuracy']:.3f} | {r['kv_saving']:.1%} | {r['mean_length']:.1f} |"
-          for name, r in cells.items()),
+        *(
+            f"| {name} | {r['accuracy']:.3f} | {r['kv_saving']:.1%} | {r['mean_length']:.1f} |"
+            for name, r in cells.items()
+        ),
         "",
         f"First naive-sparse rollout from the warm start ({kvc.policy}@{kvc.budget}): mismatch "
         f"KL(k3) {fmt([mismatch['mismatch/kl_k3']], '.4f')} per token, reward "
@@ -62,19 +66,31 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     policies = list(dict.fromkeys(name.split("@")[0] for name in cells))
     for pol in policies:
         rows = [r for name, r in cells.items() if name.split("@")[0] == pol]
-        ax.plot([100 * r["kv_saving"] for r in rows], [r["accuracy"] for r in rows], "o-", ms=3, label=pol,
-                color=figlib.POLICY_COLOURS.get(pol, "black"))
+        ax.plot(
+            [100 * r["kv_saving"] for r in rows],
+            [r["accuracy"] for r in rows],
+            "o-",
+            ms=3,
+            label=pol,
+            color=figlib.POLICY_COLOURS.get(pol, "black"),
+        )
     ax.axhline(dense["accuracy"], color=figlib.POLICY_COLOURS["none"], ls="--", label="dense inference")
     ax.set_xlabel("KV saving (% of the dense cache's entries not kept)")
     ax.set_ylabel(f"warm start's accuracy\n(avg@1, {base.train.eval_prompts} prompts)")
     ax.set_ylim(-0.02, 1.02)
     figlib.band_legend_below(fig, ax)
     fig.suptitle(f"Calibration: {figlib.config_name(command)}, warm start 0 under eviction")
-    caption = ("Figure: the warm start's held-out accuracy under each eviction policy at each budget "
-               "against the KV saving it gives (one line per policy, its points the budgets); blue dashed: "
-               "dense inference, the one dense mark on this axis. One model, one evaluation per point.")
-    return figlib.Rendered("Task calibration: the warm start under dense and sparse inference", "\n".join(lines),
-                           {"calibration": fig}, caption)
+    caption = (
+        "Figure: the warm start's held-out accuracy under each eviction policy at each budget "
+        "against the KV saving it gives (one line per policy, its points the budgets); blue dashed: "
+        "dense inference, the one dense mark on this axis. One model, one evaluation per point."
+    )
+    return figlib.Rendered(
+        "Task calibration: the warm start under dense and sparse inference",
+        "\n".join(lines),
+        {"calibration": fig},
+        caption,
+    )
 
 
 FIGURE = figlib.Figure("calibration", __doc__, run, render, arguments, seeds=None, eval_prompts=False)

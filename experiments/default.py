@@ -47,15 +47,25 @@ DEFAULT_WARM_STARTS = (0, 1, 2)
 DEFAULT_SEEDS = (0, 1)
 DEFAULT_OVERRIDES = ("train.iterations=40",)
 COLUMNS = (  # (header, row key, format) of the table, around its KV saving column (a percentage)
-    ("acc. dense inference", "dense_acc", ".3f"), ("acc. sparse inference", "sparse_acc", ".3f"),
-    ("token reject", "token_reject_rate", ".3f"), ("seq reject", "seq_reject_rate", ".3f"),
-    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"), ("train reward (last 25%)", "train_reward_last25", ".3f"))
+    ("acc. dense inference", "dense_acc", ".3f"),
+    ("acc. sparse inference", "sparse_acc", ".3f"),
+    ("token reject", "token_reject_rate", ".3f"),
+    ("seq reject", "seq_reject_rate", ".3f"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"),
+)
 # The per-seed numbers the metrics fingerprint hashes (the default experiment's row before figlib's
 # rows; experiments/results/default/fingerprint_smoke.json holds their hash).
-_FINGERPRINT_KEYS = {"dense_acc": "dense_acc", "sparse_acc": "sparse_acc", "sparse_kv_saving": "sparse_kv_saving",
-                     "train_kv_saving": "train_kv_saving", "token_reject_rate": "token_reject_rate",
-                     "seq_reject_rate": "seq_reject_rate", "mismatch_kl_k3": "mismatch_kl_k3",
-                     "final_train_reward": "train_reward_last25"}
+_FINGERPRINT_KEYS = {
+    "dense_acc": "dense_acc",
+    "sparse_acc": "sparse_acc",
+    "sparse_kv_saving": "sparse_kv_saving",
+    "train_kv_saving": "train_kv_saving",
+    "token_reject_rate": "token_reject_rate",
+    "seq_reject_rate": "seq_reject_rate",
+    "mismatch_kl_k3": "mismatch_kl_k3",
+    "final_train_reward": "train_reward_last25",
+}
 
 
 def _sha(*arrays) -> str:
@@ -81,13 +91,22 @@ def warm_start_fingerprint(trainer) -> dict:
     ids = [list(e.prompt_ids) for e in examples for _ in range(cfg.rollout.samples)]
     tokens, lengths = pad_prompt_batch(ids, trainer.tokenizer.pad_token_id, cfg.data.max_prompt_len)
     sampler_cfg = dataclasses.replace(trainer.sampler_cfg, record_kept=True)
-    out = generate_on_mesh(trainer.params, trainer.model_cfg, tokens, lengths,
-                           jax.random.fold_in(jax.random.key(cfg.train.seed), 0),
-                           sampler_cfg, trainer.mesh, request_ids=np.arange(len(ids)))
-    return {"warm_start_params": _sha(*jax.tree_util.tree_leaves(trainer.params)),
-            "first_rollout_tokens": _sha(out.tokens, out.lengths),
-            "first_rollout_logprobs": _sha(out.logprobs),
-            "first_rollout_kept": _sha(out.kept_positions)}
+    out = generate_on_mesh(
+        trainer.params,
+        trainer.model_cfg,
+        tokens,
+        lengths,
+        jax.random.fold_in(jax.random.key(cfg.train.seed), 0),
+        sampler_cfg,
+        trainer.mesh,
+        request_ids=np.arange(len(ids)),
+    )
+    return {
+        "warm_start_params": _sha(*jax.tree_util.tree_leaves(trainer.params)),
+        "first_rollout_tokens": _sha(out.tokens, out.lengths),
+        "first_rollout_logprobs": _sha(out.logprobs),
+        "first_rollout_kept": _sha(out.kept_positions),
+    }
 
 
 def metrics_fingerprint(data: dict, warm: int | None = None) -> str:
@@ -95,11 +114,20 @@ def metrics_fingerprint(data: dict, warm: int | None = None) -> str:
     start's (`warm`) alone: the hash of a run with only that warm start (experiments/fingerprint.py's
     is warm start 0's)."""
     keys = ("dense_acc", "sparse_acc", "sparse_kv_saving")
-    warms = [sorted((k, w[k]) for k in keys) for i, w in sorted(figlib.warm_starts_of(data).items())
-             if warm in (None, i)]
-    rows = [[arm, [sorted((k, r[src]) for k, src in _FINGERPRINT_KEYS.items()) for r in data["per_seed"][arm]
-                   if warm in (None, r.get("warm_start", 0))]]
-            for arm in ARMS]
+    warms = [
+        sorted((k, w[k]) for k in keys) for i, w in sorted(figlib.warm_starts_of(data).items()) if warm in (None, i)
+    ]
+    rows = [
+        [
+            arm,
+            [
+                sorted((k, r[src]) for k, src in _FINGERPRINT_KEYS.items())
+                for r in data["per_seed"][arm]
+                if warm in (None, r.get("warm_start", 0))
+            ],
+        ]
+        for arm in ARMS
+    ]
     head = warms[0] if len(warms) == 1 else warms  # one warm start: the hash of the earlier layout
     return hashlib.sha256(json.dumps([head, rows]).encode()).hexdigest()[:16]
 
@@ -116,8 +144,9 @@ def experiment(study: figlib.Study, seeds=DEFAULT_SEEDS, warms=DEFAULT_WARM_STAR
     return data
 
 
-def run(config: str, overrides: list[str], out_dir: str, seeds=DEFAULT_SEEDS, warms=DEFAULT_WARM_STARTS,
-        log=print) -> dict:
+def run(
+    config: str, overrides: list[str], out_dir: str, seeds=DEFAULT_SEEDS, warms=DEFAULT_WARM_STARTS, log=print
+) -> dict:
     """The experiment's numbers without its outputs, runs in <out_dir>/runs (experiments/fingerprint.py)."""
     return experiment(figlib.Study(config, overrides, os.path.join(out_dir, "runs"), log=log), seeds, warms)
 
@@ -128,25 +157,50 @@ def _upgrade(data: dict) -> dict:
     if "results" not in data:
         return data
     res = data["results"]
-    per_seed = {arm: [{**{k: v for k, v in r.items() if k != "final_train_reward"},
-                       "train_reward_last25": r["final_train_reward"], "seed": s}
-                      for r, s in zip(res[arm]["per_seed"], res["seeds"])] for arm in ARMS}
-    return {"command": data["command"], "warm_starts": {"0": res["warm_start"]}, "seeds": res["seeds"],
-            "per_seed": per_seed, "histories": data["histories"], **({"fingerprint": res["fingerprint"]} if "fingerprint" in res else {}),
-            "legacy": {"portable_cpu": res.get("portable_cpu"), "wall_s": res["seconds"]}}
+    per_seed = {
+        arm: [
+            {
+                **{k: v for k, v in r.items() if k != "final_train_reward"},
+                "train_reward_last25": r["final_train_reward"],
+                "seed": s,
+            }
+            for r, s in zip(res[arm]["per_seed"], res["seeds"])
+        ]
+        for arm in ARMS
+    }
+    return {
+        "command": data["command"],
+        "warm_starts": {"0": res["warm_start"]},
+        "seeds": res["seeds"],
+        "per_seed": per_seed,
+        "histories": data["histories"],
+        **({"fingerprint": res["fingerprint"]} if "fingerprint" in res else {}),
+        "legacy": {"portable_cpu": res.get("portable_cpu"), "wall_s": res["seconds"]},
+    }
 
 
 def table(per_seed: dict, warms: dict) -> list[str]:
     """One row per warm start and per arm (mean ± std over runs), with both collapse rules."""
-    body = [[f"warm start {w}", f"{row['dense_acc']:.3f}", f"{row['sparse_acc']:.3f}", *["-"] * 7]
-            for w, row in sorted(warms.items())]
+    body = [
+        [f"warm start {w}", f"{row['dense_acc']:.3f}", f"{row['sparse_acc']:.3f}", *["-"] * 7]
+        for w, row in sorted(warms.items())
+    ]
     for arm, rows in per_seed.items():
         saving = fmt([100 * r["train_kv_saving"] for r in rows], ".1f")
-        body.append([arm, *figlib.stat_cells(rows, COLUMNS[:2]), f"{saving}%",
-                     *figlib.arm_cells(rows, COLUMNS[2:], warms)])
-    return figlib.md_table(["model", *figlib.headers(COLUMNS[:2]), "KV saving (train rollouts)",
-                            *figlib.headers(COLUMNS[2:]), "collapsed (accuracy rule)",
-                            "collapsed (reward rule, at iteration)"], body)
+        body.append(
+            [arm, *figlib.stat_cells(rows, COLUMNS[:2]), f"{saving}%", *figlib.arm_cells(rows, COLUMNS[2:], warms)]
+        )
+    return figlib.md_table(
+        [
+            "model",
+            *figlib.headers(COLUMNS[:2]),
+            "KV saving (train rollouts)",
+            *figlib.headers(COLUMNS[2:]),
+            "collapsed (accuracy rule)",
+            "collapsed (reward rule, at iteration)",
+        ],
+        body,
+    )
 
 
 REPLICATES = "replicates"  # <out>/replicates/<machine>.json: the same command's results.json on another machine
@@ -178,27 +232,54 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"buffer {kvc.buffer}, compress_prompt={kvc.compress_prompt}; task {base.data.task}; "
         f"{base.train.iterations} iterations of {base.rollout.prompts}x{base.rollout.samples} rollouts; "
         f"warm starts (SFT seeds) {sorted(warms)}, RL seeds {data['seeds']} on each: {runs} runs per arm; "
-        f"accuracy is avg@1 on {n} held-out prompts (temperature {base.rollout.temperature}).", "",
+        f"accuracy is avg@1 on {n} held-out prompts (temperature {base.rollout.temperature}).",
+        "",
         *table(per_seed, warms),
-        "", figlib.COLLAPSE_NOTE, "",
+        "",
+        figlib.COLLAPSE_NOTE,
+        "",
         f"Mean ± std over {runs} run(s). Sparse inference KV saving: "
         f"{np.mean([r['sparse_kv_saving'] for r in per_seed['sparse_rl']]):.1%} of the entries a dense cache holds.",
-        *figlib.per_warm_start_table(per_seed, warms), *fig_a_curves.comparisons(per_seed, n),
-        *fig_a_curves.verdicts_table({**data, "replicates": replicas}, n, REPLICATES)]
+        *figlib.per_warm_start_table(per_seed, warms),
+        *fig_a_curves.comparisons(per_seed, n),
+        *fig_a_curves.verdicts_table({**data, "replicates": replicas}, n, REPLICATES),
+    ]
     if "legacy" in data:
         portable = {True: "on", False: "off", None: "not recorded"}[data["legacy"]["portable_cpu"]]
-        lines += ["", f"Recorded by this run: portable CPU settings {portable}, wall time "
-                  f"{data['legacy']['wall_s']:.0f} s."]
-    title = figlib.run_title(base, command, data["seeds"], "Default experiment: dense vs naive sparse vs "
-                             "Sparse-RL rollouts", sorted(warms), default_config=CONFIG)
+        lines += [
+            "",
+            f"Recorded by this run: portable CPU settings {portable}, wall time {data['legacy']['wall_s']:.0f} s.",
+        ]
+    title = figlib.run_title(
+        base,
+        command,
+        data["seeds"],
+        "Default experiment: dense vs naive sparse vs Sparse-RL rollouts",
+        sorted(warms),
+        default_config=CONFIG,
+    )
     fig, _ = fig_a_curves.curves_figure(data["histories"], warms, per_seed, base, n, title)
-    return figlib.Rendered("Default experiment", "\n".join(lines), {"curves": fig},
-                           fig_a_curves.curves_caption(False, base, n, warms, data["seeds"]))
+    return figlib.Rendered(
+        "Default experiment",
+        "\n".join(lines),
+        {"curves": fig},
+        fig_a_curves.curves_caption(False, base, n, warms, data["seeds"]),
+    )
 
 
-FIGURE = figlib.Figure("default", __doc__, lambda args, study: experiment(study, args.seeds, figlib.warms_of(args)),
-                       render, seeds=DEFAULT_SEEDS, warm_starts=DEFAULT_WARM_STARTS, eval_prompts=False,
-                       default_config=CONFIG, fresh_runs=True, defaults=DEFAULT_OVERRIDES, beside=replicates)
+FIGURE = figlib.Figure(
+    "default",
+    __doc__,
+    lambda args, study: experiment(study, args.seeds, figlib.warms_of(args)),
+    render,
+    seeds=DEFAULT_SEEDS,
+    warm_starts=DEFAULT_WARM_STARTS,
+    eval_prompts=False,
+    default_config=CONFIG,
+    fresh_runs=True,
+    defaults=DEFAULT_OVERRIDES,
+    beside=replicates,
+)
 
 main = FIGURE.main
 

@@ -40,13 +40,19 @@ CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")
 # time) instead of calling Eigen (blocks sized by the cache sizes the CPU reports) and oneDNN's
 # sgemm. XLA takes a [M, K] @ [K, N] dot itself only when multi-threaded Eigen is off; a dot that
 # contracts another axis of an operand (x^T @ y, x @ y^T) still goes to Eigen.
-XLA_DOTS_FLAGS = ("--xla_cpu_multi_thread_eigen=false",
-                  "--xla_backend_extra_options=xla_force_enable_experimental_llvm_ir_gemm")
+XLA_DOTS_FLAGS = (
+    "--xla_cpu_multi_thread_eigen=false",
+    "--xla_backend_extra_options=xla_force_enable_experimental_llvm_ir_gemm",
+)
 # Under qemu: the venv's site-packages with its .pth files (site.addsitedir), then this script.
-EMULATED = ("import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
-SHAPES = {"large": [(2048, 128, 256), (512, 256, 128), (37, 576, 1536)],
-          "small": [(4, 4, 4), (8, 8, 8), (8, 64, 64), (1, 128, 256), (128, 128, 49)]}
+EMULATED = (
+    "import runpy, site, sys; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+SHAPES = {
+    "large": [(2048, 128, 256), (512, 256, 128), (37, 576, 1536)],
+    "small": [(4, 4, 4), (8, 8, 8), (8, 64, 64), (1, 128, 256), (128, 128, 49)],
+}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -69,7 +75,7 @@ def chunked_dot(a_MxK, b_KxN, chunk: int):
     k = a_MxK.shape[-1]
     out_MxN = None
     for s in range(0, k, chunk):
-        part_MxN = jnp.dot(a_MxK[:, s:s + chunk], b_KxN[s:s + chunk])
+        part_MxN = jnp.dot(a_MxK[:, s : s + chunk], b_KxN[s : s + chunk])
         out_MxN = part_MxN if out_MxN is None else out_MxN + part_MxN
     return out_MxN
 
@@ -149,13 +155,18 @@ def canonical_projections() -> None:
         inputs, out = spec.replace(" ", "").split("->")
         xs, ws = (core._tokens(t) for t in inputs.split(","))
         n_contract = len((set(xs) & set(ws)) - set(core._tokens(out)) - {"..."})
-        contract = xs[len(xs) - n_contract:]
-        if isinstance(w, core.QWeight) or x.dtype != jnp.float32 or w.dtype != jnp.float32 or \
-                preferred_element_type not in (None, jnp.float32) or ws[:n_contract] != contract or \
-                core._tokens(out) != xs[:len(xs) - n_contract] + ws[n_contract:]:
+        contract = xs[len(xs) - n_contract :]
+        if (
+            isinstance(w, core.QWeight)
+            or x.dtype != jnp.float32
+            or w.dtype != jnp.float32
+            or preferred_element_type not in (None, jnp.float32)
+            or ws[:n_contract] != contract
+            or core._tokens(out) != xs[: len(xs) - n_contract] + ws[n_contract:]
+        ):
             return core.dot(spec, x, w, preferred_element_type=preferred_element_type)
-        k = math.prod(x.shape[x.ndim - n_contract:])
-        out_shape = x.shape[:x.ndim - n_contract] + w.shape[n_contract:]
+        k = math.prod(x.shape[x.ndim - n_contract :])
+        out_shape = x.shape[: x.ndim - n_contract] + w.shape[n_contract:]
         return _matmul(x.reshape(-1, k), w.reshape(k, -1)).reshape(out_shape)
 
     transformer.dot = layers.dot = dot
@@ -200,8 +211,9 @@ def train_steps(n: int) -> list[str]:
     from sparserl_jax.train import Trainer
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config([CONFIG], ["sft.steps=0", "sft.curriculum.steps=0", f"train.out_dir={out}",
-                                     "train.progress=false"])
+        cfg = load_config(
+            [CONFIG], ["sft.steps=0", "sft.curriculum.steps=0", f"train.out_dir={out}", "train.progress=false"]
+        )
         trainer = Trainer(cfg, log=lambda *a, **k: None)
 
         metrics = {}
@@ -213,8 +225,11 @@ def train_steps(n: int) -> list[str]:
 
         step()
         seconds = _median_s(step, n)
-        values = [float(metrics[k]) for k in sorted(metrics)  # not the clock-dependent ones
-                  if not k.startswith(("time/", "throughput/")) and "wall" not in k]
+        values = [
+            float(metrics[k])
+            for k in sorted(metrics)  # not the clock-dependent ones
+            if not k.startswith(("time/", "throughput/")) and "wall" not in k
+        ]
         return [f"train step {seconds:.3f}s metrics {_hash([np.asarray(values, np.float64)])}"]
 
 
@@ -223,14 +238,25 @@ def main() -> None:
     p.add_argument("--shapes", default="large", help="large, small or MxKxN[,MxKxN...]")
     p.add_argument("--chunk", type=int, default=0, help="cut K in chunks of this size (0: plain dot)")
     p.add_argument("--model", action="store_true", help="the tiny model's loss and gradient instead")
-    p.add_argument("--train-steps", type=int, default=0, metavar="N",
-                   help="time N RL iterations of the tiny model instead (this CPU only)")
-    p.add_argument("--xla-dots", action="store_true", help="XLA emits the dots itself: "
-                   + " ".join(XLA_DOTS_FLAGS))
-    p.add_argument("--canonical", action="store_true", help="with --model or --train-steps: the "
-                   "projections as canonical dots forward and backward (canonical_projections)")
-    p.add_argument("--emulate", metavar="CPU", help="run under qemu-x86_64 -cpu CPU (a model, "
-                   "optionally with properties: EPYC-Rome,legacy-cache=on)")
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time N RL iterations of the tiny model instead (this CPU only)",
+    )
+    p.add_argument("--xla-dots", action="store_true", help="XLA emits the dots itself: " + " ".join(XLA_DOTS_FLAGS))
+    p.add_argument(
+        "--canonical",
+        action="store_true",
+        help="with --model or --train-steps: the "
+        "projections as canonical dots forward and backward (canonical_projections)",
+    )
+    p.add_argument(
+        "--emulate",
+        metavar="CPU",
+        help="run under qemu-x86_64 -cpu CPU (a model, optionally with properties: EPYC-Rome,legacy-cache=on)",
+    )
     p.add_argument("--host", action="store_true", help="without the portable CPU settings")
     p.add_argument("--time", action="store_true", help="also the median CPU time per call (this CPU only)")
     args = p.parse_args()
@@ -247,8 +273,7 @@ def main() -> None:
         qemu = shutil.which("qemu-x86_64")
         if qemu is None:
             raise SystemExit("--emulate needs qemu-x86_64 (apt-get install qemu-user)")
-        argv = [a for a in sys.argv[1:] if a not in ("--emulate", args.emulate)
-                and not a.startswith("--emulate=")]
+        argv = [a for a in sys.argv[1:] if a not in ("--emulate", args.emulate) and not a.startswith("--emulate=")]
         env = dict(os.environ)
         # qemu-user runs the interpreter itself, outside the venv: the venv's packages come by
         # PYTHONPATH, and this repository (the venv's editable install) by the import hook its .pth

@@ -25,9 +25,18 @@ TYPICAL_PROMPT = 256
 
 def argv_for(model: str, mesh: str, out: str) -> list[str]:
     return [
-        "--config", f"{REAL}/{model}.yaml", "--config", f"{REAL}/mesh/{mesh}.yaml",
-        "--arch", f"{REAL}/arch/{model}.json", "--device-memory-gib", f"{MESHES[mesh]:g}",
-        "--out-json", f"{out}/{model}_{mesh}.json", "--out-md", f"{out}/{model}_{mesh}.md",
+        "--config",
+        f"{REAL}/{model}.yaml",
+        "--config",
+        f"{REAL}/mesh/{mesh}.yaml",
+        "--arch",
+        f"{REAL}/arch/{model}.json",
+        "--device-memory-gib",
+        f"{MESHES[mesh]:g}",
+        "--out-json",
+        f"{out}/{model}_{mesh}.json",
+        "--out-md",
+        f"{out}/{model}_{mesh}.md",
     ]
 
 
@@ -46,7 +55,9 @@ def main() -> None:
             rep = dryrun.main(argv)
             cfg = load_config([f"{REAL}/{model}.yaml", f"{REAL}/mesh/{mesh}.yaml"])
             typical = dryrun.dry_run(
-                cfg, arch=f"{REAL}/arch/{model}.json", device_memory_gib=MESHES[mesh],
+                cfg,
+                arch=f"{REAL}/arch/{model}.json",
+                device_memory_gib=MESHES[mesh],
                 prompt_len=TYPICAL_PROMPT,
             )
             rows.append((model, mesh, rep, typical))
@@ -66,8 +77,7 @@ def main() -> None:
         f"(worst case) and at a {TYPICAL_PROMPT}-token padded prompt (`--prompt-len "
         f"{TYPICAL_PROMPT}`); the last column is the worst case with dense rollouts.",
         "",
-        "| model | params | mesh | GiB/device | rows/call | peak, P=1024 | fits | peak, P=256 | fits "
-        "| dense P=1024 |",
+        "| model | params | mesh | GiB/device | rows/call | peak, P=1024 | fits | peak, P=256 | fits | dense P=1024 |",
         "|---|---:|---|---:|---:|---:|---|---:|---|---|",
     ]
     for model, mesh, rep, typ in rows:

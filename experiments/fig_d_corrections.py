@@ -38,24 +38,50 @@ def run(args, study) -> dict:
     policy = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
     results, histories = figlib.run_variants(
-        study, args.variants, args.seeds, lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),
-        lambda run: figlib.scores(run, policy, n_eval), [({"policy": "none"}, n_eval), ({}, n_eval)])
-    return {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in results},
-            "eval_prompts": n_eval, "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
+        study,
+        args.variants,
+        args.seeds,
+        lambda name: (VARIANTS[name][0], policy, VARIANTS[name][1]),
+        lambda run: figlib.scores(run, policy, n_eval),
+        [({"policy": "none"}, n_eval), ({}, n_eval)],
+    )
+    return {
+        "results": results,
+        "seeds": args.seeds,
+        "histories": histories,
+        "variants": {n: list(VARIANTS[n][1]) + [f"rl.mode={VARIANTS[n][0]}"] for n in results},
+        "eval_prompts": n_eval,
+        "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]},
+    }
 
 
-ROLES = {"none": "naive_sparse", "both": "sparse_rl", "both_sequence_level": "sparse_rl_sequence",
-         "both_geometric_level": "sparse_rl_geometric"}  # each variant's colour (figlib.ARM_COLOURS)
-COMPARE = [("both", "none"), ("sars_only", "none"), ("ibr_only", "none"), ("both", "sars_only"),
-           ("both", "ibr_only"), ("both_sequence_level", "both"), ("both_geometric_level", "both")]
+ROLES = {
+    "none": "naive_sparse",
+    "both": "sparse_rl",
+    "both_sequence_level": "sparse_rl_sequence",
+    "both_geometric_level": "sparse_rl_geometric",
+}  # each variant's colour (figlib.ARM_COLOURS)
+COMPARE = [
+    ("both", "none"),
+    ("sars_only", "none"),
+    ("ibr_only", "none"),
+    ("both", "sars_only"),
+    ("both", "ibr_only"),
+    ("both_sequence_level", "both"),
+    ("both_geometric_level", "both"),
+]
 
 
 COLUMNS = (  # (header, row key, format) of the table
-    ("acc. dense inf.", "dense_acc", ".3f"), ("acc. sparse inf.", "sparse_acc", ".3f"),
-    ("train reward (last 25%)", "train_reward_last25", ".3f"), ("token reject", "token_reject_rate", ".3f"),
-    ("seq reject", "seq_reject_rate", ".3f"), ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
-    ("entropy (last 25%)", "entropy_last25", ".3f"), ("skipped steps", "skipped_steps", ".0f"))
+    ("acc. dense inf.", "dense_acc", ".3f"),
+    ("acc. sparse inf.", "sparse_acc", ".3f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"),
+    ("token reject", "token_reject_rate", ".3f"),
+    ("seq reject", "seq_reject_rate", ".3f"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
+    ("entropy (last 25%)", "entropy_last25", ".3f"),
+    ("skipped steps", "skipped_steps", ".0f"),
+)
 
 
 def render(data: dict, base, command: str) -> figlib.Rendered:
@@ -66,24 +92,35 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     cs = figlib.compare_arms(results, COMPARE, figlib.ACC_METRICS, n_eval)
     lines = [
         f"Sparse rollouts with {policy}, budget {kvc.budget} + buffer {kvc.buffer}; "
-        f"{base.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std).", "",
-        *figlib.md_table(["corrections", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS],
-                         ([name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms)]
-                          for name, rows in results.items())),
-        "", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
-        *figlib.comparison_lines(cs, "Paired differences (by seed):")]
+        f"{base.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std).",
+        "",
+        *figlib.md_table(
+            ["corrections", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS],
+            ([name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms)] for name, rows in results.items()),
+        ),
+        "",
+        figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
+        *figlib.comparison_lines(cs, "Paired differences (by seed):"),
+    ]
     acc = f"accuracy (avg@1, {n_eval} prompts)"
     fig = figlib.ablation_figure(
-        results, data["histories"],
-        [("dense_acc", f"{acc},\ndense inference", ".2f", False),
-         ("sparse_acc", f"{acc},\nsparse inference ({policy}@{kvc.budget})", ".2f", False)],
-        LABELS, figlib.run_title(base, command, seeds, "Figure d, correction ablation"),
-        reference="none" if "none" in results else None, roles=ROLES)
+        results,
+        data["histories"],
+        [
+            ("dense_acc", f"{acc},\ndense inference", ".2f", False),
+            ("sparse_acc", f"{acc},\nsparse inference ({policy}@{kvc.budget})", ".2f", False),
+        ],
+        LABELS,
+        figlib.run_title(base, command, seeds, "Figure d, correction ablation"),
+        reference="none" if "none" in results else None,
+        roles=ROLES,
+    )
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts) of each correction variant "
         f"under dense and under sparse inference (top; dots: the seeds), and its train reward per "
         "iteration (mean reward of the rollouts; bottom, one panel per variant; grey dashed: no "
-        f"correction). {figlib.BAND_CAPTION} Seeds {seeds}.")
+        f"correction). {figlib.BAND_CAPTION} Seeds {seeds}."
+    )
     return figlib.Rendered("Figure d: correction ablation", "\n".join(lines), {"corrections": fig}, caption)
 
 

@@ -58,18 +58,27 @@ def run(args, study) -> dict:
         mode, is_sparse, extra, _ = VARIANTS[name]
         return mode, sparse if is_sparse else "none", extra
 
-    results, histories = figlib.run_variants(study, args.variants, args.seeds, arm_of,
-                                             lambda run: row(run, n_eval), [({"policy": "none"}, n_eval)])
-    return {"results": results, "seeds": args.seeds, "histories": histories,
-            "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in results},
-            "paper_gsm8k": {n: VARIANTS[n][3] for n in results}, "eval_prompts": n_eval,
-            "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]}}
+    results, histories = figlib.run_variants(
+        study, args.variants, args.seeds, arm_of, lambda run: row(run, n_eval), [({"policy": "none"}, n_eval)]
+    )
+    return {
+        "results": results,
+        "seeds": args.seeds,
+        "histories": histories,
+        "variants": {n: [f"rl.mode={VARIANTS[n][0]}", *VARIANTS[n][2]] for n in results},
+        "paper_gsm8k": {n: VARIANTS[n][3] for n in results},
+        "eval_prompts": n_eval,
+        "warm_starts": {"0": figlib.warm_rows(study, [0], n_eval)[0]},
+    }
 
 
 COLUMNS = (  # (header, row key, format) of the table
-    ("accuracy", "dense_acc", ".3f"), ("train reward (last 25%)", "train_reward_last25", ".3f"),
-    ("mismatch KL (k3)", "mismatch_kl_k3", ".2e"), ("ACR active", "acr_active", ".4f"),
-    ("rollout tokens/s", "rollout_tokens_per_s", ".0f"))
+    ("accuracy", "dense_acc", ".3f"),
+    ("train reward (last 25%)", "train_reward_last25", ".3f"),
+    ("mismatch KL (k3)", "mismatch_kl_k3", ".2e"),
+    ("ACR active", "acr_active", ".4f"),
+    ("rollout tokens/s", "rollout_tokens_per_s", ".0f"),
+)
 
 
 def render(data: dict, b, command: str) -> figlib.Rendered:
@@ -77,35 +86,52 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
     seeds, sparse = data["seeds"], b.kv.policy
     n_eval = data.get("eval_prompts", b.train.eval_prompts)
     paper = {name: "—" if VARIANTS[name][3] is None else f"{VARIANTS[name][3]:.2f}" for name in results}
-    cs = figlib.compare_arms(results, [(name, "fp") for name in results if name != "fp"],
-                             {"dense_acc": "dense inference"}, n_eval)
+    cs = figlib.compare_arms(
+        results, [(name, "fp") for name in results if name != "fp"], {"dense_acc": "dense inference"}, n_eval
+    )
     lines = [
         f"{b.train.iterations} iterations from warm start 0; seeds {seeds} (mean ± std); int8 W8A8 rollouts "
         f"(embedding and lm_head full precision), ACR C = {b.rl.acr.c}, invariant s = "
         f"{b.quant.invariant_s}; sparse rows: {sparse}, budget {b.kv.budget} + buffer {b.kv.buffer}. "
-        "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).", "",
-        *figlib.md_table(["rollouts", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS, "paper GSM8K"],
-                         ([name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms), paper[name]]
-                          for name, rows in results.items())),
-        "", figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
-        *figlib.comparison_lines(cs, "Paired differences from full-precision rollouts (by seed):")]
-    title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also "
-                             "evict KV)")
+        "Paper: GSM8K, Qwen2.5-0.5B-Instruct, PPO (BF16 / naive INT8 / TIS / QuRL).",
+        "",
+        *figlib.md_table(
+            ["rollouts", "mode", *figlib.headers(COLUMNS), *figlib.COLLAPSE_HEADERS, "paper GSM8K"],
+            (
+                [name, VARIANTS[name][0], *figlib.arm_cells(rows, COLUMNS, warms), paper[name]]
+                for name, rows in results.items()
+            ),
+        ),
+        "",
+        figlib.warm_note(warms) + figlib.COLLAPSE_NOTE,
+        *figlib.comparison_lines(cs, "Paired differences from full-precision rollouts (by seed):"),
+    ]
+    title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also evict KV)")
     fig = figlib.ablation_figure(
-        results, data["histories"],
-        [("dense_acc", f"accuracy (avg@1, {n_eval} prompts),\ndense inference, full-precision weights",
-          ".2f", False),
-         ("mismatch_kl_k3", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)",
-          ".1e", True)],
-        LABELS, title, reference="fp" if "fp" in results else None,
-        roles={"fp": "dense", "int8_acr": "qurl", "int8_acr_invariant_scaling": "qurl_invariant"})
+        results,
+        data["histories"],
+        [
+            (
+                "dense_acc",
+                f"accuracy (avg@1, {n_eval} prompts),\ndense inference, full-precision weights",
+                ".2f",
+                False,
+            ),
+            ("mismatch_kl_k3", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)", ".1e", True),
+        ],
+        LABELS,
+        title,
+        reference="fp" if "fp" in results else None,
+        roles={"fp": "dense", "int8_acr": "qurl", "int8_acr_invariant_scaling": "qurl_invariant"},
+    )
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
         "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "
         "token, mean over the run; symmetric-log axis, linear around 0, since the full-precision "
         "arm's KL is ~0 and can be slightly negative) of each rollout variant (top; dots: the seeds); "
         "train reward per iteration, one panel per variant, grey dashed: full-precision rollouts "
-        f"(bottom). {figlib.BAND_CAPTION} Seeds {seeds}.")
+        f"(bottom). {figlib.BAND_CAPTION} Seeds {seeds}."
+    )
     return figlib.Rendered("Figure QuRL: quantized rollouts", "\n".join(lines), {"qurl": fig}, caption)
 
 

@@ -140,31 +140,117 @@ from sparserl_jax.experiments.figstats import (
 # The figure library's public names: the scaffold's own and those of its parts.
 __all__ = [
     # the scaffold
-    "Figure", "Rendered", "write_results", "study_from_args", "smoke_overrides", "eval_prompts",
-    "warms_of", "load_results", "default_out", "load_config", "dump_config", "TrainConfig", "workers",
+    "Figure",
+    "Rendered",
+    "write_results",
+    "study_from_args",
+    "smoke_overrides",
+    "eval_prompts",
+    "warms_of",
+    "load_results",
+    "default_out",
+    "load_config",
+    "dump_config",
+    "TrainConfig",
+    "workers",
     # runs (figruns)
-    "HERE", "REPO", "DEFAULT_CONFIG", "DEFAULT_RUNS", "SMOKE_OVERRIDES", "FROM_WARM_START",
-    "EVAL_PROMPTS", "RESULTS_EPOCH", "Run", "Study", "config_key", "summarize", "summarize_history", "scores",
+    "HERE",
+    "REPO",
+    "DEFAULT_CONFIG",
+    "DEFAULT_RUNS",
+    "SMOKE_OVERRIDES",
+    "FROM_WARM_START",
+    "EVAL_PROMPTS",
+    "RESULTS_EPOCH",
+    "Run",
+    "Study",
+    "config_key",
+    "summarize",
+    "summarize_history",
+    "scores",
     "accuracies",
-    "warm_rows", "run_variants",
+    "warm_rows",
+    "run_variants",
     # the rules and a table's numbers (figstats)
-    "COLLAPSE_FRACTION", "REWARD_WINDOW", "COLLAPSE_NOTE", "TIE_SE", "TIE_NOTE", "collapsed",
-    "reward_collapse_iteration", "collapse_cells", "with_reward_rule", "warm_note", "diff_se",
-    "tie_verdict", "verdict_phrase", "VERDICT_NOTE", "Comparison", "unit_of", "compare", "ACC_METRICS",
-    "compare_arms", "comparison_lines", "comparison_table", "last_quarter", "run_mean", "warm_starts_of",
-    "warm_dense_of", "results_of", "mean_std", "fmt", "ratio_of_means", "iteration_time",
+    "COLLAPSE_FRACTION",
+    "REWARD_WINDOW",
+    "COLLAPSE_NOTE",
+    "TIE_SE",
+    "TIE_NOTE",
+    "collapsed",
+    "reward_collapse_iteration",
+    "collapse_cells",
+    "with_reward_rule",
+    "warm_note",
+    "diff_se",
+    "tie_verdict",
+    "verdict_phrase",
+    "VERDICT_NOTE",
+    "Comparison",
+    "unit_of",
+    "compare",
+    "ACC_METRICS",
+    "compare_arms",
+    "comparison_lines",
+    "comparison_table",
+    "last_quarter",
+    "run_mean",
+    "warm_starts_of",
+    "warm_dense_of",
+    "results_of",
+    "mean_std",
+    "fmt",
+    "ratio_of_means",
+    "iteration_time",
     "seconds_per_iteration",
     # tables (figstats)
-    "Column", "COLLAPSE_HEADERS", "md_table", "headers", "stat_cells", "arm_cells",
-    "per_warm_start_table", "seed_rows", "seed_collapse_cells",
+    "Column",
+    "COLLAPSE_HEADERS",
+    "md_table",
+    "headers",
+    "stat_cells",
+    "arm_cells",
+    "per_warm_start_table",
+    "seed_rows",
+    "seed_collapse_cells",
     # plotting (figplot)
-    "PANEL_W", "COLUMN_W", "TWO_COLUMN_W", "MIN_FONT_PT", "ARM_COLOURS", "POLICY_COLOURS", "arm_colours",
-    "check_print_size", "width_note", "DPI", "plt", "BAND_CAPTION", "seeds_caption", "band", "clipped_err",
-    "config_name", "runs_phrase", "run_title", "symlog_axis", "ablation_figure", "band_legend_below", "curve",
-    "mean_line", "mean_curves", "sparse_curve", "spread", "run_bars", "heatmap", "panels", "iteration_axis",
+    "PANEL_W",
+    "COLUMN_W",
+    "TWO_COLUMN_W",
+    "MIN_FONT_PT",
+    "ARM_COLOURS",
+    "POLICY_COLOURS",
+    "arm_colours",
+    "check_print_size",
+    "width_note",
+    "DPI",
+    "plt",
+    "BAND_CAPTION",
+    "seeds_caption",
+    "band",
+    "clipped_err",
+    "config_name",
+    "runs_phrase",
+    "run_title",
+    "symlog_axis",
+    "ablation_figure",
+    "band_legend_below",
+    "curve",
+    "mean_line",
+    "mean_curves",
+    "sparse_curve",
+    "spread",
+    "run_bars",
+    "heatmap",
+    "panels",
+    "iteration_axis",
     "save_figure",
     # provenance (figprov)
-    "PORTABLE_SINCE", "command_line", "cpu_model", "provenance", "provenance_line",
+    "PORTABLE_SINCE",
+    "command_line",
+    "cpu_model",
+    "provenance",
+    "provenance_line",
 ]
 
 
@@ -208,30 +294,51 @@ class Figure:
     beside: Callable[[str], dict] | None = None
 
     def parser(self) -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(description=self.doc.split("\n")[0], epilog=self.doc,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = argparse.ArgumentParser(
+            description=self.doc.split("\n")[0], epilog=self.doc, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         if self.replot:
-            p.add_argument("--replot", metavar="DIR", help="re-render the PNG(s) and results.md of a "
-                           "results directory from its results.json and config.yaml (no training)")
-        p.add_argument("--out", help="output directory (default experiments/results/<figure>, or "
-                       "<figure>/<config stem> for another --config)")
+            p.add_argument(
+                "--replot",
+                metavar="DIR",
+                help="re-render the PNG(s) and results.md of a "
+                "results directory from its results.json and config.yaml (no training)",
+            )
+        p.add_argument(
+            "--out",
+            help="output directory (default experiments/results/<figure>, or "
+            "<figure>/<config stem> for another --config)",
+        )
         p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
         if self.seeds is not None:
             p.add_argument("--seeds", type=int, nargs="+", default=list(self.seeds), help=self.seeds_help)
         if self.warm_starts is not None:
-            p.add_argument("--warm-starts", type=int, nargs="+", default=list(self.warm_starts),
-                           help="SFT seeds of the warm starts every arm is trained from")
+            p.add_argument(
+                "--warm-starts",
+                type=int,
+                nargs="+",
+                default=list(self.warm_starts),
+                help="SFT seeds of the warm starts every arm is trained from",
+            )
         if self.trains:
             p.add_argument("--config", default=self.default_config, help="the base YAML config")
-            p.add_argument("--runs-dir", default=None if self.fresh_runs else self.runs_dir,
-                           help="cache of training runs, shared by figures" + (
-                               " (default: <out>/runs, cleared first)" if self.fresh_runs else ""))
+            p.add_argument(
+                "--runs-dir",
+                default=None if self.fresh_runs else self.runs_dir,
+                help="cache of training runs, shared by figures"
+                + (" (default: <out>/runs, cleared first)" if self.fresh_runs else ""),
+            )
             if self.eval_prompts:
-                p.add_argument("--eval-prompts", type=int, help=f"held-out prompts of the final "
-                               f"evaluations (default: at least {EVAL_PROMPTS}; train.eval_prompts "
-                               "with --smoke)")
-            p.add_argument("overrides", nargs="*", help="key=value settings applied to every run "
-                           "(after --smoke's: they win)")
+                p.add_argument(
+                    "--eval-prompts",
+                    type=int,
+                    help=f"held-out prompts of the final "
+                    f"evaluations (default: at least {EVAL_PROMPTS}; train.eval_prompts "
+                    "with --smoke)",
+                )
+            p.add_argument(
+                "overrides", nargs="*", help="key=value settings applied to every run (after --smoke's: they win)"
+            )
         for option, names in (self.choices or {}).items():
             p.add_argument(option, nargs="+", default=list(names), choices=list(names))
         if self.budgets is not None:
@@ -249,16 +356,22 @@ class Figure:
         t0 = time.perf_counter()
         cores = workers.available_cores()  # before this process pins itself to the first
         command = command_line(cores)
-        args.out = args.out or default_out(self.name, getattr(args, "config", self.default_config),
-                                           self.default_config)
+        args.out = args.out or default_out(self.name, getattr(args, "config", self.default_config), self.default_config)
         if self.fresh_runs and args.runs_dir is None:
             args.runs_dir = os.path.join(args.out, "runs")
             shutil.rmtree(args.runs_dir, ignore_errors=True)
         study = study_from_args(args, cores, self.smoke, self.defaults) if self.trains else None
         start = provenance(cores, None)  # the commit and tree at the start of the run (after pinning)
         data = self.run(args, study)
-        data = {"command": command, **data, "provenance": {
-            **start, "wall_s": round(time.perf_counter() - t0, 1), "arms_json": bool(study and study.arms)}}
+        data = {
+            "command": command,
+            **data,
+            "provenance": {
+                **start,
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "arms_json": bool(study and study.arms),
+            },
+        }
         self.write(args.out, data, study.base if study else None, study)
         return data
 
@@ -294,13 +407,17 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
             dump_config(study.base, os.path.join(out, "config.yaml"))
         if study is not None and study.arms:
             with open(os.path.join(out, "arms.json"), "w") as f:
-                json.dump({"config": os.path.relpath(study.config, REPO), "overrides": study.overrides,
-                           "arms": study.arms}, f, indent=1)
+                json.dump(
+                    {"config": os.path.relpath(study.config, REPO), "overrides": study.overrides, "arms": study.arms},
+                    f,
+                    indent=1,
+                )
     print(r.markdown)
 
 
-def study_from_args(args, cores: list[int] | None = None, smoke: Sequence[str] | None = None,
-                    defaults: Sequence[str] = ()) -> Study:
+def study_from_args(
+    args, cores: list[int] | None = None, smoke: Sequence[str] | None = None, defaults: Sequence[str] = ()
+) -> Study:
     """The study of a figure script's arguments: the base config with the script's `defaults`,
     then, under --smoke, `smoke` (default smoke_overrides), then the command line's key=value
     overrides (which win). Pins
@@ -338,8 +455,9 @@ def warms_of(args) -> list[int]:
     return list(getattr(args, "warm_starts", None) or [0])
 
 
-def load_results(out_dir: str, with_config: bool = True,
-                 default_config: str = DEFAULT_CONFIG) -> tuple[dict, TrainConfig | None]:
+def load_results(
+    out_dir: str, with_config: bool = True, default_config: str = DEFAULT_CONFIG
+) -> tuple[dict, TrainConfig | None]:
     """A results directory's results.json and the base config it ran: its config.yaml, or (results
     that kept none) the --config of its command, else `default_config`."""
     with open(os.path.join(out_dir, "results.json")) as f:
@@ -349,8 +467,7 @@ def load_results(out_dir: str, with_config: bool = True,
     path = os.path.join(out_dir, "config.yaml")
     if not os.path.exists(path):
         words = data["command"].split()
-        path = (os.path.join(REPO, words[words.index("--config") + 1]) if "--config" in words
-                else default_config)
+        path = os.path.join(REPO, words[words.index("--config") + 1]) if "--config" in words else default_config
     return data, load_config([path])
 
 

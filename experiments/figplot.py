@@ -30,21 +30,46 @@ COLUMN_W = PANEL_W = 3.5
 TWO_COLUMN_W = 7.0
 MIN_FONT_PT = 7.0
 DPI = 150
-plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
-                     "ytick.labelsize": 7, "legend.fontsize": 7, "figure.titlesize": 8})
+plt.rcParams.update(
+    {
+        "font.size": 8,
+        "axes.titlesize": 8,
+        "axes.labelsize": 8,
+        "xtick.labelsize": 7,
+        "ytick.labelsize": 7,
+        "legend.fontsize": 7,
+        "figure.titlesize": 8,
+    }
+)
 
 # One colour per arm across every figure (the three arms of the Sparse-RL paper first, as the
 # real-model collapse study draws them), and one per eviction policy ("none": the dense cache).
 ARM_COLOURS = {
-    "dense": "tab:blue", "naive_sparse": "tab:red", "sparse_rl": "tab:green",
-    "sars_only": "tab:cyan", "ibr_only": "tab:pink", "sparse_rl_sequence": "darkgreen",
+    "dense": "tab:blue",
+    "naive_sparse": "tab:red",
+    "sparse_rl": "tab:green",
+    "sars_only": "tab:cyan",
+    "ibr_only": "tab:pink",
+    "sparse_rl_sequence": "darkgreen",
     "sparse_rl_geometric": "yellowgreen",
-    "int8_naive": "tab:orange", "int8_tis": "teal", "qurl": "tab:purple", "qurl_invariant": "indigo",
-    "sparse_int8_acr": "tab:olive", "sparse_int8_sparse_rl_acr": "darkolivegreen",
-    "sorted_on_policy": "tab:brown", "sorted_partial": "#e6ab02", "stacked": "tab:gray",
+    "int8_naive": "tab:orange",
+    "int8_tis": "teal",
+    "qurl": "tab:purple",
+    "qurl_invariant": "indigo",
+    "sparse_int8_acr": "tab:olive",
+    "sparse_int8_sparse_rl_acr": "darkolivegreen",
+    "sorted_on_policy": "tab:brown",
+    "sorted_partial": "#e6ab02",
+    "stacked": "tab:gray",
 }
-POLICY_COLOURS = {"none": ARM_COLOURS["dense"], "streaming": "tab:orange", "h2o": "tab:purple",
-                  "snapkv": "tab:cyan", "rkv": "tab:olive", "random": "tab:gray"}
+POLICY_COLOURS = {
+    "none": ARM_COLOURS["dense"],
+    "streaming": "tab:orange",
+    "h2o": "tab:purple",
+    "snapkv": "tab:cyan",
+    "rkv": "tab:olive",
+    "random": "tab:gray",
+}
 
 
 def arm_colours(names: Iterable[str], roles: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,16 +82,20 @@ def arm_colours(names: Iterable[str], roles: dict[str, str] | None = None) -> di
 
 # ----------------------------------------------------------------------------- figure style
 
-BAND_CAPTION = ("Lines and bars: mean over runs (warm starts x seeds); shaded bands and error bars: "
-                "± one sample standard deviation over runs (none with one run), clipped to the "
-                "metric's range.")
+BAND_CAPTION = (
+    "Lines and bars: mean over runs (warm starts x seeds); shaded bands and error bars: "
+    "± one sample standard deviation over runs (none with one run), clipped to the "
+    "metric's range."
+)
 
 
 def seeds_caption(marks: str, seeds: Sequence[int], note: str = "") -> str:
     """A caption's sentence on `marks` (points or bars) that are means over seeds with ± one std
     error bars, and the seeds."""
-    return (f"{marks}: mean over seeds; error bars: ± one sample standard deviation over seeds, clipped at 0 "
-            f"(none with one seed{note}). Seeds {seeds}.")
+    return (
+        f"{marks}: mean over seeds; error bars: ± one sample standard deviation over seeds, clipped at 0 "
+        f"(none with one seed{note}). Seeds {seeds}."
+    )
 
 
 def band(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None) -> None:
@@ -105,16 +134,25 @@ def runs_phrase(seeds: Sequence[int], warms: Sequence[int] = (0,)) -> str:
     return s if len(warms) == 1 else f"{len(warms)} warm starts x {s}"
 
 
-def run_title(cfg: TrainConfig, command: str, seeds: Sequence[int], what: str = "",
-              warms: Sequence[int] = (0,), default_config: str = DEFAULT_CONFIG,
-              setting: str | None = None, runs: str | None = None) -> str:
+def run_title(
+    cfg: TrainConfig,
+    command: str,
+    seeds: Sequence[int],
+    what: str = "",
+    warms: Sequence[int] = (0,),
+    default_config: str = DEFAULT_CONFIG,
+    setting: str | None = None,
+    runs: str | None = None,
+) -> str:
     """A suptitle saying what was run: `what`, then the config and task with `setting` (default:
     the KV policy, budget and buffer), then `runs` (default: the runs and the iterations of rollouts)."""
     kv = cfg.kv
     head = f"{what}\n" if what else ""
     setting = setting or f"{kv.policy} budget {kv.budget} + buffer {kv.buffer}"
-    runs = runs or (f"{runs_phrase(seeds, warms)}, {cfg.train.iterations} iterations of "
-                    f"{cfg.rollout.prompts}x{cfg.rollout.samples} rollouts")
+    runs = runs or (
+        f"{runs_phrase(seeds, warms)}, {cfg.train.iterations} iterations of "
+        f"{cfg.rollout.prompts}x{cfg.rollout.samples} rollouts"
+    )
     return f"{head}{config_name(command, default_config)} (task {cfg.data.task}), {setting}\n{runs}"
 
 
@@ -126,23 +164,30 @@ def symlog_axis(ax, values: Iterable[float], axis: str = "x") -> None:
     lo = int(np.floor(np.log10(pos.min()))) if pos.size else -6
     hi = int(np.ceil(np.log10(v.max()))) if pos.size else 0
     hi = max(hi, lo + 1)
-    getattr(ax, f"set_{axis}scale")("symlog", linthresh=10.0 ** lo, linscale=0.5)
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=10.0**lo, linscale=0.5)
     step = max(1, -(-(hi - lo) // 4))
-    ticks = [0.0] + [10.0 ** k for k in range(hi, lo - 1, -step)][::-1]
+    ticks = [0.0] + [10.0**k for k in range(hi, lo - 1, -step)][::-1]
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_locator(FixedLocator(ticks))
     target.set_minor_locator(FixedLocator([]))
-    target.set_major_formatter(FuncFormatter(
-        lambda x, _: "0" if x == 0 else f"$10^{{{int(round(np.log10(abs(x))))}}}$"))
+    target.set_major_formatter(
+        FuncFormatter(lambda x, _: "0" if x == 0 else f"$10^{{{int(round(np.log10(abs(x))))}}}$")
+    )
     neg = np.asarray([x for x in values if np.isfinite(x)], np.float64)
-    low = min(-0.3 * 10.0 ** lo, 1.5 * float(neg.min()) if neg.size else 0.0)
+    low = min(-0.3 * 10.0**lo, 1.5 * float(neg.min()) if neg.size else 0.0)
     # room right of the largest bar for its value
     getattr(ax, f"set_{axis}lim")(low, 10.0 ** (hi + 0.3 * (hi - lo + 1)))
 
 
-def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[list[dict]]],
-                    bars: Sequence[tuple[str, str, str, bool]], labels: dict[str, str], title: str,
-                    reference: str | None = None, roles: dict[str, str] | None = None):
+def ablation_figure(
+    results: dict[str, list[dict]],
+    histories: dict[str, list[list[dict]]],
+    bars: Sequence[tuple[str, str, str, bool]],
+    labels: dict[str, str],
+    title: str,
+    reference: str | None = None,
+    roles: dict[str, str] | None = None,
+):
     """A figure of an ablation with short variant labels: one horizontal bar panel (mean ± std over
     runs, value written beside each bar, every run a dot) per (key, axis label, value format,
     symlog?) in `bars`, then one small panel per variant with its train reward curve (mean ± std
@@ -152,13 +197,21 @@ def ablation_figure(results: dict[str, list[dict]], histories: dict[str, list[li
     colours = arm_colours(names, roles)
     n_multi_rows = -(-len(names) // 2)
     bar_h = 0.9 + 0.22 * len(names)
-    fig = plt.figure(figsize=(2 * PANEL_W, bar_h * -(-len(bars) // 2) + 1.55 * n_multi_rows + 0.5),
-                     layout="constrained")
+    fig = plt.figure(
+        figsize=(2 * PANEL_W, bar_h * -(-len(bars) // 2) + 1.55 * n_multi_rows + 0.5), layout="constrained"
+    )
     top, bottom = fig.subfigures(2, 1, height_ratios=[bar_h * -(-len(bars) // 2), 1.55 * n_multi_rows])
     bar_axes = np.atleast_1d(top.subplots(-(-len(bars) // 2), min(len(bars), 2))).ravel()
     for ax, (key, xlabel, spec, log) in zip(bar_axes, bars):
-        means, stds = run_bars(ax, names, {n: [r[key] for r in results[n]] for n in names}, colours,
-                               horizontal=True, value_fmt=spec, labels=[labels.get(n, n) for n in names])
+        means, stds = run_bars(
+            ax,
+            names,
+            {n: [r[key] for r in results[n]] for n in names},
+            colours,
+            horizontal=True,
+            value_fmt=spec,
+            labels=[labels.get(n, n) for n in names],
+        )
         if ax is not bar_axes[0] and len(bar_axes) == 2:  # same rows as its left neighbour
             ax.tick_params(labelleft=False)
         ax.set_xlabel(xlabel)
@@ -221,16 +274,25 @@ def curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray, np.nda
     return np.arange(1, len(m) + 1), m, s
 
 
-def mean_line(ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None, fmt: str = "-",
-              **plot_kw) -> None:
+def mean_line(
+    ax, x, m, s, colour, floor: float | None = 0.0, ceil: float | None = None, fmt: str = "-", **plot_kw
+) -> None:
     """A mean over runs (line) and its ± one standard deviation band clipped to [floor, ceil]."""
     ax.plot(x, m, fmt, color=colour, **plot_kw)
     band(ax, x, m, s, colour, floor, ceil)
 
 
-def mean_curves(ax, histories: dict[str, Sequence[list[dict]]], colours: dict[str, str], key: str,
-                floor: float | None = 0.0, ceil: float | None = None, lw: float = 1.2,
-                one_run_dashed: bool = False, **plot_kw) -> None:
+def mean_curves(
+    ax,
+    histories: dict[str, Sequence[list[dict]]],
+    colours: dict[str, str],
+    key: str,
+    floor: float | None = 0.0,
+    ceil: float | None = None,
+    lw: float = 1.2,
+    one_run_dashed: bool = False,
+    **plot_kw,
+) -> None:
     """Per arm, one logged metric per iteration: the mean over the arm's runs and a ± one std band
     clipped to [floor, ceil]; with `one_run_dashed` an arm of one run is dashed, without a band."""
     for name, hs in histories.items():
@@ -255,16 +317,16 @@ def sparse_curve(histories: Sequence[list[dict]], key: str) -> tuple[np.ndarray,
 def text_sizes(fig) -> list[float]:
     """The font size (pt) of every visible, non-empty text of a drawn figure."""
     fig.canvas.draw()
-    return [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text)
-            if t.get_visible() and t.get_text().strip()]
+    return [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
 
 
 def check_print_size(fig, name: str) -> None:
     """A figure is at most TWO_COLUMN_W wide and has no text below MIN_FONT_PT at that size."""
     width = fig.get_figwidth()
     if width > TWO_COLUMN_W + 1e-6:
-        raise ValueError(f"{name}: {width:.2f} in wide; a figure is one column ({COLUMN_W} in) or two "
-                         f"({TWO_COLUMN_W} in) at most")
+        raise ValueError(
+            f"{name}: {width:.2f} in wide; a figure is one column ({COLUMN_W} in) or two ({TWO_COLUMN_W} in) at most"
+        )
     small = min(text_sizes(fig), default=MIN_FONT_PT)
     if small < MIN_FONT_PT:
         raise ValueError(f"{name}: text at {small:g} pt; at least {MIN_FONT_PT:g} pt at print size")
@@ -273,10 +335,17 @@ def check_print_size(fig, name: str) -> None:
 def width_note(figures: dict) -> str:
     """results.md's line declaring the figures wider than one column (COLUMN_W) two-column
     figures; '' when every figure fits one column."""
-    wide = [f"{name}.png ({fig.get_figwidth():.1f} in)" for name, fig in figures.items()
-            if fig.get_figwidth() > COLUMN_W + 1e-6]
-    return ("" if not wide else f"Two-column figure{'s' if len(wide) > 1 else ''}, printed across the full "
-            f"text width ({TWO_COLUMN_W:g} in; text at least {MIN_FONT_PT:g} pt at that size): {', '.join(wide)}.")
+    wide = [
+        f"{name}.png ({fig.get_figwidth():.1f} in)"
+        for name, fig in figures.items()
+        if fig.get_figwidth() > COLUMN_W + 1e-6
+    ]
+    return (
+        ""
+        if not wide
+        else f"Two-column figure{'s' if len(wide) > 1 else ''}, printed across the full "
+        f"text width ({TWO_COLUMN_W:g} in; text at least {MIN_FONT_PT:g} pt at that size): {', '.join(wide)}."
+    )
 
 
 def save_figure(out_dir: str, fig, name: str) -> None:
@@ -289,10 +358,17 @@ def save_figure(out_dir: str, fig, name: str) -> None:
     plt.close(fig)
 
 
-def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colours: dict[str, str],
-             horizontal: bool = False, floor: float | None = 0.0,
-             marks: dict[str, float | None] | None = None, value_fmt: str | None = None,
-             labels: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_bars(
+    ax,
+    names: Sequence[str],
+    values: dict[str, Sequence[float]],
+    colours: dict[str, str],
+    horizontal: bool = False,
+    floor: float | None = 0.0,
+    marks: dict[str, float | None] | None = None,
+    value_fmt: str | None = None,
+    labels: Sequence[str] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """One bar per name at its mean over runs, an error bar of ± one sample standard deviation
     (none for one run; clipped at `floor`, the metric's range), every run a black dot, a black
     dash across the bar at `marks[name]` where given (e.g. a paper's number), with `value_fmt`
@@ -303,8 +379,7 @@ def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colou
     pos = np.arange(len(names))
     draw = ax.barh if horizontal else ax.bar
     err = {"xerr" if horizontal else "yerr": clipped_err(means, stds, floor)}
-    draw(pos, means, color=[colours[n] for n in names], alpha=0.85, capsize=2,
-         error_kw={"elinewidth": 0.8}, **err)
+    draw(pos, means, color=[colours[n] for n in names], alpha=0.85, capsize=2, error_kw={"elinewidth": 0.8}, **err)
     for p, n in zip(pos, names):
         vals = list(values[n])
         if len(vals) > 1:
@@ -316,9 +391,15 @@ def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colou
             ax.plot(*(dash if horizontal else dash[::-1]), "--", color="black", lw=1.5)
         if value_fmt:
             end = max(means[p] + stds[p], 0.0)
-            ax.annotate(f"{means[p]:{value_fmt}}", (end, p) if horizontal else (p, end), fontsize=8,
-                        xytext=(3, 0) if horizontal else (0, 3), textcoords="offset points",
-                        va="center" if horizontal else "bottom", ha="left" if horizontal else "center")
+            ax.annotate(
+                f"{means[p]:{value_fmt}}",
+                (end, p) if horizontal else (p, end),
+                fontsize=8,
+                xytext=(3, 0) if horizontal else (0, 3),
+                textcoords="offset points",
+                va="center" if horizontal else "bottom",
+                ha="left" if horizontal else "center",
+            )
     if labels is not None and horizontal:
         ax.set_yticks(pos, labels)
         ax.invert_yaxis()
@@ -327,8 +408,16 @@ def run_bars(ax, names: Sequence[str], values: dict[str, Sequence[float]], colou
     return means, stds
 
 
-def heatmap(ax, cells: Sequence[Sequence[Sequence[float]]], rows: Sequence, columns: Sequence,
-            vmin: float, vmax: float, cmap: str, spec: str = "{:.2f}"):
+def heatmap(
+    ax,
+    cells: Sequence[Sequence[Sequence[float]]],
+    rows: Sequence,
+    columns: Sequence,
+    vmin: float,
+    vmax: float,
+    cmap: str,
+    spec: str = "{:.2f}",
+):
     """A grid of per-run values (cells[i][j]: one value per run): colour by the mean, text the mean
     and, with several runs, ± their sample standard deviation; rows and columns labelled. Text is
     dark where the colour is light (viridis above 60%; a diverging map in its middle)."""
@@ -341,8 +430,7 @@ def heatmap(ax, cells: Sequence[Sequence[Sequence[float]]], rows: Sequence, colu
             text = spec.format(m) + ("" if sd is None else f"\n±{sd:.2f}")
             level = (m - vmin) / max(vmax - vmin, 1e-9)  # where the colour sits on its scale
             light = level >= 0.6 if vmin == 0 else 0.2 < level < 0.8  # viridis: light above; RdBu: mid
-            ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=0.9,
-                    color="k" if light else "w")
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=0.9, color="k" if light else "w")
     ax.set_xticks(range(len(columns)), [str(c) for c in columns])
     ax.set_yticks(range(len(rows)), rows)
     return im

@@ -23,8 +23,9 @@ PORTABLE_SINCE = "de5812a"
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -56,8 +57,10 @@ def cpu_model() -> str:
         return "?"
     info = {k.strip(): v.strip() for k, v in info.items()}
     avx512 = "avx512f" in info.get("flags", "").split()
-    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
-            f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})")
+    return (
+        f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
+        f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})"
+    )
 
 
 # The fields every results.md's provenance sentence names (tests/test_provenance.py): what is
@@ -73,19 +76,27 @@ def provenance(cores: Sequence[int], seconds: float | None) -> dict:
     import jax
 
     dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit(), "uncommitted_changes": bool(dirty),
-            **({"commit_at": "start"} if seconds is None else {}),
-            "portable_cpu": workers.portable_cpu_enabled(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "cpu": cpu_model(), "jax": jax.__version__, "python": sys.version.split()[0],
-            "cores": len(cores), "wall_s": None if seconds is None else round(seconds, 1)}
+    return {
+        "commit": commit(),
+        "uncommitted_changes": bool(dirty),
+        **({"commit_at": "start"} if seconds is None else {}),
+        "portable_cpu": workers.portable_cpu_enabled(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "cpu": cpu_model(),
+        "jax": jax.__version__,
+        "python": sys.version.split()[0],
+        "cores": len(cores),
+        "wall_s": None if seconds is None else round(seconds, 1),
+    }
 
 
-def _fields(commit: str, tree: str, cpu: str | None, jax: str | None, cores: int | None,
-            wall_s: float | None) -> str:
+def _fields(commit: str, tree: str, cpu: str | None, jax: str | None, cores: int | None, wall_s: float | None) -> str:
     """The six fields, each named, "not recorded" where unknown."""
     nr = NOT_RECORDED
-    return (f"commit {commit}; tree {tree}; CPU {cpu or nr}; jax {jax or nr}; "
-            f"cores {nr if cores is None else cores}; wall time {nr if wall_s is None else f'{wall_s:.0f} s'}")
+    return (
+        f"commit {commit}; tree {tree}; CPU {cpu or nr}; jax {jax or nr}; "
+        f"cores {nr if cores is None else cores}; wall time {nr if wall_s is None else f'{wall_s:.0f} s'}"
+    )
 
 
 def provenance_line(data: dict, results_json: str | None = None) -> str:
@@ -100,22 +111,27 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
     legacy_cores = data.get("cores") or (data.get("meta") or {}).get("cores")
     unknown_tree = f"clean: {nr}"
     if p and p.get("recorded") is False:  # results from before figlib recorded it: what git says
-        numerics = ("the portable CPU numerics (their default since)" if p["portable_cpu"] else
-                    "the host's own CPU numerics")
+        numerics = (
+            "the portable CPU numerics (their default since)" if p["portable_cpu"] else "the host's own CPU numerics"
+        )
         commit = f"{nr} (its numbers were committed in {p['results_commit']})"
-        return (f"Provenance: {_fields(commit, unknown_tree, None, None, legacy_cores, legacy_wall)}; "
-                f"committed {'after' if p['portable_cpu'] else 'before'} the portable CPU settings ({PORTABLE_SINCE}), "
-                f"so it ran with {numerics}; each arm's config {nr}.")
+        return (
+            f"Provenance: {_fields(commit, unknown_tree, None, None, legacy_cores, legacy_wall)}; "
+            f"committed {'after' if p['portable_cpu'] else 'before'} the portable CPU settings ({PORTABLE_SINCE}), "
+            f"so it ran with {numerics}; each arm's config {nr}."
+        )
     if p:
-        at = ("at the start of the run" if p.get("commit_at") == "start" else
-              f"when the run finished (at its start: {nr})")
+        at = (
+            "at the start of the run"
+            if p.get("commit_at") == "start"
+            else f"when the run finished (at its start: {nr})"
+        )
         tree = {True: "with uncommitted changes", False: "clean"}.get(p.get("uncommitted_changes"), unknown_tree)
         portable = {True: "on", False: "off (SPARSERL_PORTABLE_CPU=0)"}.get(p.get("portable_cpu"), nr)
         arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
         commit = f"{p['commit']} {at}" if p.get("commit") else nr
         fields = _fields(commit, tree, p.get("cpu"), p.get("jax"), p.get("cores"), p.get("wall_s"))
-        return (f"Provenance: {fields}; "
-                f"portable CPU settings {portable} (experiments/workers.py).{arms}")
+        return f"Provenance: {fields}; portable CPU settings {portable} (experiments/workers.py).{arms}"
     if results_json is None:
         return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)}."
     rel = os.path.relpath(os.path.abspath(results_json), REPO)
@@ -123,10 +139,16 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
     if not commits:
         return f"Provenance: {_fields(nr, unknown_tree, None, None, legacy_cores, legacy_wall)} (before figlib recorded it)."
     first, last = commits[-1], commits[0]
-    where = (f"committed in {last}" if first == last else f"first committed in {first}, last changed in {last}")
+    where = f"committed in {last}" if first == last else f"first committed in {first}, last changed in {last}"
     after = [_git("merge-base", "--is-ancestor", PORTABLE_SINCE, c.split()[0]) is not None for c in (first, last)]
-    numerics = ("after the portable CPU settings ({0}), so it ran with the portable CPU numerics" if all(after) else
-                "before the portable CPU settings ({0}), so it ran with the host CPU numerics" if not any(after) else
-                "across the portable CPU settings ({0}): its CPU numerics not recorded").format(PORTABLE_SINCE)
-    return (f"Provenance: {_fields(f'{nr} (its results.json was {where})', unknown_tree, None, None, legacy_cores, legacy_wall)}; "
-            f"committed {numerics}; no arms.json.")
+    numerics = (
+        "after the portable CPU settings ({0}), so it ran with the portable CPU numerics"
+        if all(after)
+        else "before the portable CPU settings ({0}), so it ran with the host CPU numerics"
+        if not any(after)
+        else "across the portable CPU settings ({0}): its CPU numerics not recorded"
+    ).format(PORTABLE_SINCE)
+    return (
+        f"Provenance: {_fields(f'{nr} (its results.json was {where})', unknown_tree, None, None, legacy_cores, legacy_wall)}; "
+        f"committed {numerics}; no arms.json."
+    )

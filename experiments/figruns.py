@@ -33,8 +33,13 @@ DEFAULT_RUNS = os.path.join(REPO, "runs", "figures")
 
 # A seconds-long version of any experiment (tests and first checks).
 SMOKE_OVERRIDES = (
-    "sft.steps=5", "train.iterations=2", "train.eval_prompts=4", "rollout.prompts=2",
-    "rollout.samples=4", "rl.update.minibatch_size=8", "rl.update.micro_batch_size=8",
+    "sft.steps=5",
+    "train.iterations=2",
+    "train.eval_prompts=4",
+    "rollout.prompts=2",
+    "rollout.samples=4",
+    "rl.update.minibatch_size=8",
+    "rl.update.micro_batch_size=8",
     "rl.update.compile_ahead=false",  # two iterations compile only the programs they run
 )
 
@@ -46,8 +51,13 @@ FROM_WARM_START = ("sft.steps=0", "sft.curriculum.steps=0")
 EVAL_PROMPTS = 512
 
 # Settings that do not change what a run computes: left out of its identity.
-_NOT_IDENTITY = ("train.out_dir", "train.progress", "train.save_every", "train.keep_checkpoints",
-                 "rl.update.compile_ahead")
+_NOT_IDENTITY = (
+    "train.out_dir",
+    "train.progress",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "rl.update.compile_ahead",
+)
 
 
 def _non_default(tree: dict, default: dict) -> dict:
@@ -144,8 +154,14 @@ class Run:
 class Study:
     """Runs of one base config (YAML + overrides) from its warm starts (SFT seed k: warm start k)."""
 
-    def __init__(self, config: str = DEFAULT_CONFIG, overrides: Sequence[str] = (),
-                 runs_dir: str = DEFAULT_RUNS, log: Callable = print, cores: list[int] | None = None):
+    def __init__(
+        self,
+        config: str = DEFAULT_CONFIG,
+        overrides: Sequence[str] = (),
+        runs_dir: str = DEFAULT_RUNS,
+        log: Callable = print,
+        cores: list[int] | None = None,
+    ):
         self.config = config
         self.cores = cores  # train_all's worker cores (default: this process's available ones)
         self.overrides = list(overrides)
@@ -163,8 +179,9 @@ class Study:
         """Train (or resume, or reuse when finished) the run of the base config + `overrides`."""
         cfg = self.resolve(overrides)
         out_dir = os.path.join(self.runs_dir, config_key(cfg))
-        cfg = load_config([self.config], self.overrides + ["train.progress=false", *overrides,
-                                                         f"train.out_dir={out_dir}"])
+        cfg = load_config(
+            [self.config], self.overrides + ["train.progress=false", *overrides, f"train.out_dir={out_dir}"]
+        )
         done = os.path.join(out_dir, "done.json")
         with _locked(out_dir):
             if not os.path.exists(done):
@@ -172,12 +189,12 @@ class Study:
                 self.log(f"[{name}] training in {out_dir}")
                 Trainer(cfg, log=self.log).run()
                 with open(done, "w") as f:
-                    json.dump({"name": name, "overrides": list(overrides),
-                               "seconds": time.perf_counter() - t0}, f, indent=1)
+                    json.dump(
+                        {"name": name, "overrides": list(overrides), "seconds": time.perf_counter() - t0}, f, indent=1
+                    )
             else:
                 self.log(f"[{name}] reusing {out_dir}")
-        self.arms[name] = {"overrides": list(overrides), "run": os.path.basename(out_dir),
-                           "config": to_dict(cfg)}
+        self.arms[name] = {"overrides": list(overrides), "run": os.path.basename(out_dir), "config": to_dict(cfg)}
         history = read_metrics(out_dir) if cfg.train.iterations else []
         return Run(name, cfg, out_dir, history)
 
@@ -185,46 +202,75 @@ class Study:
         """Warm start `warm`: SFT with train.seed=warm and no RL iterations (every arm with that
         `warm` starts from its weights)."""
         if warm not in self._warm_dirs:
-            run = self.train(f"warm_start{warm}/sft", ["train.iterations=0", f"train.seed={warm}",
-                                                       "rl.mode=dense", "kv.policy=none"])
+            run = self.train(
+                f"warm_start{warm}/sft", ["train.iterations=0", f"train.seed={warm}", "rl.mode=dense", "kv.policy=none"]
+            )
             self._warm_dirs[warm] = run.out_dir
         return self._warm_dirs[warm]
 
-    def arm(self, name: str, *, mode: str, policy: str, seed: int = 0, extra: Sequence[str] = (),
-            warm: int = 0) -> Run:
+    def arm(self, name: str, *, mode: str, policy: str, seed: int = 0, extra: Sequence[str] = (), warm: int = 0) -> Run:
         """RL from warm start `warm` with rollouts under `policy`, corrections `mode`, train.seed
         `seed`."""
-        overrides = [f"model.init_from={self.warm_start_dir(warm)}", *FROM_WARM_START,
-                     f"rl.mode={mode}", f"kv.policy={policy}", f"train.seed={seed}", *extra]
+        overrides = [
+            f"model.init_from={self.warm_start_dir(warm)}",
+            *FROM_WARM_START,
+            f"rl.mode={mode}",
+            f"kv.policy={policy}",
+            f"train.seed={seed}",
+            *extra,
+        ]
         return self.train(name, overrides)
 
     def warm_start(self, policy: str | None = None, warm: int = 0) -> Run:
         """Warm start `warm` itself as a zero-iteration run (to evaluate it like any other model;
         its evaluation seed is train.seed + 1 with train.seed = warm)."""
         policy = policy or self.base.kv.policy
-        return self.arm("warm_start" if warm == 0 else f"warm_start{warm}", mode="dense",
-                        policy=policy, seed=warm, extra=["train.iterations=0"], warm=warm)
+        return self.arm(
+            "warm_start" if warm == 0 else f"warm_start{warm}",
+            mode="dense",
+            policy=policy,
+            seed=warm,
+            extra=["train.iterations=0"],
+            warm=warm,
+        )
 
     def train_all(self, specs: Sequence[dict], evals: Sequence[tuple[dict, int]] = ()) -> None:
         """Train what `study.arm(**spec)` would for every spec (warm starts first), in parallel
         single-core processes (one per available core; workers.py), and evaluate each final model
         under every (kv overrides, prompts) of `evals` there: later `arm` / `evaluate` calls read
         the cache. A spec {"warm_start": k} trains warm start k and evaluates it."""
-        warms = sorted({int(s.get("warm", 0)) for s in specs if "warm_start" not in s}
-                       | {int(s["warm_start"]) for s in specs if "warm_start" in s})
+        warms = sorted(
+            {int(s.get("warm", 0)) for s in specs if "warm_start" not in s}
+            | {int(s["warm_start"]) for s in specs if "warm_start" in s}
+        )
         jobs = [{"warm_start": w} for w in warms] + [dict(s) for s in specs if "warm_start" not in s]
-        args = (self.config, self.overrides, self.runs_dir, self.base.kv.policy,
-                [[dict(kv), int(n)] for kv, n in evals])
+        args = (
+            self.config,
+            self.overrides,
+            self.runs_dir,
+            self.base.kv.policy,
+            [[dict(kv), int(n)] for kv, n in evals],
+        )
         workers.parallel_map(_train_job, [(*args, job) for job in jobs], self.cores)
 
-    def train_runs(self, runs: Sequence[tuple[str, Sequence[str]]], evals: Sequence[tuple[dict, int]] = (),
-                   progress: bool = False) -> list[Run]:
+    def train_runs(
+        self, runs: Sequence[tuple[str, Sequence[str]]], evals: Sequence[tuple[dict, int]] = (), progress: bool = False
+    ) -> list[Run]:
         """Train (or resume, or reuse) each (name, overrides) of the base config, no warm start
         involved, in parallel single-core processes (workers.py), evaluating each final model under
         every (kv overrides, prompts) of `evals` there; returns the runs, read here from the cache.
         `progress`: the workers print each iteration (long runs)."""
-        jobs = [(self.config, self.overrides, self.runs_dir, name, [*o, f"train.progress={str(progress).lower()}"],
-                 [[dict(kv), int(n)] for kv, n in evals]) for name, o in runs]
+        jobs = [
+            (
+                self.config,
+                self.overrides,
+                self.runs_dir,
+                name,
+                [*o, f"train.progress={str(progress).lower()}"],
+                [[dict(kv), int(n)] for kv, n in evals],
+            )
+            for name, o in runs
+        ]
         workers.parallel_map(_run_job, jobs, self.cores)
         return [self.train(name, o) for name, o in runs]
 
@@ -283,8 +329,12 @@ def scores(run: Run, sparse_policy: str, n: int | None = None) -> dict:
     `sparse_policy` inference (on `n` held-out prompts, default train.eval_prompts), the sparse
     evaluation's KV saving and the training-time summary."""
     sparse = run.evaluate({"policy": sparse_policy}, n=n)
-    return {"dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
-            "sparse_acc": sparse["accuracy"], "sparse_kv_saving": sparse["kv_saving"], **summarize(run)}
+    return {
+        "dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
+        "sparse_acc": sparse["accuracy"],
+        "sparse_kv_saving": sparse["kv_saving"],
+        **summarize(run),
+    }
 
 
 def accuracies(runs: Sequence[Run], kv_overrides: dict, n: int | None = None) -> list[float]:
@@ -300,15 +350,23 @@ def warm_rows(study: Study, warms: Sequence[int], n: int, policy: str | None = N
     for w in warms:
         run = study.warm_start(policy, warm=w)
         sparse = run.evaluate({"policy": policy}, n=n)
-        out[w] = {"dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
-                  "sparse_acc": sparse["accuracy"], "sparse_kv_saving": sparse["kv_saving"]}
+        out[w] = {
+            "dense_acc": run.evaluate({"policy": "none"}, n=n)["accuracy"],
+            "sparse_acc": sparse["accuracy"],
+            "sparse_kv_saving": sparse["kv_saving"],
+        }
     return out
 
 
-def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
-                 arm_of: Callable[[str], tuple[str, str, Sequence[str]]],
-                 score: Callable[[Run], dict], evals: Sequence[tuple[dict, int]] = (),
-                 warms: Sequence[int] = (0,)) -> tuple[dict, dict]:
+def run_variants(
+    study: Study,
+    names: Sequence[str],
+    seeds: Sequence[int],
+    arm_of: Callable[[str], tuple[str, str, Sequence[str]]],
+    score: Callable[[Run], dict],
+    evals: Sequence[tuple[dict, int]] = (),
+    warms: Sequence[int] = (0,),
+) -> tuple[dict, dict]:
     """Train (or reuse) every variant x warm start x seed; `arm_of(name)` gives its (rl.mode,
     kv.policy, extra overrides), `evals` the evaluations the workers run. Returns results[name] =
     [score(run) + its warm_start and seed, per run] and histories[name]."""
@@ -316,8 +374,14 @@ def run_variants(study: Study, names: Sequence[str], seeds: Sequence[int],
     units = [(w, s) for w in warms for s in seeds]
 
     def spec(n, w, s):
-        return dict(name=f"{n}/seed{s}" if w == 0 else f"{n}/w{w}/seed{s}", mode=arms[n][0],
-                    policy=arms[n][1], seed=s, extra=list(arms[n][2]), warm=w)
+        return dict(
+            name=f"{n}/seed{s}" if w == 0 else f"{n}/w{w}/seed{s}",
+            mode=arms[n][0],
+            policy=arms[n][1],
+            seed=s,
+            extra=list(arms[n][2]),
+            warm=w,
+        )
 
     study.train_all([spec(n, w, s) for n in names for w, s in units], evals)
     results, histories = {}, {}

@@ -49,8 +49,11 @@ def collapse_cells(rows: Sequence[dict], warm_dense: Sequence[float | None]) -> 
     warm start's dense accuracy; '-' when that was not recorded) and 'k of n (at i, j, -)' by
     `reward_collapse_iteration` (rows carry 'collapse_iteration'; '-' when no history was kept)."""
     n = len(rows)
-    acc = ("-" if any(w is None for w in warm_dense) else
-           f"{sum(collapsed(r['dense_acc'], w) for r, w in zip(rows, warm_dense))} of {n}")
+    acc = (
+        "-"
+        if any(w is None for w in warm_dense)
+        else f"{sum(collapsed(r['dense_acc'], w) for r, w in zip(rows, warm_dense))} of {n}"
+    )
     if any("collapse_iteration" not in r for r in rows):
         return acc, "-"
     its = [r["collapse_iteration"] for r in rows]
@@ -63,8 +66,10 @@ def with_reward_rule(results: dict[str, list[dict]], histories: dict[str, list] 
     out = {}
     for name, rows in results.items():
         hists = (histories or {}).get(name) or [None] * len(rows)
-        out[name] = [r if "collapse_iteration" in r or h is None else
-                     {**r, "collapse_iteration": reward_collapse_iteration(h)} for r, h in zip(rows, hists)]
+        out[name] = [
+            r if "collapse_iteration" in r or h is None else {**r, "collapse_iteration": reward_collapse_iteration(h)}
+            for r, h in zip(rows, hists)
+        ]
     return out
 
 
@@ -72,15 +77,19 @@ COLLAPSE_NOTE = (
     f"Collapsed (accuracy rule, figlib.collapsed): final dense-inference accuracy below "
     f"{COLLAPSE_FRACTION:.0%} of the warm start's. Collapsed (reward rule, "
     f"figlib.reward_collapse_iteration): the {REWARD_WINDOW}-iteration moving average of the train "
-    f"reward falls below half its first value; the iteration where it does, '-' where it never does.")
+    f"reward falls below half its first value; the iteration where it does, '-' where it never does."
+)
+
 
 def warm_note(warms: dict[int, dict]) -> str:
     """A table note on the warm starts the accuracy rule compares with (and where a number was
     taken from another result of the same cached warm start, its 'source')."""
     if not warms:
         return "The warm start's accuracy was not recorded with these runs: no accuracy-rule verdict. "
-    parts = [f"warm start {w}: {row['dense_acc']:.3f}" + (f" ({row['source']})" if "source" in row else "")
-             for w, row in sorted(warms.items())]
+    parts = [
+        f"warm start {w}: {row['dense_acc']:.3f}" + (f" ({row['source']})" if "source" in row else "")
+        for w, row in sorted(warms.items())
+    ]
     return f"Dense-inference accuracy of the {'; '.join(parts)}. "
 
 
@@ -147,8 +156,16 @@ def unit_of(row: dict, i: int = 0) -> tuple[int, int]:
     return int(row.get("warm_start", 0)), int(row.get("seed", i))
 
 
-def compare(a: str, a_rows: Sequence[dict], b: str, b_rows: Sequence[dict] | dict, key: str,
-            n_a: int, n_b: int | None = None, metric: str | None = None) -> list[Comparison]:
+def compare(
+    a: str,
+    a_rows: Sequence[dict],
+    b: str,
+    b_rows: Sequence[dict] | dict,
+    key: str,
+    n_a: int,
+    n_b: int | None = None,
+    metric: str | None = None,
+) -> list[Comparison]:
     """a - b on `key`. `b_rows`: rows paired with `a_rows` one by one (same warm start and seed), or
     {warm start: row} (one model per warm start, e.g. the warm start itself). One Comparison per
     warm start when there are several, then the pooled one over every pair."""
@@ -162,22 +179,35 @@ def compare(a: str, a_rows: Sequence[dict], b: str, b_rows: Sequence[dict] | dic
     pairs = [(u, r[key], p[key]) for u, r, p in zip(units, a_rows, partners)]
     warms = sorted({w for w, _ in units})
     groups = [[p for p in pairs if p[0][0] == w] for w in warms] if len(warms) > 1 else []
-    return [Comparison(a, b, (metric or key) + (f", warm start {g[0][0][0]}" if g is not pairs else ""),
-                       [x - y for _, x, y in g], [diff_se(x, n_a, y, n_b or n_a) for _, x, y in g],
-                       [f"w{u[0]} s{u[1]}" for u, _, _ in g])
-            for g in groups + [pairs]]
+    return [
+        Comparison(
+            a,
+            b,
+            (metric or key) + (f", warm start {g[0][0][0]}" if g is not pairs else ""),
+            [x - y for _, x, y in g],
+            [diff_se(x, n_a, y, n_b or n_a) for _, x, y in g],
+            [f"w{u[0]} s{u[1]}" for u, _, _ in g],
+        )
+        for g in groups + [pairs]
+    ]
 
 
 # The accuracies two arms are compared on: row key -> the metric's name in the table.
 ACC_METRICS = {"dense_acc": "dense inference", "sparse_acc": "sparse inference"}
 
 
-def compare_arms(results: dict[str, Sequence[dict]], pairs: Iterable[tuple[str, str]],
-                 metrics: dict[str, str], n: int) -> list[Comparison]:
+def compare_arms(
+    results: dict[str, Sequence[dict]], pairs: Iterable[tuple[str, str]], metrics: dict[str, str], n: int
+) -> list[Comparison]:
     """`compare` a - b for every pair (a, b) of `pairs` whose arms are both in `results` (arm ->
     runs' rows, paired by warm start and seed), on every key of `metrics` (row key -> its name)."""
-    return [c for a, b in pairs if a in results and b in results for key, what in metrics.items()
-            for c in compare(a, results[a], b, results[b], key, n, metric=what)]
+    return [
+        c
+        for a, b in pairs
+        if a in results and b in results
+        for key, what in metrics.items()
+        for c in compare(a, results[a], b, results[b], key, n, metric=what)
+    ]
 
 
 def comparison_lines(comparisons: Sequence[Comparison], heading: str) -> list[str]:
@@ -188,8 +218,11 @@ def comparison_lines(comparisons: Sequence[Comparison], heading: str) -> list[st
 def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
     """Markdown lines: one row per comparison with every pair's difference (and 2 SE), the mean ±
     its SE over pairs, and the tie rule's verdict."""
-    lines = ["| comparison | accuracy | a - b per run (2 SE of that difference) | mean ± SE over runs | "
-             "verdict (tie rule) |", "|---|---|---|---|---|"]
+    lines = [
+        "| comparison | accuracy | a - b per run (2 SE of that difference) | mean ± SE over runs | "
+        "verdict (tie rule) |",
+        "|---|---|---|---|---|",
+    ]
     for c in comparisons:
         per = ", ".join(f"{d:+.3f} ({TIE_SE * s:.3f})" for d, s in zip(c.diffs, c.ses))
         m, se = c.mean_se()
@@ -215,7 +248,8 @@ VERDICT_NOTE = (
     "Verdicts by one rule (figlib.verdict_phrase, docs/reproducing.md#one-rule-for-every-verdict): a "
     "claim is read at every run (the accuracy collapse rule first, the reward rule beside it; a "
     f"comparison by the tie rule at that run pair, beyond {TIE_SE:g} SE of the difference); 'supported' "
-    "only where it holds at every run, 'not supported' where at none, otherwise 'k of n' and no verdict word.")
+    "only where it holds at every run, 'not supported' where at none, otherwise 'k of n' and no verdict word."
+)
 
 
 TIE_NOTE = (
@@ -224,7 +258,8 @@ TIE_NOTE = (
     f"counts only when it exceeds {TIE_SE:g} SE at every run pair (same warm start and seed), all "
     "with the same sign, where SE = sqrt(p1 (1 - p1) / n1 + p2 (1 - p2) / n2) is the standard error "
     "of the difference of the two evaluations; otherwise it is a tie. Mean ± SE: the mean "
-    "difference over pairs and its standard error from their spread.")
+    "difference over pairs and its standard error from their spread."
+)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -263,11 +298,22 @@ def per_warm_start_table(results: dict[str, list[dict]], warms: dict[int, dict])
     body = []
     for w, row in sorted(warms.items()):
         mine = [[r for r in rows if r.get("warm_start", 0) == w] for rows in results.values()]
-        body.append([f"{w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f})",
-                     *(f"{fmt([r['dense_acc'] for r in m])} / {fmt([r['sparse_acc'] for r in m])} "
-                       f"({collapse_cells(m, [row['dense_acc']] * len(m))[0]})" for m in mine)])
-    return ["", "Per warm start (mean ± std over its seeds; dense / sparse inference; collapsed by the "
-            "accuracy rule):", "", *md_table(["warm start (dense / sparse acc.)", *results], body)]
+        body.append(
+            [
+                f"{w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f})",
+                *(
+                    f"{fmt([r['dense_acc'] for r in m])} / {fmt([r['sparse_acc'] for r in m])} "
+                    f"({collapse_cells(m, [row['dense_acc']] * len(m))[0]})"
+                    for m in mine
+                ),
+            ]
+        )
+    return [
+        "",
+        "Per warm start (mean ± std over its seeds; dense / sparse inference; collapsed by the accuracy rule):",
+        "",
+        *md_table(["warm start (dense / sparse acc.)", *results], body),
+    ]
 
 
 def seed_rows(per_seed: dict[str, Sequence | None]) -> list[dict]:
@@ -278,8 +324,7 @@ def seed_rows(per_seed: dict[str, Sequence | None]) -> list[dict]:
     return [{"seed": i, **{k: v[i] for k, v in lists.items()}} for i in range(len(next(iter(lists.values()))))]
 
 
-def seed_collapse_cells(dense_acc: Sequence[float], iterations: Sequence | None,
-                        warm_dense: float) -> tuple[str, str]:
+def seed_collapse_cells(dense_acc: Sequence[float], iterations: Sequence | None, warm_dense: float) -> tuple[str, str]:
     """`collapse_cells` of results that store per-seed lists: the runs' dense accuracies and their
     reward-rule collapse iterations (None: not kept), all from one warm start."""
     runs = seed_rows({"dense_acc": dense_acc, "collapse_iteration": iterations})
@@ -296,7 +341,7 @@ def ratio_of_means(a: Sequence[float], b: Sequence[float]) -> float:
 
 def last_quarter(history: list[dict], key: str, default: float = 0.0) -> float:
     """The mean of `key` over the last quarter of the iterations (at least one)."""
-    tail = history[-max(len(history) // 4, 1):]
+    tail = history[-max(len(history) // 4, 1) :]
     return float(np.mean([h.get(key, default) for h in tail])) if tail else float("nan")
 
 

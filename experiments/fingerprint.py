@@ -38,8 +38,13 @@ def compute(config: str = CONFIG) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         results = default.run(config, overrides(config), out, seeds=(0,), warms=(0,), log=lambda *a: None)
-    return {"config": os.path.relpath(config, os.path.dirname(HERE)), "jax": jax.__version__,
-            "cpu": cpu_model(), "portable_cpu": workers.portable_cpu_enabled(), **results["fingerprint"]}
+    return {
+        "config": os.path.relpath(config, os.path.dirname(HERE)),
+        "jax": jax.__version__,
+        "cpu": cpu_model(),
+        "portable_cpu": workers.portable_cpu_enabled(),
+        **results["fingerprint"],
+    }
 
 
 def overrides(config: str = CONFIG) -> list[str]:
@@ -82,8 +87,10 @@ def main(argv=None) -> int:
     if "jax" in diff or "portable_cpu" in diff:
         print("(another jax version or SPARSERL_PORTABLE_CPU=0: bit-identity is not expected)")
     elif mine["cpu"] != ours["cpu"]:
-        print(f"(committed on {ours['cpu']}, this is {mine['cpu']}: see "
-              "experiments/results/default/reproducibility.md for what is known to differ)")
+        print(
+            f"(committed on {ours['cpu']}, this is {mine['cpu']}: see "
+            "experiments/results/default/reproducibility.md for what is known to differ)"
+        )
     return 1
 
 

@@ -54,10 +54,14 @@ from sparserl_jax.experiments import gpu_report  # imports no JAX: this process 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-TITLES = {"env": "environment", "numerics": "kernel numerics against the reference",
-          "bandwidth": "kernel bandwidth against a device copy", "sampler": "sampler decode throughput",
-          "update": "update step: throughput, MFU, weights moved, peak memory vs the dry run",
-          "e2e": "end to end: train, evaluate, checkpoint, resume"}
+TITLES = {
+    "env": "environment",
+    "numerics": "kernel numerics against the reference",
+    "bandwidth": "kernel bandwidth against a device copy",
+    "sampler": "sampler decode throughput",
+    "update": "update step: throughput, MFU, weights moved, peak memory vs the dry run",
+    "e2e": "end to end: train, evaluate, checkpoint, resume",
+}
 BUDGETS = {  # seconds per step (the module docstring's table)
     "full": {"env": 20, "numerics": 60, "bandwidth": 40, "sampler": 170, "update": 80, "e2e": 100},
     "quick": {"env": 20, "numerics": 35, "bandwidth": 25, "sampler": 90},
@@ -71,17 +75,25 @@ STEP_ENV = {"e2e": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", help="report directory (default on a GPU: experiments/results/gpu/<device>; "
-                   "with --smoke: runs/gpu_check_smoke)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        help="report directory (default on a GPU: experiments/results/gpu/<device>; "
+        "with --smoke: runs/gpu_check_smoke)",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the rerun subset: under 3 minutes")
     size.add_argument("--smoke", action="store_true", help="the same steps on CPU at toy shapes (seconds)")
     p.add_argument("--steps", nargs="+", choices=list(TITLES), help="run these steps only (in the check's order)")
     p.add_argument("--time-limit", type=float, help="seconds for the whole check (default 480 / 180 / 900)")
-    p.add_argument("--lower", action="store_true", help="lower the full-size (or --quick) programs for cuda "
-                   "on this machine, no GPU needed (gpu_lower.py); writes DIR/lowering.md and .json with --out")
+    p.add_argument(
+        "--lower",
+        action="store_true",
+        help="lower the full-size (or --quick) programs for cuda "
+        "on this machine, no GPU needed (gpu_lower.py); writes DIR/lowering.md and .json with --out",
+    )
     p.add_argument("--fail", choices=list(TITLES), help="make this step raise once it has run (tests the guard)")
     p.add_argument("--step", choices=list(TITLES), help=argparse.SUPPRESS)  # a step's own process
     p.add_argument("--mode", choices=list(BUDGETS), help=argparse.SUPPRESS)
@@ -92,8 +104,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def device_slug() -> str:
     """The GPU's name as a directory (nvidia-smi; no device is started in this process)."""
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20, check=True).stdout.splitlines()[0]
+        name = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         name = "unknown-gpu"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -120,8 +137,10 @@ def lower(mode: str, out: str | None, argv) -> int:
         with open(os.path.join(out, "lowering.md"), "w") as f:
             f.write(gpu_lower.markdown(rows, command))
     failed = [r for r in rows if not r["ok"]]
-    print(f"{len(rows) - len(failed)} of {len(rows)} programs lowered for cuda" + (
-        f"; failed: {', '.join(r['program'] + ' ' + r['shape'] for r in failed)}" if failed else ""))
+    print(
+        f"{len(rows) - len(failed)} of {len(rows)} programs lowered for cuda"
+        + (f"; failed: {', '.join(r['program'] + ' ' + r['shape'] for r in failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 
@@ -137,8 +156,14 @@ def main(argv=None) -> int:
     budgets = BUDGETS[mode]
     if args.steps:  # a step outside the size's list runs at its full-size budget
         budgets = {s: budgets.get(s, BUDGETS["full"][s]) for s in TITLES if s in args.steps}
-    out = os.path.abspath(args.out or (os.path.join(os.path.dirname(HERE), "runs", "gpu_check_smoke")
-                                       if mode == "smoke" else os.path.join(HERE, "results", "gpu", device_slug())))
+    out = os.path.abspath(
+        args.out
+        or (
+            os.path.join(os.path.dirname(HERE), "runs", "gpu_check_smoke")
+            if mode == "smoke"
+            else os.path.join(HERE, "results", "gpu", device_slug())
+        )
+    )
     os.makedirs(out, exist_ok=True)
     steps = [gpu_report.Step(name, TITLES[name], budget) for name, budget in budgets.items()]
     envs = {s.name: step_env(s.name, mode) for s in steps}
@@ -147,13 +172,26 @@ def main(argv=None) -> int:
 
     def command(step: gpu_report.Step) -> list[str]:
         deadline = min(t_end, time.time() + step.budget_s)
-        return [sys.executable, os.path.abspath(__file__), "--step", step.name, "--mode", mode, "--out", out,
-                "--deadline", f"{deadline:.1f}", *(["--fail", args.fail] if args.fail else [])]
+        return [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--step",
+            step.name,
+            "--mode",
+            mode,
+            "--out",
+            out,
+            "--deadline",
+            f"{deadline:.1f}",
+            *(["--fail", args.fail] if args.fail else []),
+        ]
 
-    command_line = shlex.join(["python", os.path.relpath(os.path.abspath(__file__)), *(sys.argv[1:] if argv is None
-                                                                                      else argv)])
-    runner = gpu_report.Runner(out, steps, command, mode=mode, command_line=command_line,
-                               time_limit_s=time_limit, envs=envs)
+    command_line = shlex.join(
+        ["python", os.path.relpath(os.path.abspath(__file__)), *(sys.argv[1:] if argv is None else argv)]
+    )
+    runner = gpu_report.Runner(
+        out, steps, command, mode=mode, command_line=command_line, time_limit_s=time_limit, envs=envs
+    )
     return runner.run()
 
 

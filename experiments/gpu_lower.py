@@ -52,17 +52,33 @@ def programs(sizes: gpu_steps.Sizes):
         for B in sizes.kernel_batches:
             args = (sds((B, N, H), dtype), sds((B, K, C, H), dtype), sds((B, K, C, H), dtype), sds((B,), "int32"))
             for tag, m in (("kernel", None), ("kernel under shard_map", mesh)):
-                yield "numerics", tag, f"{label} B={B}", lambda m=m, B=B, K=K, args=args: (
-                    gk.kernel_fn("pallas", sizes.block_c, m, B, K, platform="gpu", put=False), args)
+                yield (
+                    "numerics",
+                    tag,
+                    f"{label} B={B}",
+                    lambda m=m, B=B, K=K, args=args: (
+                        gk.kernel_fn("pallas", sizes.block_c, m, B, K, platform="gpu", put=False),
+                        args,
+                    ),
+                )
 
     def sampler(B, policy):
         args = bench_decode.parse_args(list(sizes.sampler_argv))
         _, prof = bench_decode.resolve(args)
-        cfg = smp.SamplerConfig(max_new_tokens=prof.lengths[0], kv=bench_decode.kv_config(policy, prof),
-                                eos_token_ids=(), attn_impl="pallas", attn_platform="gpu")
+        cfg = smp.SamplerConfig(
+            max_new_tokens=prof.lengths[0],
+            kv=bench_decode.kv_config(policy, prof),
+            eos_token_ids=(),
+            attn_impl="pallas",
+            attn_platform="gpu",
+        )
         fn = jax.jit(lambda p, t, n, k: smp.generate(p, prof.model, t, n, k, cfg))
-        return fn, (sharding.abstract_params(prof.model), sds((B, prof.prompt_len), "int32"), sds((B,), "int32"),
-                    jax.eval_shape(jax.random.key, 0))
+        return fn, (
+            sharding.abstract_params(prof.model),
+            sds((B, prof.prompt_len), "int32"),
+            sds((B,), "int32"),
+            jax.eval_shape(jax.random.key, 0),
+        )
 
     policies = bench_decode.parse_args(list(sizes.sampler_argv)).policies
     for B in sizes.sampler_batches:
@@ -75,11 +91,14 @@ def programs(sizes: gpu_steps.Sizes):
         rows, P = cfg.rollout.prompts * cfg.rollout.samples, cfg.data.max_prompt_len
         params = sharding.abstract_params(m)
         optimizer = make_optimizer(cfg.rl.optim)
-        batch = jax.eval_shape(lambda key: gpu_steps.update_batch(rows, P + cfg.rollout.max_new_tokens, P,
-                                                                  m.vocab_size, key),
-                               jax.eval_shape(jax.random.key, 1))
-        return (make_update_fn(m, cfg.rl, optimizer, donate=cfg.rl.update.donate),
-                (params, jax.eval_shape(optimizer.init, params), batch))
+        batch = jax.eval_shape(
+            lambda key: gpu_steps.update_batch(rows, P + cfg.rollout.max_new_tokens, P, m.vocab_size, key),
+            jax.eval_shape(jax.random.key, 1),
+        )
+        return (
+            make_update_fn(m, cfg.rl, optimizer, donate=cfg.rl.update.donate),
+            (params, jax.eval_shape(optimizer.init, params), batch),
+        )
 
     yield "update", "update step", "the update step's config", update
 
@@ -94,15 +113,33 @@ def lower_all(sizes: gpu_steps.Sizes, steps=None, log=print) -> list[dict]:
         t0 = time.perf_counter()
         try:
             text = _lower_built(build)
-            row = {"step": step, "program": program, "shape": shape, "ok": True,
-                   "triton_calls": text.count(TRITON), "chars": len(text)}
+            row = {
+                "step": step,
+                "program": program,
+                "shape": shape,
+                "ok": True,
+                "triton_calls": text.count(TRITON),
+                "chars": len(text),
+            }
         except Exception as err:
-            row = {"step": step, "program": program, "shape": shape, "ok": False,
-                   "error": f"{type(err).__name__}: {gpu_report.one_line(str(err))}"}
+            row = {
+                "step": step,
+                "program": program,
+                "shape": shape,
+                "ok": False,
+                "error": f"{type(err).__name__}: {gpu_report.one_line(str(err))}",
+            }
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
-        log(f"{step:>9} {program:>24} {shape:>28}: " + (f"lowered in {row['seconds']:.1f} s, "
-            f"{row['triton_calls']} Triton call(s)" if row["ok"] else row["error"]), flush=True)
+        log(
+            f"{step:>9} {program:>24} {shape:>28}: "
+            + (
+                f"lowered in {row['seconds']:.1f} s, {row['triton_calls']} Triton call(s)"
+                if row["ok"]
+                else row["error"]
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -112,9 +149,17 @@ def _lower_built(build) -> str:
 
 
 def markdown(rows: list[dict], command: str) -> str:
-    lines = ["# The device check's programs lowered for cuda (no GPU)", "", f"Command: `{command}`; jax "
-             f"{jax.__version__}, {gpu_report.now()}.", "", "| step | program | shape | lowered | Triton calls | s |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['step']} | {r['program']} | {r['shape']} | {'yes' if r['ok'] else r['error']} | "
-              f"{r.get('triton_calls', '-')} | {r['seconds']:.1f} |" for r in rows]
+    lines = [
+        "# The device check's programs lowered for cuda (no GPU)",
+        "",
+        f"Command: `{command}`; jax {jax.__version__}, {gpu_report.now()}.",
+        "",
+        "| step | program | shape | lowered | Triton calls | s |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['step']} | {r['program']} | {r['shape']} | {'yes' if r['ok'] else r['error']} | "
+        f"{r.get('triton_calls', '-')} | {r['seconds']:.1f} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"

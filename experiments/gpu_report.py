@@ -70,7 +70,8 @@ def verdict(steps: Sequence[dict]) -> tuple[str, str]:
     warned = [s["name"] for s in steps if s["status"] == "warn"]
     if failed:
         return "FAIL", f"{len(failed)} of {len(steps)} steps failed: {', '.join(failed)}" + (
-            f"; not run: {', '.join(undone)}" if undone else "")
+            f"; not run: {', '.join(undone)}" if undone else ""
+        )
     if undone:
         return "INCOMPLETE", f"not run (or still running): {', '.join(undone)}"
     if warned:
@@ -82,19 +83,30 @@ def render_markdown(report: dict) -> str:
     word, sentence = verdict(report["steps"])
     env = next((s.get("result") or {} for s in report["steps"] if s["name"] == "env"), {})
     device = env.get("device_kind", "device not yet known")
-    lines = [f"# Device check: {device} ({report['mode']})", "",
-             f"**{word}**: {sentence}.", "",
-             f"Command: `{report['command']}`", "",
-             f"Started {report['started']}; " + (
-                 f"finished {report['finished']}, {report['elapsed_s']:.0f} s of the "
-                 f"{report['time_limit_s']:.0f} s limit." if report.get("finished") else
-                 f"{report['elapsed_s']:.0f} s so far (limit {report['time_limit_s']:.0f} s)."),
-             "", "| step | status | seconds (budget) | figure |", "|---|---|---|---|"]
+    lines = [
+        f"# Device check: {device} ({report['mode']})",
+        "",
+        f"**{word}**: {sentence}.",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Started {report['started']}; "
+        + (
+            f"finished {report['finished']}, {report['elapsed_s']:.0f} s of the {report['time_limit_s']:.0f} s limit."
+            if report.get("finished")
+            else f"{report['elapsed_s']:.0f} s so far (limit {report['time_limit_s']:.0f} s)."
+        ),
+        "",
+        "| step | status | seconds (budget) | figure |",
+        "|---|---|---|---|",
+    ]
     for s in report["steps"]:
         secs = "-" if s.get("seconds") is None else f"{s['seconds']:.0f}"
         shown = " ".join(x for x in (f"**{s['error']}**" if s.get("error") else "", s.get("figure") or "") if x)
-        lines.append(f"| {s['name']} | {s['status'].upper() if s['status'] == 'fail' else s['status']} | "
-                     f"{secs} ({s['budget_s']:.0f}) | {shown.replace('|', '/')} |")
+        lines.append(
+            f"| {s['name']} | {s['status'].upper() if s['status'] == 'fail' else s['status']} | "
+            f"{secs} ({s['budget_s']:.0f}) | {shown.replace('|', '/')} |"
+        )
     for s in report["steps"]:
         if s["status"] in ("pending",):
             continue
@@ -110,8 +122,11 @@ def render_markdown(report: dict) -> str:
             lines.append("")
         lines += s.get("markdown", [])
         if s.get("log"):
-            lines += ["", f"Output: [{os.path.basename(s['log'])}](steps/{os.path.basename(s['log'])})"
-                      + (f"; what it measured: steps/{s['name']}.json" if s["status"] == "fail" else "")]
+            lines += [
+                "",
+                f"Output: [{os.path.basename(s['log'])}](steps/{os.path.basename(s['log'])})"
+                + (f"; what it measured: steps/{s['name']}.json" if s["status"] == "fail" else ""),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -120,17 +135,33 @@ class Runner:
     this process's), within `time_limit_s` in all, and keeps DIR/report.json and DIR/report.md
     current."""
 
-    def __init__(self, out: str, steps: Sequence[Step], command: Callable[[Step], list[str]], *,
-                 mode: str, command_line: str, time_limit_s: float, envs: dict[str, dict] | None = None,
-                 log=print):
+    def __init__(
+        self,
+        out: str,
+        steps: Sequence[Step],
+        command: Callable[[Step], list[str]],
+        *,
+        mode: str,
+        command_line: str,
+        time_limit_s: float,
+        envs: dict[str, dict] | None = None,
+        log=print,
+    ):
         self.out, self.steps, self.command, self.log = out, list(steps), command, log
         self.envs = envs or {}
         self.time_limit_s, self.t0 = time_limit_s, time.monotonic()
         os.makedirs(os.path.join(out, "steps"), exist_ok=True)
-        self.report = {"mode": mode, "command": command_line, "started": now(), "finished": None,
-                       "time_limit_s": time_limit_s, "elapsed_s": 0.0,
-                       "steps": [{"name": s.name, "title": s.title, "budget_s": s.budget_s,
-                                  "status": "pending"} for s in self.steps]}
+        self.report = {
+            "mode": mode,
+            "command": command_line,
+            "started": now(),
+            "finished": None,
+            "time_limit_s": time_limit_s,
+            "elapsed_s": 0.0,
+            "steps": [
+                {"name": s.name, "title": s.title, "budget_s": s.budget_s, "status": "pending"} for s in self.steps
+            ],
+        }
         self.proc: subprocess.Popen | None = None
 
     def path(self, step: Step, ext: str) -> str:
@@ -153,18 +184,24 @@ class Runner:
                 row = self.report["steps"][i]
                 left = self.time_limit_s - (time.monotonic() - self.t0)
                 if stop or left < _MIN_STEP_S:
-                    row.update(status="skipped", error=stop or f"skipped: {left:.0f} s of the "
-                               f"{self.time_limit_s:.0f} s limit left")
+                    row.update(
+                        status="skipped",
+                        error=stop or f"skipped: {left:.0f} s of the {self.time_limit_s:.0f} s limit left",
+                    )
                     self.write()
                     continue
                 row.update(status="running", started=now())
                 self.write()
-                self.log(f"[{i + 1}/{len(self.steps)}] {step.name}: {step.title} "
-                         f"(budget {step.budget_s:.0f} s)", flush=True)
+                self.log(
+                    f"[{i + 1}/{len(self.steps)}] {step.name}: {step.title} (budget {step.budget_s:.0f} s)", flush=True
+                )
                 row.update(self._run_step(step, min(step.budget_s, left)))
                 self.write()
-                self.log(f"    {row['status']} in {row['seconds']:.1f} s ({row['cpu_s']:.1f} s CPU): "
-                         f"{row.get('figure') or row.get('error', '')}", flush=True)
+                self.log(
+                    f"    {row['status']} in {row['seconds']:.1f} s ({row['cpu_s']:.1f} s CPU): "
+                    f"{row.get('figure') or row.get('error', '')}",
+                    flush=True,
+                )
                 stop = row.pop("stop", None)
             self.report["finished"] = now()
             self.write()
@@ -181,8 +218,13 @@ class Runner:
                 os.remove(p)
         t0, cpu0 = time.monotonic(), _children_cpu_s()
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(self.command(step), stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.envs.get(step.name), start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(step),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.envs.get(step.name),
+                start_new_session=True,
+            )
             try:
                 rc = self.proc.wait(timeout=timeout)
                 timed_out = False
@@ -193,18 +235,32 @@ class Runner:
                 self.proc = None
         seconds = time.monotonic() - t0
         data = read_json(result_path) or {}
-        row = {"seconds": seconds, "cpu_s": _children_cpu_s() - cpu0, "log": log_path, **{k: data[k] for k in
-               ("figure", "checks", "result", "markdown", "stop", "error", "traceback") if k in data}}
+        row = {
+            "seconds": seconds,
+            "cpu_s": _children_cpu_s() - cpu0,
+            "log": log_path,
+            **{
+                k: data[k]
+                for k in ("figure", "checks", "result", "markdown", "stop", "error", "traceback")
+                if k in data
+            },
+        }
         if timed_out:
-            row.update(status="fail", error=f"timed out: killed after {seconds:.0f} s (budget "
-                       f"{step.budget_s:.0f} s, time left {timeout:.0f} s)")
+            row.update(
+                status="fail",
+                error=f"timed out: killed after {seconds:.0f} s (budget "
+                f"{step.budget_s:.0f} s, time left {timeout:.0f} s)",
+            )
         elif data.get("status") in ("ok", "warn", "fail"):
             row["status"] = data["status"]
             if rc != 0 and data["status"] != "fail":  # e.g. a crash in the runtime's teardown
                 row["note"] = f"its process then ended with {_how(rc)}"
         else:  # no verdict written: the process died
-            row.update(status="fail", error=f"the step's process died ({_how(rc)}) without a verdict; "
-                       f"last output: {one_line(_last_line(log_path))}")
+            row.update(
+                status="fail",
+                error=f"the step's process died ({_how(rc)}) without a verdict; "
+                f"last output: {one_line(_last_line(log_path))}",
+            )
         return row
 
     def _kill(self) -> None:
@@ -226,8 +282,11 @@ class Runner:
                 if self.proc is not None:
                     self._kill()
                 data = read_json(self.path(step, "json")) or {}
-                row.update(status="fail", error="the check was killed (SIGTERM) while this step ran",
-                           **{k: data[k] for k in ("figure", "checks", "result", "markdown") if k in data})
+                row.update(
+                    status="fail",
+                    error="the check was killed (SIGTERM) while this step ran",
+                    **{k: data[k] for k in ("figure", "checks", "result", "markdown") if k in data},
+                )
         self.report["finished"] = now()
         self.write()
         sys.exit(128 + signum)

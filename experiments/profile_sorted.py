@@ -56,12 +56,22 @@ from sparserl_jax.train import Trainer
 N_GROUP = 4
 ARMS = {  # name -> overrides on top of the warm start ({P}: n x rollout.prompts, {I}: iterations)
     "batch": ("rl.mode=dense", "kv.policy=none", "rollout.prompts={P}", "train.iterations={I}"),
-    "sorted_on_policy": ("rl.mode=dense", "kv.policy=none", "rollout.scheduler=sorted",
-                         f"sorted.group_batches={N_GROUP}", "sorted.mode=on_policy",
-                         "train.iterations={I}"),
-    "sorted_partial": ("rl.mode=sparse_rl", "kv.policy=none", "rollout.scheduler=sorted",
-                       f"sorted.group_batches={N_GROUP}", "sorted.mode=partial",
-                       "train.iterations={I}"),
+    "sorted_on_policy": (
+        "rl.mode=dense",
+        "kv.policy=none",
+        "rollout.scheduler=sorted",
+        f"sorted.group_batches={N_GROUP}",
+        "sorted.mode=on_policy",
+        "train.iterations={I}",
+    ),
+    "sorted_partial": (
+        "rl.mode=sparse_rl",
+        "kv.policy=none",
+        "rollout.scheduler=sorted",
+        f"sorted.group_batches={N_GROUP}",
+        "sorted.mode=partial",
+        "train.iterations={I}",
+    ),
 }
 PARTS = ("compile", "decode", "insert", "harvest", "host")
 ACCOUNTING = "compile_clock"  # entries recorded with this file's accounting (meta["accounting"])
@@ -116,10 +126,15 @@ class Recorder:
 def instrument(rec: Recorder) -> None:
     """Time the engine's host methods (SlotEngine is built inside each trainer's source)."""
     eng = engine_mod.SlotEngine
-    for name, part in (("segment_start", "decode"), ("segment_wait", "decode"),
-                       ("insert", "insert"), ("warm_up", "insert"),
-                       ("harvest_start", "harvest"), ("harvest_read", "harvest"),
-                       ("release_all", "harvest")):
+    for name, part in (
+        ("segment_start", "decode"),
+        ("segment_wait", "decode"),
+        ("insert", "insert"),
+        ("warm_up", "insert"),
+        ("harvest_start", "harvest"),
+        ("harvest_read", "harvest"),
+        ("release_all", "harvest"),
+    ):
         rec.wrap(eng, name, part)
 
 
@@ -134,9 +149,17 @@ def run_arm(name: str, study: figlib.Study, rec: Recorder, update_batches: int) 
     per_iter = N_GROUP if name == "batch" else 1
     extra = [o.format(P=N_GROUP * base.rollout.prompts, I=batches // per_iter) for o in ARMS[name]]
     out_dir = tempfile.mkdtemp(prefix=f"profile_{name}_")
-    cfg = load_config([study.config], study.overrides + [
-        f"model.init_from={study.warm_start_dir()}", *figlib.FROM_WARM_START, "train.progress=false",
-        f"train.out_dir={out_dir}", *extra])
+    cfg = load_config(
+        [study.config],
+        study.overrides
+        + [
+            f"model.init_from={study.warm_start_dir()}",
+            *figlib.FROM_WARM_START,
+            "train.progress=false",
+            f"train.out_dir={out_dir}",
+            *extra,
+        ],
+    )
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     trainer.start()
     rec.trainer = trainer
@@ -147,14 +170,20 @@ def run_arm(name: str, study: figlib.Study, rec: Recorder, update_batches: int) 
             m = trainer.step()
             trainer.iteration += 1
             roll = m["time/rollout_wall_s"]
-            r = {"iteration": i + 1, "update_batches": per_iter, "group": m.get("sorted/group", float(i)),
-                 **{k: m[k] for k in step_timing.KEYS},
-                 "score_s": m["time/score_s"], "update_s": m["time/update_s"],
-                 "tokens": float(m["response/length_mean"]) * trainer.batch_rows,
-                 "bubble_slots": m["rollout/bubble_slots"], "bubble_wall": m["rollout/bubble_wall"],
-                 "reward": m["reward/mean"],
-                 "discarded": m.get("sorted/discarded_token_fraction", 0.0),
-                 "compile_s": m["time/rollout_compile_s"]}
+            r = {
+                "iteration": i + 1,
+                "update_batches": per_iter,
+                "group": m.get("sorted/group", float(i)),
+                **{k: m[k] for k in step_timing.KEYS},
+                "score_s": m["time/score_s"],
+                "update_s": m["time/update_s"],
+                "tokens": float(m["response/length_mean"]) * trainer.batch_rows,
+                "bubble_slots": m["rollout/bubble_slots"],
+                "bubble_wall": m["rollout/bubble_wall"],
+                "reward": m["reward/mean"],
+                "discarded": m.get("sorted/discarded_token_fraction", 0.0),
+                "compile_s": m["time/rollout_compile_s"],
+            }
             for part in ("insert", "first_insert", "harvest", "drain", "idle"):
                 r[f"{part}_s"] = rec.t[part]
             for part in ("decode", "insert", "harvest"):
@@ -167,8 +196,10 @@ def run_arm(name: str, study: figlib.Study, rec: Recorder, update_batches: int) 
                 r["decode_s"] = rec.t["decode"]
             r["host_s"] = roll - sum(r[f"{p}_s"] for p in PARTS if p != "host")
             rows.append(r)
-            print(f"[{name}] it {i + 1}: " + " ".join(f"{k}={v:.3g}" for k, v in r.items()
-                                                      if isinstance(v, float)), flush=True)
+            print(
+                f"[{name}] it {i + 1}: " + " ".join(f"{k}={v:.3g}" for k, v in r.items() if isinstance(v, float)),
+                flush=True,
+            )
     return rows
 
 
@@ -177,12 +208,15 @@ def summary(rows: list[dict]) -> dict:
     rollout throughput (tokens / rollout time, compile excluded)."""
     per_iter = rows[0]["update_batches"]
     fair = step_timing.account(rows, per_iter, N_GROUP)
-    steady = rows[N_GROUP // per_iter:] or rows
+    steady = rows[N_GROUP // per_iter :] or rows
     tot = lambda k, rs=rows: float(sum(r[k] for r in rs))  # noqa: E731
     steady_roll = tot("time/rollout_wall_s", steady) - tot("time/rollout_compile_s", steady)
     s = {
-        "iterations": len(rows), **fair, "tokens": tot("tokens"),
-        "rollout_s": tot("time/rollout_wall_s"), "rollout_compile_s": tot("compile_s"),
+        "iterations": len(rows),
+        **fair,
+        "tokens": tot("tokens"),
+        "rollout_s": tot("time/rollout_wall_s"),
+        "rollout_compile_s": tot("compile_s"),
         "tokens_per_s_steady": tot("tokens", steady) / max(steady_roll, 1e-9),
         "bubble_slots": float(np.mean([r["bubble_slots"] for r in rows])),
         "bubble_wall": float(np.mean([r["bubble_wall"] for r in rows])),
@@ -194,36 +228,47 @@ def summary(rows: list[dict]) -> dict:
 
 
 def markdown(data: dict) -> str:
-    lines = ["# SortedRL in training: time profile", "",
-             "Every arm trains the same number of update batches from the same warm start and is "
-             "timed the same way (experiments/step_timing.py): each step's wall time and the "
-             "compile time inside it (jax.monitoring compile spans, each second counted once). "
-             "Wall s: the whole run's steps with compile (every arm compiles once) and without it; "
-             "steady s / batch: a step's time per update batch after the first group (the first n "
-             "update batches; the batch arm's first iteration), compile excluded, with the XLA "
-             "compilations it held (0 expected); steady tok/s: those update batches' rollout tokens "
-             "/ their rollout time without compile. The rollout split (totals over the run): compile "
-             "(inside the rollout), decode (engine segments / static generate), insert (prefill + "
-             "scatter), harvest (copies to host), host (the rest), each without the compile inside "
-             "it; drain and idle are the idle slot-seconds / Q of the segment waits (at each segment's "
-             "occupancy) with the queue empty and not empty; 1st insert: each rollout's first insert, the first device call "
-             "after the update. The engine runs with sync=True here (each insert and harvest "
-             "blocked on), which fig_sortedrl's runs do not.", ""]
+    lines = [
+        "# SortedRL in training: time profile",
+        "",
+        "Every arm trains the same number of update batches from the same warm start and is "
+        "timed the same way (experiments/step_timing.py): each step's wall time and the "
+        "compile time inside it (jax.monitoring compile spans, each second counted once). "
+        "Wall s: the whole run's steps with compile (every arm compiles once) and without it; "
+        "steady s / batch: a step's time per update batch after the first group (the first n "
+        "update batches; the batch arm's first iteration), compile excluded, with the XLA "
+        "compilations it held (0 expected); steady tok/s: those update batches' rollout tokens "
+        "/ their rollout time without compile. The rollout split (totals over the run): compile "
+        "(inside the rollout), decode (engine segments / static generate), insert (prefill + "
+        "scatter), harvest (copies to host), host (the rest), each without the compile inside "
+        "it; drain and idle are the idle slot-seconds / Q of the segment waits (at each segment's "
+        "occupancy) with the queue empty and not empty; 1st insert: each rollout's first insert, the first device call "
+        "after the update. The engine runs with sync=True here (each insert and harvest "
+        "blocked on), which fig_sortedrl's runs do not.",
+        "",
+    ]
     old = [label for label, e in data.items() if e["meta"].get("accounting") != ACCOUNTING]
     if old:
-        lines += [f"Entries {', '.join(old)} of profile_sorted.json were recorded with the earlier "
-                  "accounting (compile as a sum of event durations, counting nested traces twice, "
-                  "and the batch arm's window holding an update recompile): not shown.", ""]
+        lines += [
+            f"Entries {', '.join(old)} of profile_sorted.json were recorded with the earlier "
+            "accounting (compile as a sum of event durations, counting nested traces twice, "
+            "and the batch arm's window holding an update recompile): not shown.",
+            "",
+        ]
     for label, entry in data.items():
         if label in old:
             continue
         meta = entry["meta"]
-        lines += [f"## {label}", "", f"`{meta['command']}` ({meta['date']}, {meta['commit']}, "
-                  f"{meta['device']}, jax {meta['jax']})", "",
-                  "| arm | update batches | wall s | wall s (no compile) | compile s | compiles | "
-                  "steady s / batch | steady rollout s / batch | steady compiles | steady tok/s | "
-                  "vs batch | bubble slots | bubble wall | reward |",
-                  "|" + "---|" * 14]
+        lines += [
+            f"## {label}",
+            "",
+            f"`{meta['command']}` ({meta['date']}, {meta['commit']}, {meta['device']}, jax {meta['jax']})",
+            "",
+            "| arm | update batches | wall s | wall s (no compile) | compile s | compiles | "
+            "steady s / batch | steady rollout s / batch | steady compiles | steady tok/s | "
+            "vs batch | bubble slots | bubble wall | reward |",
+            "|" + "---|" * 14,
+        ]
         base = entry["arms"].get("batch", {}).get("summary")
         for arm, a in entry["arms"].items():
             s = a["summary"]
@@ -233,17 +278,23 @@ def markdown(data: dict) -> str:
                 f"{s['compile_s']:.1f} | {s['compiles']:.0f} | {s['steady_s_per_batch']:.3f} | "
                 f"{s['steady_rollout_s_per_batch']:.3f} | {s['steady_compiles']:.0f} | "
                 f"{s['tokens_per_s_steady']:.0f} | {ratio} | {s['bubble_slots']:.1%} | "
-                f"{s['bubble_wall']:.1%} | {s['reward']:.3f} |")
-        lines += ["", "The rollout split, totals over the run (s):", "",
-                  "| arm | rollout | compile | decode | insert (1st) | harvest | host | drain | idle | "
-                  "score | update |", "|" + "---|" * 11]
+                f"{s['bubble_wall']:.1%} | {s['reward']:.3f} |"
+            )
+        lines += [
+            "",
+            "The rollout split, totals over the run (s):",
+            "",
+            "| arm | rollout | compile | decode | insert (1st) | harvest | host | drain | idle | score | update |",
+            "|" + "---|" * 11,
+        ]
         for arm, a in entry["arms"].items():
             s = a["summary"]
             lines.append(
                 f"| {arm} | {s['rollout_s']:.2f} | {s['rollout_compile_s']:.2f} | {s['decode_s']:.2f} | "
                 f"{s['insert_s']:.2f} ({s['first_insert_s']:.2f}) | {s['harvest_s']:.2f} | "
                 f"{s['host_s']:.2f} | {s['drain_s']:.2f} | {s['idle_s']:.2f} | {s['score_s']:.2f} | "
-                f"{s['update_s']:.2f} |")
+                f"{s['update_s']:.2f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -253,15 +304,15 @@ def main(argv=None):
     p.add_argument("--label", required=True, help="the entry to (re)write, e.g. fair")
     p.add_argument("--config", default=os.path.join(figlib.HERE, "configs", "long_tail.yaml"))
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    p.add_argument("--iterations", type=int, default=24,
-                   help="update batches per arm (rounded up to whole groups of 4)")
+    p.add_argument(
+        "--iterations", type=int, default=24, help="update batches per arm (rounded up to whole groups of 4)"
+    )
     p.add_argument("--smoke", action="store_true", help="figlib's smoke settings (seconds-long runs)")
     p.add_argument("--runs-dir", default=os.path.join(figlib.REPO, "runs", "profile"))
     p.add_argument("--out", default=os.path.join(figlib.HERE, "results", "profile_sorted"))
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
-    overrides = list(args.overrides) + (figlib.smoke_overrides(args.config, args.overrides)
-                                        if args.smoke else [])
+    overrides = list(args.overrides) + (figlib.smoke_overrides(args.config, args.overrides) if args.smoke else [])
     study = figlib.Study(args.config, overrides, args.runs_dir, log=lambda *a: None)
     study.warm_start_dir()
     rec = Recorder()
@@ -270,10 +321,15 @@ def main(argv=None):
     for name in args.arms:
         rows = run_arm(name, study, rec, args.iterations)
         arms[name] = {"rows": rows, "summary": summary(rows)}
-    meta = {"command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]), "commit": figprov.commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "affinity": sorted(os.sched_getaffinity(0)), "accounting": ACCOUNTING}
+    meta = {
+        "command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]),
+        "commit": figprov.commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "accounting": ACCOUNTING,
+    }
     path = args.out + ".json"
     data = json.load(open(path)) if os.path.exists(path) else {}
     data[args.label] = {"meta": meta, "arms": arms}

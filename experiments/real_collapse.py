@@ -52,13 +52,15 @@ SETTINGS = {
         "R-KV, budget 64 + buffer 16",
         ("kv.policy=rkv", "kv.budget=64", "kv.buffer=16"),
         "the calibrated config's eviction (experiments/results/real/calibration/chat_arithmetic, "
-        "the collapse study's setting): a budget above the 57-token prompt, a third of the KV saved"),
+        "the collapse study's setting): a budget above the 57-token prompt, a third of the KV saved",
+    ),
     "rkv48": Setting(
         "R-KV, budget 48 + buffer 16",
         ("kv.policy=rkv", "kv.budget=48", "kv.buffer=16"),
         "run only if nothing collapses under rkv64: the larger mismatch of a budget below the prompt "
         "(the first compression evicts part of the question), calibrated the same way before it runs "
-        "(every target but budget > prompt)"),
+        "(every target but budget > prompt)",
+    ),
 }
 ARMS = {  # name -> (rl.mode, sparse rollouts?, label)
     "dense": ("dense", False, "dense rollouts"),
@@ -131,8 +133,9 @@ def plan(seeds, setting: Setting, smoke: bool = False) -> list[tuple[str, list[s
     """Every planned run as (name, overrides), in the order they start: the untrained model's
     evaluation per seed, then per seed dense, naive, Sparse-RL (dense seed 0 first: the horizon
     check reads it)."""
-    return ([(f"untrained/seed{s}", untrained(s)) for s in seeds]
-            + [(f"{arm}/seed{s}", overrides(setting, arm, s, smoke)) for s in seeds for arm in ARMS])
+    return [(f"untrained/seed{s}", untrained(s)) for s in seeds] + [
+        (f"{arm}/seed{s}", overrides(setting, arm, s, smoke)) for s in seeds for arm in ARMS
+    ]
 
 
 def _job(job) -> str:
@@ -147,22 +150,36 @@ def _job(job) -> str:
     if run.cfg.train.iterations == 0:
         t_eval = time.perf_counter()
         res = run.evaluate({"policy": "none"}, n=n_eval)
-        evals["0"] = {"accuracy": res["accuracy"], "n": n_eval, "mean_length": res["mean_length"],
-                      "seconds": time.perf_counter() - t_eval}
+        evals["0"] = {
+            "accuracy": res["accuracy"],
+            "n": n_eval,
+            "mean_length": res["mean_length"],
+            "seconds": time.perf_counter() - t_eval,
+        }
     for i, x in enumerate(run.history, 1):
         if "eval/accuracy" in x:
             evals[str(i)] = {"accuracy": x["eval/accuracy"], "n": run.cfg.train.eval_prompts}
     config_tree = to_dict(run.cfg)
     config_tree["train"]["out_dir"] = None  # the machine's run directory: not part of the record
-    path = run_records.write(records_dir, {
-        "name": name, "overrides": list(over), "config_key": figlib.config_key(run.cfg),
-        "config": config_tree, "history": run.history, "evals": evals,
-        "provenance": {**start, "wall_s": round(time.perf_counter() - t0, 1)},
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-    })
+    path = run_records.write(
+        records_dir,
+        {
+            "name": name,
+            "overrides": list(over),
+            "config_key": figlib.config_key(run.cfg),
+            "config": config_tree,
+            "history": run.history,
+            "evals": evals,
+            "provenance": {**start, "wall_s": round(time.perf_counter() - t0, 1)},
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        },
+    )
     if commit:
-        run_records.commit(path, f"real-model collapse study: the record of {name} ({_setting_of(records_dir)}), "
-                                 f"{len(run.history)} iterations")
+        run_records.commit(
+            path,
+            f"real-model collapse study: the record of {name} ({_setting_of(records_dir)}), "
+            f"{len(run.history)} iterations",
+        )
     return path
 
 
@@ -173,12 +190,32 @@ def _setting_of(records_dir: str) -> str:
 def base_overrides(args, setting: Setting) -> list[str]:
     it = 2 if args.smoke else args.iterations
     every = 1 if args.smoke else args.eval_every
-    extra = ["rollout.max_new_tokens=16", "rollout.prompts=2", "rollout.samples=2", "data.max_prompt_len=160",
-             "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2",
-             "rl.update.score_batch_size=4", "rl.update.compile_ahead=false"] if args.smoke else []
-    return [f"train.iterations={it}", f"train.eval_every={every}", "train.eval_kv=dense",
-            "train.eval_temperature=0", f"train.eval_prompts={args.eval_prompts}", "train.eval_batch_size=32",
-            f"train.save_every={1 if args.smoke else 5}", "train.keep_checkpoints=2", *extra, *args.overrides]
+    extra = (
+        [
+            "rollout.max_new_tokens=16",
+            "rollout.prompts=2",
+            "rollout.samples=2",
+            "data.max_prompt_len=160",
+            "rl.update.minibatch_size=4",
+            "rl.update.micro_batch_size=2",
+            "rl.update.score_batch_size=4",
+            "rl.update.compile_ahead=false",
+        ]
+        if args.smoke
+        else []
+    )
+    return [
+        f"train.iterations={it}",
+        f"train.eval_every={every}",
+        "train.eval_kv=dense",
+        "train.eval_temperature=0",
+        f"train.eval_prompts={args.eval_prompts}",
+        "train.eval_batch_size=32",
+        f"train.save_every={1 if args.smoke else 5}",
+        "train.keep_checkpoints=2",
+        *extra,
+        *args.overrides,
+    ]
 
 
 def run(args, study) -> dict:
@@ -194,17 +231,39 @@ def run(args, study) -> dict:
     keys = {name: figlib.config_key(study.resolve(o)) for name, o in jobs}
     missing = run_records.missing(records_dir, keys.items())
     todo = [] if args.render_only else missing
-    print(f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "
-          f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}", flush=True)
+    print(
+        f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "
+        f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}",
+        flush=True,
+    )
     t0 = time.perf_counter()
-    workers.parallel_map(_job, [(args.config, base, args.runs_dir, records_dir, n, o, args.eval_prompts,
-                                 args.commit_records) for n, o in jobs if n in todo], study.cores)
+    workers.parallel_map(
+        _job,
+        [
+            (args.config, base, args.runs_dir, records_dir, n, o, args.eval_prompts, args.commit_records)
+            for n, o in jobs
+            if n in todo
+        ],
+        study.cores,
+    )
     records = {name: run_records.read(records_dir, name, keys[name]) for name, _ in jobs}
-    study.arms.update({name: {"overrides": r["overrides"], "run": r["config_key"], "config": r["config"]}
-                       for name, r in records.items() if r is not None})  # arms.json
-    return {**collect(records, args.seeds), "setting": args.setting, "eval_prompts": args.eval_prompts,
-            "iterations": study.base.train.iterations, "train_wall_s": time.perf_counter() - t0,
-            "cores": len(study.cores), "plan": PLAN, "trained_now": todo}
+    study.arms.update(
+        {
+            name: {"overrides": r["overrides"], "run": r["config_key"], "config": r["config"]}
+            for name, r in records.items()
+            if r is not None
+        }
+    )  # arms.json
+    return {
+        **collect(records, args.seeds),
+        "setting": args.setting,
+        "eval_prompts": args.eval_prompts,
+        "iterations": study.base.train.iterations,
+        "train_wall_s": time.perf_counter() - t0,
+        "cores": len(study.cores),
+        "plan": PLAN,
+        "trained_now": todo,
+    }
 
 
 def collect(records: dict[str, dict | None], seeds) -> dict:
@@ -217,19 +276,37 @@ def collect(records: dict[str, dict | None], seeds) -> dict:
         recs = [(s, r) for s, r in recs if r is not None]
         results[arm] = [row(r["history"], s, before[s]["accuracy"]) for s, r in recs]
         histories[arm] = [r["history"] for _, r in recs]
-    runs = {name: {"commit": r["provenance"]["commit"], "uncommitted_changes": r["provenance"]["uncommitted_changes"],
-                   "cpu": r["provenance"]["cpu"], "jax": r["provenance"]["jax"], "wall_s": r["provenance"]["wall_s"],
-                   "finished": r["finished"]} for name, r in records.items() if r is not None}
-    return {"seeds": list(seeds), "results": results, "histories": histories,
-            "untrained": {str(s): v for s, v in before.items()}, "runs": runs,
-            "planned_runs": len(records), "recorded_runs": len(runs)}
+    runs = {
+        name: {
+            "commit": r["provenance"]["commit"],
+            "uncommitted_changes": r["provenance"]["uncommitted_changes"],
+            "cpu": r["provenance"]["cpu"],
+            "jax": r["provenance"]["jax"],
+            "wall_s": r["provenance"]["wall_s"],
+            "finished": r["finished"],
+        }
+        for name, r in records.items()
+        if r is not None
+    }
+    return {
+        "seeds": list(seeds),
+        "results": results,
+        "histories": histories,
+        "untrained": {str(s): v for s, v in before.items()},
+        "runs": runs,
+        "planned_runs": len(records),
+        "recorded_runs": len(runs),
+    }
 
 
 def row(h: list[dict], seed: int, untrained_acc: float) -> dict:
     evals = {i + 1: x["eval/accuracy"] for i, x in enumerate(h) if "eval/accuracy" in x}
     final = evals[len(h)]
     return {
-        "seed": seed, "warm_start": 0, "untrained_acc": untrained_acc, "dense_acc": final,
+        "seed": seed,
+        "warm_start": 0,
+        "untrained_acc": untrained_acc,
+        "dense_acc": final,
         "evals": {str(k): v for k, v in evals.items()},
         "collapsed": bool(figlib.collapsed(final, untrained_acc)),
         "collapse_iteration": figlib.reward_collapse_iteration(h),
@@ -243,17 +320,23 @@ def row(h: list[dict], seed: int, untrained_acc: float) -> dict:
 
 def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
     res, n = data["results"], data["eval_prompts"]
-    comps = figlib.compare_arms(res, (("naive", "dense"), ("sparse_rl", "dense"), ("sparse_rl", "naive")),
-                                {"dense_acc": "final held-out accuracy"}, n)
+    comps = figlib.compare_arms(
+        res,
+        (("naive", "dense"), ("sparse_rl", "dense"), ("sparse_rl", "naive")),
+        {"dense_acc": "final held-out accuracy"},
+        n,
+    )
     by = {(c.a, c.b): c.sign for c in comps}
     coll = {arm: sum(r["collapsed"] for r in rows) for arm, rows in res.items()}
     k = len(data["seeds"])
     gain = float(np.mean([r["dense_acc"] - r["untrained_acc"] for r in res["dense"]]))
     learned = gain >= HORIZON_GAIN
     if not learned:
-        claim = (f"**no verdict**: the dense arm gained {gain:+.3f} in {data['iterations']} iterations, below the "
-                 f"horizon's {HORIZON_GAIN:.2f} (the plan: a model that does not learn shows neither collapse nor "
-                 "stability; the next study doubles the horizon)")
+        claim = (
+            f"**no verdict**: the dense arm gained {gain:+.3f} in {data['iterations']} iterations, below the "
+            f"horizon's {HORIZON_GAIN:.2f} (the plan: a model that does not learn shows neither collapse nor "
+            "stability; the next study doubles the horizon)"
+        )
     elif coll["naive"] == k and coll["dense"] == 0:
         claim = "**supported**"
     elif coll["naive"] == 0 and by["naive", "dense"] == 0:
@@ -270,8 +353,10 @@ def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
     lines = [
         f"- Collapse (accuracy rule): dense {coll['dense']} of {k}, naive {coll['naive']} of {k}, "
         f"Sparse-RL {coll['sparse_rl']} of {k}; reward rule: "
-        + ", ".join(f"{arm} {sum(r['collapse_iteration'] is not None for r in rows)} of {k}"
-                    for arm, rows in res.items()) + ".",
+        + ", ".join(
+            f"{arm} {sum(r['collapse_iteration'] is not None for r in rows)} of {k}" for arm, rows in res.items()
+        )
+        + ".",
         f"- Horizon: the dense arm gained {gain:+.3f} of held-out accuracy (mean over {k} seeds; expected >= "
         f"{HORIZON_GAIN:.2f}).",
         f"- Naive sparse training collapses (paper: yes, Fig. 3): {claim}.",
@@ -287,9 +372,14 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     fmt = figlib.fmt
     complete = data["recorded_runs"] == data["planned_runs"]
     points = sorted({p for rows in res.values() for r in rows for p in r["evals"]}, key=int)
-    columns = (("train reward last25", "train_reward_last25", ".3f"), ("mismatch k3", "mismatch_kl_k3", ".3f"),
-               ("SARS token reject", "token_reject_rate", ".1%"), ("SARS resp. reject", "seq_reject_rate", ".1%"),
-               ("KV saving", "train_kv_saving", ".1%"), ("s / iteration", "seconds_per_iteration", ".0f"))
+    columns = (
+        ("train reward last25", "train_reward_last25", ".3f"),
+        ("mismatch k3", "mismatch_kl_k3", ".3f"),
+        ("SARS token reject", "token_reject_rate", ".1%"),
+        ("SARS resp. reject", "seq_reject_rate", ".1%"),
+        ("KV saving", "train_kv_saving", ".1%"),
+        ("s / iteration", "seconds_per_iteration", ".0f"),
+    )
     body = []
     for arm, rows in res.items():
         if not rows:
@@ -297,28 +387,61 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         its = [r["collapse_iteration"] for r in rows]
         at = ", ".join("-" if i is None else str(i) for i in its)
         m = len(rows)
-        body.append([f"{arm} ({ARMS[arm][2]})", ", ".join(str(r["seed"]) for r in rows),
-                     fmt([r["untrained_acc"] for r in rows]),
-                     *(fmt([r["evals"][p] for r in rows if p in r["evals"]]) for p in points),
-                     f"{sum(r['collapsed'] for r in rows)} of {m}", f"{sum(i is not None for i in its)} of {m} ({at})",
-                     *figlib.stat_cells(rows, columns)])
-    status = (f"**{data['recorded_runs']} of {data['planned_runs']} planned runs recorded**"
-              + ("." if complete else ": the study is not finished, so no verdict is stated (each finished run's "
-                 "record is committed as it finishes; the same command trains only the missing runs)."))
+        body.append(
+            [
+                f"{arm} ({ARMS[arm][2]})",
+                ", ".join(str(r["seed"]) for r in rows),
+                fmt([r["untrained_acc"] for r in rows]),
+                *(fmt([r["evals"][p] for r in rows if p in r["evals"]]) for p in points),
+                f"{sum(r['collapsed'] for r in rows)} of {m}",
+                f"{sum(i is not None for i in its)} of {m} ({at})",
+                *figlib.stat_cells(rows, columns),
+            ]
+        )
+    status = f"**{data['recorded_runs']} of {data['planned_runs']} planned runs recorded**" + (
+        "."
+        if complete
+        else ": the study is not finished, so no verdict is stated (each finished run's "
+        "record is committed as it finishes; the same command trains only the missing runs)."
+    )
     lines = [data["plan"], "", f"**Setting {data['setting']}**: {setting.label}; {setting.why}.", "", status, ""]
     if data["untrained"]:
-        lines += ["The untrained model (iteration 0, greedy, dense inference, "
-                  f"{n} prompts): " + ", ".join(f"seed {s} {v['accuracy']:.3f} (mean length {v['mean_length']:.0f})"
-                                               for s, v in sorted(data["untrained"].items())) + ".", ""]
+        lines += [
+            "The untrained model (iteration 0, greedy, dense inference, "
+            f"{n} prompts): "
+            + ", ".join(
+                f"seed {s} {v['accuracy']:.3f} (mean length {v['mean_length']:.0f})"
+                for s, v in sorted(data["untrained"].items())
+            )
+            + ".",
+            "",
+        ]
     if body:
-        lines += figlib.md_table(["arm", "seeds", "held-out acc. it 0", *(f"it {p}" for p in points),
-                                  "collapsed (acc. rule)", "collapsed (reward rule, at)", *figlib.headers(columns)],
-                                 body)
+        lines += figlib.md_table(
+            [
+                "arm",
+                "seeds",
+                "held-out acc. it 0",
+                *(f"it {p}" for p in points),
+                "collapsed (acc. rule)",
+                "collapsed (reward rule, at)",
+                *figlib.headers(columns),
+            ],
+            body,
+        )
     if complete:
         vlines, comps = verdicts(data)
-        lines += [*figlib.comparison_lines(comps, "Mean ± sample std over seeds. Paired differences of the final "
-                                           "held-out accuracy (same seed: same prompts and draws):"),
-                  "", "**Verdicts** (by the plan's rules):", "", *vlines]
+        lines += [
+            *figlib.comparison_lines(
+                comps,
+                "Mean ± sample std over seeds. Paired differences of the final "
+                "held-out accuracy (same seed: same prompts and draws):",
+            ),
+            "",
+            "**Verdicts** (by the plan's rules):",
+            "",
+            *vlines,
+        ]
     lines += ["", *cost_lines(data), "", *record_lines(data)]
     fig = figure(data)
     caption = (
@@ -326,9 +449,11 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         "mean over seeds, bands: ± one sample std over seeds (clipped to each metric's range); held-out "
         f"accuracy (greedy) on {n} prompts under dense inference at iterations 0, {EVAL_EVERY}, {data['iterations']} "
         "(points; the grey dotted line: half the untrained model's, the collapse threshold). Grey band in the "
-        "KV-saving panel: the paper's 35-53% fewer KV entries (Sparse-RL Table 1).")
-    return figlib.Rendered(f"Sparse-RL's collapse claim on SmolLM2-135M: {data['setting']}", "\n".join(lines),
-                           {"collapse": fig}, caption)
+        "KV-saving panel: the paper's 35-53% fewer KV entries (Sparse-RL Table 1)."
+    )
+    return figlib.Rendered(
+        f"Sparse-RL's collapse claim on SmolLM2-135M: {data['setting']}", "\n".join(lines), {"collapse": fig}, caption
+    )
 
 
 def cost_lines(data: dict) -> list[str]:
@@ -342,18 +467,32 @@ def cost_lines(data: dict) -> list[str]:
     n_runs = len(ARMS) * len(data["seeds"])
     n_evals = len(data["seeds"]) * (1 + len(ARMS) * (data["iterations"] // EVAL_EVERY))
     total_h = (n_runs * data["iterations"] * it_s + n_evals * eval_s) / 3600
-    return [f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "
-            f"first iteration's compile excluded), {eval_s:.0f} s an evaluation of {data['eval_prompts']} prompts; "
-            f"the whole plan ({n_runs} runs x {data['iterations']} iterations, {n_evals} evaluations) "
-            f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine."]
+    return [
+        f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "
+        f"first iteration's compile excluded), {eval_s:.0f} s an evaluation of {data['eval_prompts']} prompts; "
+        f"the whole plan ({n_runs} runs x {data['iterations']} iterations, {n_evals} evaluations) "
+        f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine."
+    ]
 
 
 def record_lines(data: dict) -> list[str]:
     """Each recorded run's provenance: where and from which commit it ran."""
-    rows = [[name, r["finished"], r["commit"] + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
-             r["cpu"], r["jax"], f"{r['wall_s'] / 60:.0f} min"] for name, r in sorted(data["runs"].items())]
-    return ["Records (experiments/results/real/collapse/<setting>/records/, one per finished run):", "",
-            *figlib.md_table(["run", "finished", "commit at its start", "CPU", "jax", "wall time"], rows)]
+    rows = [
+        [
+            name,
+            r["finished"],
+            r["commit"] + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
+            r["cpu"],
+            r["jax"],
+            f"{r['wall_s'] / 60:.0f} min",
+        ]
+        for name, r in sorted(data["runs"].items())
+    ]
+    return [
+        "Records (experiments/results/real/collapse/<setting>/records/, one per finished run):",
+        "",
+        *figlib.md_table(["run", "finished", "commit at its start", "CPU", "jax", "wall time"], rows),
+    ]
 
 
 def figure(data: dict):
@@ -368,17 +507,18 @@ def figure(data: dict):
                 style = "-" if j == len(keys) - 1 or len(keys) == 1 else "--"
                 if key == "eval/accuracy":
                     pts = sorted({0, *(int(p) for r in res[arm] for p in r["evals"])})
-                    vals = np.array([[r["untrained_acc"] if p == 0 else r["evals"][str(p)] for p in pts]
-                                     for r in res[arm]])
+                    vals = np.array(
+                        [[r["untrained_acc"] if p == 0 else r["evals"][str(p)] for p in pts] for r in res[arm]]
+                    )
                     m, s = vals.mean(0), vals.std(0, ddof=1) if len(vals) > 1 else np.zeros(len(pts))
-                    ax.errorbar(pts, m, yerr=s, color=colours[arm], marker="o", ms=3, capsize=2,
-                                label=ARMS[arm][2])
+                    ax.errorbar(pts, m, yerr=s, color=colours[arm], marker="o", ms=3, capsize=2, label=ARMS[arm][2])
                     continue
                 x, m, s = figlib.curve(hs, key)
                 if np.isnan(m).all():
                     continue
-                figlib.mean_line(ax, x, m, s, colours[arm], 0.0, None, style, lw=1.1,
-                                 label=ARMS[arm][2] if j == 0 else None)
+                figlib.mean_line(
+                    ax, x, m, s, colours[arm], 0.0, None, style, lw=1.1, label=ARMS[arm][2] if j == 0 else None
+                )
         untrained = [r["untrained_acc"] for rows in res.values() for r in rows]
         if keys[0] == "eval/accuracy" and untrained:
             ax.axhline(0.5 * np.mean(untrained), color="grey", ls=":", lw=1)
@@ -387,12 +527,10 @@ def figure(data: dict):
         ax.set_title(title, fontsize=7)
         ax.set(xlabel="iteration", ylabel=ylabel, xlim=(0, data["iterations"]))
         ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs",
-                 fontsize=8)
+    fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs", fontsize=8)
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
     if handles:  # one legend for the figure, below the panels
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, frameon=False,
-                   fontsize=7)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, frameon=False, fontsize=7)
     return fig
 
 
@@ -400,17 +538,24 @@ def arguments(p) -> None:
     p.add_argument("--setting", default=DEFAULT_SETTING, choices=list(SETTINGS))
     p.add_argument("--iterations", type=int, default=ITERATIONS)
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY)
-    p.add_argument("--records", help="where each finished run's record goes (default <out>/records): "
-                   "planned runs with a matching record are not trained again")
-    p.add_argument("--commit-records", action="store_true",
-                   help="git-commit each record the moment its run finishes (a study spanning machines)")
-    p.add_argument("--render-only", action="store_true",
-                   help="train nothing: results.md and the figure from the records present")
+    p.add_argument(
+        "--records",
+        help="where each finished run's record goes (default <out>/records): "
+        "planned runs with a matching record are not trained again",
+    )
+    p.add_argument(
+        "--commit-records",
+        action="store_true",
+        help="git-commit each record the moment its run finishes (a study spanning machines)",
+    )
+    p.add_argument(
+        "--render-only", action="store_true", help="train nothing: results.md and the figure from the records present"
+    )
 
 
 FIGURE = figlib.Figure(
-    "real/collapse", __doc__, run, render, arguments=arguments, seeds=SEEDS, default_config=CONFIG,
-    eval_prompts=True)
+    "real/collapse", __doc__, run, render, arguments=arguments, seeds=SEEDS, default_config=CONFIG, eval_prompts=True
+)
 
 
 def main(argv=None) -> dict:

@@ -79,10 +79,22 @@ COMPARISONS = {
     "stacked": (("dense", "stacked"), "-"),
 }
 # A seconds-long version on a tiny checkpoint (tests): with --smoke and model.checkpoint=<tiny>.
-SMOKE = ("train.iterations=2", "train.save_every=1", "rollout.prompts=2", "rollout.samples=2",
-         "rollout.max_new_tokens=24", "data.max_prompt_len=160", "kv.budget=64", "kv.buffer=8",
-         "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4",
-         "sorted.group_batches=2", "train.eval_prompts=2", "rl.update.compile_ahead=false")
+SMOKE = (
+    "train.iterations=2",
+    "train.save_every=1",
+    "rollout.prompts=2",
+    "rollout.samples=2",
+    "rollout.max_new_tokens=24",
+    "data.max_prompt_len=160",
+    "kv.budget=64",
+    "kv.buffer=8",
+    "rl.update.minibatch_size=4",
+    "rl.update.micro_batch_size=2",
+    "rl.update.score_batch_size=4",
+    "sorted.group_batches=2",
+    "train.eval_prompts=2",
+    "rl.update.compile_ahead=false",
+)
 
 
 def row(run: figlib.Run, n_eval: int) -> dict:
@@ -105,25 +117,27 @@ def run(args, study: figlib.Study) -> dict:
     """Every arm's runs and the untrained model at every seed, trained in parallel single-core
     workers, then scored here from the cache."""
     n_eval = args.eval_prompts or study.base.train.eval_prompts
-    untrained = {s: (f"untrained/seed{s}", ARMS["dense"].overrides(s) + ["train.iterations=0"])
-                 for s in args.seeds}
+    untrained = {s: (f"untrained/seed{s}", ARMS["dense"].overrides(s) + ["train.iterations=0"]) for s in args.seeds}
     # the two-seed comparisons first, seed-major; then the one-seed arms (sorted, stacked)
-    runs = sorted([(-ARMS[n].seeds, i, n, s) for n in args.arms
-                   for i, s in enumerate(ARMS[n].seeds_of(args.seeds))])
+    runs = sorted([(-ARMS[n].seeds, i, n, s) for n in args.arms for i, s in enumerate(ARMS[n].seeds_of(args.seeds))])
     jobs = list(untrained.values()) + [(f"{n}/seed{s}", ARMS[n].overrides(s)) for _, _, n, s in runs]
     t0 = time.perf_counter()
     study.train_runs(jobs, [({"policy": "none"}, n_eval)], progress=True)  # each final model evaluated there
     wall = time.perf_counter() - t0
-    before = {s: study.train(*job).evaluate({"policy": "none"}, n=n_eval)["accuracy"]
-              for s, job in untrained.items()}
+    before = {s: study.train(*job).evaluate({"policy": "none"}, n=n_eval)["accuracy"] for s, job in untrained.items()}
     results, histories = {}, {}
     for name in args.arms:
         seeds = ARMS[name].seeds_of(args.seeds)
         runs = [study.train(f"{name}/seed{s}", ARMS[name].overrides(s)) for s in seeds]
         results[name] = [{**row(r, n_eval), "seed": s, "untrained_acc": before[s]} for s, r in zip(seeds, runs)]
         histories[name] = [r.history for r in runs]
-    meta = {"untrained_dense_acc": float(np.mean(list(before.values()))), "untrained_by_seed": before,
-            "eval_prompts": n_eval, "train_wall_s": wall, "cores": len(study.cores)}
+    meta = {
+        "untrained_dense_acc": float(np.mean(list(before.values()))),
+        "untrained_by_seed": before,
+        "eval_prompts": n_eval,
+        "train_wall_s": wall,
+        "cores": len(study.cores),
+    }
     return {"results": results, "histories": histories, "meta": meta}
 
 
@@ -150,16 +164,23 @@ def paired(a: list[dict], b: list[dict], n: int) -> str:
 
 
 COLUMNS = (  # (header, row key, format) of the arms' table, after its arm, seeds and iterations
-    ("dense acc", "dense_acc", ".3f"), ("reward first25", "reward_first25", ".3f"),
-    ("reward last25", "train_reward_last25", ".3f"), ("KV saving", "train_kv_saving", ".1%"),
-    ("mismatch KL k3", "mismatch_kl_k3", ".2e"), ("SARS token reject (last25)", "token_reject_rate", ".1%"),
-    ("ACR active", "acr_active", ".1%"), ("rollout tok/s", "rollout_tokens_per_s", ".1f"),
-    ("bubble", "bubble", ".1%"), ("s / iteration", "seconds_per_iteration", ".0f"))
+    ("dense acc", "dense_acc", ".3f"),
+    ("reward first25", "reward_first25", ".3f"),
+    ("reward last25", "train_reward_last25", ".3f"),
+    ("KV saving", "train_kv_saving", ".1%"),
+    ("mismatch KL k3", "mismatch_kl_k3", ".2e"),
+    ("SARS token reject (last25)", "token_reject_rate", ".1%"),
+    ("ACR active", "acr_active", ".1%"),
+    ("rollout tok/s", "rollout_tokens_per_s", ".1f"),
+    ("bubble", "bubble", ".1%"),
+    ("s / iteration", "seconds_per_iteration", ".0f"),
+)
 
 
 def tables(results: dict, meta: dict) -> str:
     lines = [
-        "Untrained model: " + ", ".join(f"{a:.3f} (seed {s})" for s, a in meta["untrained_by_seed"].items())
+        "Untrained model: "
+        + ", ".join(f"{a:.3f} (seed {s})" for s, a in meta["untrained_by_seed"].items())
         + " accuracy (avg@1 sampled at the rollout "
         "temperature, seed train.seed + 1; dense, full precision) "
         f"on {meta['eval_prompts']} held-out prompts. Differences are read by the tie rule "
@@ -172,21 +193,37 @@ def tables(results: dict, meta: dict) -> str:
         "reward (sampled accuracy on prompts never seen before) "
         "over the first / last quarter of the iterations.",
         "",
-        *figlib.md_table(["arm", "seeds", "iterations", *figlib.headers(COLUMNS)],
-                         ([f"{name} ({ARMS[name].label})", str(len(rows)), str(rows[0]["iterations"]),
-                           *figlib.stat_cells(rows, COLUMNS)] for name, rows in results.items()))]
-    lines += ["", "Comparisons: dense accuracy change from the untrained model evaluated with the same "
-              "seed (mean ± std over seeds); then each arm minus the first arm of the comparison, "
-              "paired by seed (every seed's difference with 2 SE of that difference, and the tie rule's "
-              "verdict over the seeds):", ""]
+        *figlib.md_table(
+            ["arm", "seeds", "iterations", *figlib.headers(COLUMNS)],
+            (
+                [
+                    f"{name} ({ARMS[name].label})",
+                    str(len(rows)),
+                    str(rows[0]["iterations"]),
+                    *figlib.stat_cells(rows, COLUMNS),
+                ]
+                for name, rows in results.items()
+            ),
+        ),
+    ]
+    lines += [
+        "",
+        "Comparisons: dense accuracy change from the untrained model evaluated with the same "
+        "seed (mean ± std over seeds); then each arm minus the first arm of the comparison, "
+        "paired by seed (every seed's difference with 2 SE of that difference, and the tie rule's "
+        "verdict over the seeds):",
+        "",
+    ]
     for title, (names, paper) in COMPARISONS.items():
         have = [n for n in names if n in results]
         if len(have) < 2:
             continue
-        deltas = ", ".join(f"{n} {fmt([r['dense_acc'] - r['untrained_acc'] for r in results[n]], '+.3f')}"
-                           for n in have)
-        pairs = "; ".join(f"{n} - {have[0]}: {paired(results[n], results[have[0]], meta['eval_prompts'])}"
-                          for n in have[1:])
+        deltas = ", ".join(
+            f"{n} {fmt([r['dense_acc'] - r['untrained_acc'] for r in results[n]], '+.3f')}" for n in have
+        )
+        pairs = "; ".join(
+            f"{n} - {have[0]}: {paired(results[n], results[have[0]], meta['eval_prompts'])}" for n in have[1:]
+        )
         lines.append(f"- **{title}** (beside {paper}): {deltas}; paired: {pairs}")
     return "\n".join(lines)
 
@@ -211,9 +248,14 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
         "beside each bar; the dense arm's is ~0). Below, one panel per comparison: the training "
         "reward (sampled accuracy on prompts never seen before) per iteration, lines the mean over seeds, "
         "shaded bands ± one sample standard deviation over the seeds (2 seeds: half their difference "
-        "x sqrt 2); dashed lines without a band: arms run with one seed.")
-    return figlib.Rendered(f"RL on {os.path.basename(b.model.checkpoint)}: {b.data.task}",
-                           tables(results, meta), {"real_rl": figure(data, b)}, caption)
+        "x sqrt 2); dashed lines without a band: arms run with one seed."
+    )
+    return figlib.Rendered(
+        f"RL on {os.path.basename(b.model.checkpoint)}: {b.data.task}",
+        tables(results, meta),
+        {"real_rl": figure(data, b)},
+        caption,
+    )
 
 
 def _label(name: str, results: dict) -> str:
@@ -225,18 +267,27 @@ def figure(data: dict, b):
     comparison (the dense arm in each), every arm in its own colour."""
     results, histories, meta = data["results"], data["histories"], data["meta"]
     names = list(results)
-    colours = figlib.arm_colours(ARMS, {"naive_rkv": "naive_sparse", "sparse_rl_rkv": "sparse_rl",
-                                        "qurl": "qurl_invariant"})  # the palette of every figure
+    colours = figlib.arm_colours(
+        ARMS, {"naive_rkv": "naive_sparse", "sparse_rl_rkv": "sparse_rl", "qurl": "qurl_invariant"}
+    )  # the palette of every figure
     comparisons = [(t, [n for n in arms if n in results], paper) for t, (arms, paper) in COMPARISONS.items()]
-    comparisons = ([c for c in comparisons if set(c[1]) - {"dense"}]  # a panel where an arm beside dense ran
-                   or [("dense", ["dense"], "-")])
+    comparisons = (
+        [c for c in comparisons if set(c[1]) - {"dense"}]  # a panel where an arm beside dense ran
+        or [("dense", ["dense"], "-")]
+    )
     rows = 1 + -(-len(comparisons) // 2)
     fig = plt.figure(figsize=(2 * figlib.PANEL_W, 2.5 + 2.1 * (rows - 1) + 0.9), layout="constrained")
     grid = fig.add_gridspec(rows, 2, height_ratios=[1.25] + [1] * (rows - 1))
     acc_ax = fig.add_subplot(grid[0, 0])
     kl_ax = fig.add_subplot(grid[0, 1], sharey=acc_ax)
-    figlib.run_bars(acc_ax, names, {n: [r["dense_acc"] for r in results[n]] for n in names}, colours,
-                    horizontal=True, labels=[_label(n, results) for n in names])
+    figlib.run_bars(
+        acc_ax,
+        names,
+        {n: [r["dense_acc"] for r in results[n]] for n in names},
+        colours,
+        horizontal=True,
+        labels=[_label(n, results) for n in names],
+    )
     bars = next(c for c in acc_ax.containers if isinstance(c, BarContainer))
     for bar, n in zip(bars, names):  # one-seed arms: hatched, no spread to show
         if len(results[n]) == 1:
@@ -255,34 +306,64 @@ def figure(data: dict, b):
     for i, (title, arms, paper) in enumerate(comparisons):
         ax = fig.add_subplot(grid[1 + i // 2, i % 2], sharey=first)
         first = first or ax
-        figlib.mean_curves(ax, {n: histories[n] for n in arms}, colours, "reward/mean", 0.0, 1.0, lw=1.3,
-                           one_run_dashed=True, marker=".", ms=4)
-        ax.set_title(f"{title} (beside {paper})" if paper != "-" else
-                     "stacked: all three methods" if title == "stacked" else title)
+        figlib.mean_curves(
+            ax,
+            {n: histories[n] for n in arms},
+            colours,
+            "reward/mean",
+            0.0,
+            1.0,
+            lw=1.3,
+            one_run_dashed=True,
+            marker=".",
+            ms=4,
+        )
+        ax.set_title(
+            f"{title} (beside {paper})"
+            if paper != "-"
+            else "stacked: all three methods"
+            if title == "stacked"
+            else title
+        )
         figlib.iteration_axis(ax)
         if i % 2 == 0:
             ax.set_ylabel("train reward\n(sampled accuracy, new prompts)")
     first.set_ylim(bottom=0.0)
-    handles = [Line2D([], [], color=colours[n], ls="--" if len(results[n]) == 1 else "-", lw=1.3,
-                      label=_label(n, results)) for n in names]
+    handles = [
+        Line2D([], [], color=colours[n], ls="--" if len(results[n]) == 1 else "-", lw=1.3, label=_label(n, results))
+        for n in names
+    ]
     handles.append(Patch(color="0.85", label="untrained model ± 2 SE of a difference"))
     fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     seeds = sorted({r["seed"] for rs in results.values() for r in rs})
-    fig.suptitle(f"Sparse-RL, QuRL and SortedRL arms on {os.path.basename(b.model.checkpoint)} ({b.data.task}):\n"
-                 f"{results[names[0]][0]['iterations']} iterations of {b.rollout.prompts}x{b.rollout.samples} "
-                 f"rollouts, seeds {seeds} (one-seed arms: the first)")
+    fig.suptitle(
+        f"Sparse-RL, QuRL and SortedRL arms on {os.path.basename(b.model.checkpoint)} ({b.data.task}):\n"
+        f"{results[names[0]][0]['iterations']} iterations of {b.rollout.prompts}x{b.rollout.samples} "
+        f"rollouts, seeds {seeds} (one-seed arms: the first)"
+    )
     return fig
 
 
 def arguments(p) -> None:
-    p.add_argument("--eval-prompts", type=int, help="held-out prompts of the final evaluations "
-                   "(default: train.eval_prompts)")
+    p.add_argument(
+        "--eval-prompts", type=int, help="held-out prompts of the final evaluations (default: train.eval_prompts)"
+    )
 
 
 FIGURE = figlib.Figure(
-    "real/rl", __doc__, run, render, arguments=arguments, seeds=(0, 1), eval_prompts=False, choices={"--arms": ARMS},
+    "real/rl",
+    __doc__,
+    run,
+    render,
+    arguments=arguments,
+    seeds=(0, 1),
+    eval_prompts=False,
+    choices={"--arms": ARMS},
     seeds_help="seeds of the two-seed arms; one-seed arms (sorted, stacked) take the first",
-    default_config=CONFIG, runs_dir=RUNS, smoke=SMOKE)
+    default_config=CONFIG,
+    runs_dir=RUNS,
+    smoke=SMOKE,
+)
 
 main = FIGURE.main
 

@@ -70,10 +70,17 @@ def commit(path: str, message: str) -> bool:
     detail = ""
     for attempt in range(5):  # another process may hold the index for a moment
         try:
-            subprocess.run(["git", "add", "--", name], cwd=folder, check=True, capture_output=True, text=True,
-                           timeout=60)
-            subprocess.run(["git", "commit", "-q", "-m", message, "--only", "--", name], cwd=folder, check=True,
-                           capture_output=True, text=True, timeout=60)
+            subprocess.run(
+                ["git", "add", "--", name], cwd=folder, check=True, capture_output=True, text=True, timeout=60
+            )
+            subprocess.run(
+                ["git", "commit", "-q", "-m", message, "--only", "--", name],
+                cwd=folder,
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             return True
         except (OSError, subprocess.SubprocessError) as e:
             detail = (getattr(e, "stderr", "") or str(e)).strip()

@@ -25,8 +25,7 @@ from sparserl_jax import compile_clock
 from sparserl_jax.rollout import source as sources
 from sparserl_jax.train import Trainer
 
-KEYS = ("time/step_s", "time/compile_s", "time/rollout_wall_s", "time/rollout_compile_s",
-        "compile/count")
+KEYS = ("time/step_s", "time/compile_s", "time/rollout_wall_s", "time/rollout_compile_s", "compile/count")
 
 
 def _timed_step(step):
@@ -39,6 +38,7 @@ def _timed_step(step):
         metrics["compile/count"] = float(since.compiles)
         metrics.update(getattr(self.source, "_timing", {}))
         return metrics
+
     return timed
 
 
@@ -47,9 +47,9 @@ def _timed_next(next_):
     def timed(self, *args, **kwargs):
         since, tic = compile_clock.Since(), time.perf_counter()
         batch = next_(self, *args, **kwargs)
-        self._timing = {"time/rollout_wall_s": time.perf_counter() - tic,
-                        "time/rollout_compile_s": since.seconds}
+        self._timing = {"time/rollout_wall_s": time.perf_counter() - tic, "time/rollout_compile_s": since.seconds}
         return batch
+
     return timed
 
 
@@ -98,11 +98,15 @@ def account(history: list[dict], batches_per_iteration: int, first_group_batches
     no more."""
     missing = [k for k in KEYS if history and k not in history[0]]
     if missing:
-        raise KeyError(f"the run's metrics lack {missing}: it was trained outside "
-                       "step_timing.timed_steps (delete the cached run to retrain it)")
+        raise KeyError(
+            f"the run's metrics lack {missing}: it was trained outside "
+            "step_timing.timed_steps (delete the cached run to retrain it)"
+        )
     if first_group_batches % batches_per_iteration:
-        raise ValueError(f"the first group's {first_group_batches} update batches are not whole "
-                         f"iterations of {batches_per_iteration}")
+        raise ValueError(
+            f"the first group's {first_group_batches} update batches are not whole "
+            f"iterations of {batches_per_iteration}"
+        )
     skip = first_group_batches // batches_per_iteration
     steady = history[skip:] or history  # a run of one group (smoke runs): all of it
     tot = lambda k, rows=history: float(sum(r[k] for r in rows))  # noqa: E731
@@ -116,6 +120,6 @@ def account(history: list[dict], batches_per_iteration: int, first_group_batches
         "steady_update_batches": len(steady) * batches_per_iteration,
         "steady_compiles": tot("compile/count", steady),
         "steady_s_per_batch": (tot("time/step_s", steady) - tot("time/compile_s", steady)) / steady_batches,
-        "steady_rollout_s_per_batch": (tot("time/rollout_wall_s", steady)
-                                       - tot("time/rollout_compile_s", steady)) / steady_batches,
+        "steady_rollout_s_per_batch": (tot("time/rollout_wall_s", steady) - tot("time/rollout_compile_s", steady))
+        / steady_batches,
     }

@@ -45,13 +45,25 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     rows = data["rows"]
     budgets = data.get("budgets") or [int(k.split("@")[1]) for k in rows[0] if k.startswith("sparse_acc@")]
     cols = ["dense_acc"] + [f"sparse_acc@{b}" for b in budgets]
-    lines = [f"Warm starts of `{figlib.config_name(command)}` (task {base.data.task}), one per SFT seed "
-             f"(train.seed); sparse inference with {base.kv.policy} (buffer {base.kv.buffer}); avg@1 on "
-             f"{base.train.eval_prompts} held-out prompts.", "",
-             *figlib.md_table(["SFT seed", *cols], [*([str(r["seed"]), *(f"{r[c]:.3f}" for c in cols)] for r in rows),
-                                                    ["mean ± std", *(fmt([r[c] for r in rows], ".3f") for c in cols)]])]
-    lines += ["", "KV saving under sparse inference (mean ± std over the SFT seeds): "
-              + ", ".join(f"budget {b}: {fmt([r[f'kv_saving@{b}'] for r in rows], '.1%')}" for b in budgets) + "."]
+    lines = [
+        f"Warm starts of `{figlib.config_name(command)}` (task {base.data.task}), one per SFT seed "
+        f"(train.seed); sparse inference with {base.kv.policy} (buffer {base.kv.buffer}); avg@1 on "
+        f"{base.train.eval_prompts} held-out prompts.",
+        "",
+        *figlib.md_table(
+            ["SFT seed", *cols],
+            [
+                *([str(r["seed"]), *(f"{r[c]:.3f}" for c in cols)] for r in rows),
+                ["mean ± std", *(fmt([r[c] for r in rows], ".3f") for c in cols)],
+            ],
+        ),
+    ]
+    lines += [
+        "",
+        "KV saving under sparse inference (mean ± std over the SFT seeds): "
+        + ", ".join(f"budget {b}: {fmt([r[f'kv_saving@{b}'] for r in rows], '.1%')}" for b in budgets)
+        + ".",
+    ]
     fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 3.0), layout="constrained")
     for i, c in enumerate(cols):
         vals = [r[c] for r in rows]
@@ -64,15 +76,25 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     ax.set_ylabel(f"warm start's accuracy\n(avg@1, {base.train.eval_prompts} prompts)")
     ax.set_xlabel("inference")
     fig.suptitle(f"Warm-start spread: {len(rows)} SFT seeds of {figlib.config_name(command)}")
-    caption = ("Figure: each warm start's accuracy (one dot per SFT seed) under each inference, named under "
-               "its column (filled: dense inference; open: sparse inference at each budget, in the eviction "
-               "policy's colour); black bar: the mean.")
+    caption = (
+        "Figure: each warm start's accuracy (one dot per SFT seed) under each inference, named under "
+        "its column (filled: dense inference; open: sparse inference at each budget, in the eviction "
+        "policy's colour); black bar: the mean."
+    )
     return figlib.Rendered("Warm-start spread", "\n".join(lines), {"spread": fig}, caption)
 
 
-FIGURE = figlib.Figure("warm_start_spread", __doc__, run, render, arguments, seeds=(0, 1, 2, 3),
-                       seeds_help="SFT seeds (train.seed) of the warm starts", eval_prompts=False,
-                       default_config=os.path.join(HERE, "configs", "walk_key_rkv.yaml"))
+FIGURE = figlib.Figure(
+    "warm_start_spread",
+    __doc__,
+    run,
+    render,
+    arguments,
+    seeds=(0, 1, 2, 3),
+    seeds_help="SFT seeds (train.seed) of the warm starts",
+    eval_prompts=False,
+    default_config=os.path.join(HERE, "configs", "walk_key_rkv.yaml"),
+)
 
 main = FIGURE.main
 

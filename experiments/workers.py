@@ -134,8 +134,10 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], cores: list[int] | No
         queue.put(c)
     # two malloc arenas a process: XLA's CPU buffers come and go through glibc's malloc, whose
     # per-thread arenas otherwise hold gigabytes of freed memory in parallel real-model runs
-    with env_defaults(MALLOC_ARENA_MAX="2"), \
-            ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool:
+    with (
+        env_defaults(MALLOC_ARENA_MAX="2"),
+        ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(queue,)) as pool,
+    ):
         return list(pool.map(fn, items))
 
 

@@ -101,5 +101,9 @@ def _dispatch(q, k, v, fill, scale, impl, platform, block_c, num_splits):
 
 
 __all__ = [
-    "IMPLS", "current_platform", "decode_attention", "decode_attention_ref", "shard_attention",
+    "IMPLS",
+    "current_platform",
+    "decode_attention",
+    "decode_attention_ref",
+    "shard_attention",
 ]

@@ -32,9 +32,7 @@ MIN_ROWS = 16  # Triton's tl.dot needs M, N, K >= 16.
 # Triton compiler params: `TritonCompilerParams` up to jax 0.6, `CompilerParams` after. Passing
 # them explicitly also selects the Triton backend: since jax 0.10 a bare pallas_call on CUDA
 # lowers with Mosaic GPU (jax_pallas_use_mosaic_gpu defaults to True).
-_TritonParams = getattr(plgpu, "CompilerParams", None) or getattr(
-    plgpu, "TritonCompilerParams", None
-)
+_TritonParams = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams", None)
 # Masked load/store live in pallas.triton since jax 0.7 (pl.load/pl.store deprecated there).
 _load = getattr(plgpu, "load", None) or getattr(pl, "load", None)
 _store = getattr(plgpu, "store", None) or getattr(pl, "store", None)
@@ -83,9 +81,7 @@ def plan_splits(B: int, K: int, C: int, block_c: int, num_splits: int | None) ->
     return -(-n_tiles // tiles_per_split), tiles_per_split
 
 
-def _split_kernel(
-    fill_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_c, tiles_per_split, capacity, G
-):
+def _split_kernel(fill_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, block_c, tiles_per_split, capacity, G):
     """One (b, k, s) program: online softmax over the live tiles of split s (refs are per b, k).
 
     The q / o / lse blocks have Gp >= G rows (a Triton tile); rows >= G are masked off.
@@ -106,17 +102,26 @@ def _split_kernel(
         valid_C = start + jnp.arange(block_c) < live
         k_CxH = _load(k_ref.at[pl.ds(start, block_c), :], mask=valid_C[:, None], other=0.0)
         v_CxH = _load(v_ref.at[pl.ds(start, block_c), :], mask=valid_C[:, None], other=0.0)
-        s_GxC = lax.dot_general(
-            q_GxH, k_CxH, (((1,), (1,)), ((), ())),
-            precision=exact, preferred_element_type=jnp.float32,
-        ) * scale
+        s_GxC = (
+            lax.dot_general(
+                q_GxH,
+                k_CxH,
+                (((1,), (1,)), ((), ())),
+                precision=exact,
+                preferred_element_type=jnp.float32,
+            )
+            * scale
+        )
         s_GxC = jnp.where(valid_C[None, :], s_GxC, MASK_VALUE)
         m_new_G = jnp.maximum(m_G, jnp.max(s_GxC, axis=1))
         alpha_G = jnp.exp(m_G - m_new_G)
         p_GxC = jnp.exp(s_GxC - m_new_G[:, None])
         pv_GxH = lax.dot_general(
-            p_GxC.astype(v_CxH.dtype), v_CxH, (((1,), (0,)), ((), ())),
-            precision=exact, preferred_element_type=jnp.float32,
+            p_GxC.astype(v_CxH.dtype),
+            v_CxH,
+            (((1,), (0,)), ((), ())),
+            precision=exact,
+            preferred_element_type=jnp.float32,
         )
         acc_GxH = acc_GxH * alpha_G[:, None] + pv_GxH
         return acc_GxH, m_new_G, l_G * alpha_G + jnp.sum(p_GxC, axis=1)
@@ -146,9 +151,9 @@ def combine_splits(
     m_safe_BxKxG = jnp.where(jnp.isfinite(m_BxKxG), m_BxKxG, 0.0)
     w_BxKxSxG = jnp.exp(lse_BxKxSxG - m_safe_BxKxG[:, :, None])
     total_BxKxG = jnp.sum(w_BxKxSxG, axis=2)
-    o_BxKxGxH = jnp.einsum("bksg,bksgh->bkgh", w_BxKxSxG, o_BxKxSxGxH) / jnp.where(
-        total_BxKxG > 0, total_BxKxG, 1.0
-    )[..., None]
+    o_BxKxGxH = (
+        jnp.einsum("bksg,bksgh->bkgh", w_BxKxSxG, o_BxKxSxGxH) / jnp.where(total_BxKxG > 0, total_BxKxG, 1.0)[..., None]
+    )
     return o_BxKxGxH, m_safe_BxKxG + jnp.log(total_BxKxG)
 
 
@@ -185,9 +190,7 @@ def decode_attention_gpu(
     Gp = max(MIN_ROWS, _next_pow2(G))
     S, T = plan_splits(B, K, C, block_c, num_splits)
     scale = H**-0.5 if scale is None else float(scale)
-    kernel = functools.partial(
-        _split_kernel, scale=scale, block_c=block_c, tiles_per_split=T, capacity=C, G=G
-    )
+    kernel = functools.partial(_split_kernel, scale=scale, block_c=block_c, tiles_per_split=T, capacity=C, G=G)
     kv_spec = pl.BlockSpec((SQUEEZED, SQUEEZED, C, H), lambda b, h, s: (b, h, 0, 0))
     # Blocks of Gp rows over arrays of G rows: Triton masks the extra rows (loads and stores).
     o_BxKxSxGxH, lse_BxKxSxG = pl.pallas_call(

@@ -26,14 +26,10 @@ def decode_attention_ref(
     G = N // K
     scale = H**-0.5 if scale is None else scale
     q_BxKxGxH = q.reshape(B, K, G, H)
-    s_BxKxGxC = jnp.einsum(
-        "bkgh,bkch->bkgc", q_BxKxGxH, k, preferred_element_type=jnp.float32
-    ) * scale
+    s_BxKxGxC = jnp.einsum("bkgh,bkch->bkgc", q_BxKxGxH, k, preferred_element_type=jnp.float32) * scale
     valid_BxC = jnp.arange(C)[None, :] < fill[:, None]
     s_BxKxGxC = jnp.where(valid_BxC[:, None, None, :], s_BxKxGxC, -jnp.inf)
     lse_BxKxG = jax.nn.logsumexp(s_BxKxGxC, axis=-1)
     p_BxKxGxC = jnp.exp(s_BxKxGxC - lse_BxKxG[..., None])
-    o_BxKxGxH = jnp.einsum(
-        "bkgc,bkch->bkgh", p_BxKxGxC, v.astype(jnp.float32), preferred_element_type=jnp.float32
-    )
+    o_BxKxGxH = jnp.einsum("bkgc,bkch->bkgh", p_BxKxGxC, v.astype(jnp.float32), preferred_element_type=jnp.float32)
     return o_BxKxGxH.reshape(B, N, H).astype(q.dtype), lse_BxKxG.reshape(B, N)

@@ -64,8 +64,20 @@ def pick_block_c(C: int, dtype, block_c: int | None) -> int:
 
 
 def _tile_kernel(
-    fill_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, acc_ref, m_ref, l_ref,
-    *, scale, block_c, tiles_per_split, capacity,
+    fill_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    acc_ref,
+    m_ref,
+    l_ref,
+    *,
+    scale,
+    block_c,
+    tiles_per_split,
+    capacity,
 ):
     """One grid step: fold tile t of split s into the (acc, m, l) scratch of (b, k)."""
     b, s, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -86,10 +98,16 @@ def _tile_kernel(
         # The edge tile past C holds unspecified values: zero V there (0 * NaN would poison acc).
         valid_Cx1 = start + lax.broadcasted_iota(jnp.int32, (block_c, 1), 0) < live
         v_CxH = jnp.where(valid_Cx1, v_ref[...], jnp.zeros((), v_ref.dtype))
-        s_GxC = lax.dot_general(
-            q_GxH, k_ref[...], (((1,), (1,)), ((), ())),
-            precision=exact, preferred_element_type=jnp.float32,
-        ) * scale
+        s_GxC = (
+            lax.dot_general(
+                q_GxH,
+                k_ref[...],
+                (((1,), (1,)), ((), ())),
+                precision=exact,
+                preferred_element_type=jnp.float32,
+            )
+            * scale
+        )
         s_GxC = jnp.where(valid_1xC, s_GxC, MASK_VALUE)
         m_prev_GxL = m_ref[...]
         m_next_GxL = jnp.maximum(m_prev_GxL, jnp.max(s_GxC, axis=1, keepdims=True))
@@ -98,8 +116,11 @@ def _tile_kernel(
         l_ref[...] = alpha_GxL * l_ref[...] + jnp.sum(p_GxC, axis=1, keepdims=True)
         m_ref[...] = m_next_GxL
         pv_GxH = lax.dot_general(
-            p_GxC.astype(v_CxH.dtype), v_CxH, (((1,), (0,)), ((), ())),
-            precision=exact, preferred_element_type=jnp.float32,
+            p_GxC.astype(v_CxH.dtype),
+            v_CxH,
+            (((1,), (0,)), ((), ())),
+            precision=exact,
+            preferred_element_type=jnp.float32,
         )
         acc_ref[...] = acc_ref[...] * alpha_GxL[:, :1] + pv_GxH
 
@@ -167,9 +188,7 @@ def decode_attention_tpu(
             _VMEM((Gp, LANES), jnp.float32),
         ],
     )
-    kernel = functools.partial(
-        _tile_kernel, scale=scale, block_c=bc, tiles_per_split=T, capacity=C
-    )
+    kernel = functools.partial(_tile_kernel, scale=scale, block_c=bc, tiles_per_split=T, capacity=C)
     o_BxKxSxGpxH, lse_BxKxSxGpxL = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
@@ -177,9 +196,7 @@ def decode_attention_tpu(
             jax.ShapeDtypeStruct((B, K, S, Gp, H), jnp.float32),
             jax.ShapeDtypeStruct((B, K, S, Gp, LANES), jnp.float32),
         ],
-        compiler_params=_MosaicParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=_MosaicParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
         interpret=interpret,
         name="sparse_kv_decode_attention_tpu",
     )(fill.astype(jnp.int32), q_BxKxGpxH, k, v)

@@ -42,15 +42,11 @@ def attention_specs(mesh: Mesh, batch: int, n_kv_heads: int) -> tuple[P, P, P]:
     The same layout as the sharded KV cache, so the cache enters the shard_map unmoved.
     """
     sizes = dict(mesh.shape)
-    cache_spec = fit_spec(
-        P(BATCH, HEAD_AXIS), (batch, n_kv_heads), sizes, what="decode attention"
-    )
+    cache_spec = fit_spec(P(BATCH, HEAD_AXIS), (batch, n_kv_heads), sizes, what="decode attention")
     return cache_spec, cache_spec, P(cache_spec[0])
 
 
-def shard_attention(
-    attend: Callable, mesh: Mesh | None, q, k, v, fill
-) -> tuple[jax.Array, jax.Array]:
+def shard_attention(attend: Callable, mesh: Mesh | None, q, k, v, fill) -> tuple[jax.Array, jax.Array]:
     """`attend(q, k, v, fill) -> (o [B, N, H], lse [B, N])` run per device under shard_map."""
     if mesh is None or mesh.size == 1:
         return attend(q, k, v, fill)

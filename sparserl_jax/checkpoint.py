@@ -51,13 +51,17 @@ class Checkpointer:
             try:
                 items, meta = self.restore(step, like)
             except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types
-                log(f"warning: skipping damaged checkpoint {self.directory}/{step} "
-                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
+                log(
+                    f"warning: skipping damaged checkpoint {self.directory}/{step} "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+                )
                 continue
             return step, items, meta
         if steps:
-            raise ValueError(f"no intact checkpoint in {self.directory} (steps {steps} all damaged); "
-                             "delete the directory to start again")
+            raise ValueError(
+                f"no intact checkpoint in {self.directory} (steps {steps} all damaged); "
+                "delete the directory to start again"
+            )
         return None
 
     def delete_after(self, step: int) -> None:
@@ -83,8 +87,7 @@ def restore_params(directory: str, like: Any, step: int | None = None) -> tuple[
             items, meta = found[1], found[2]
         else:
             if step not in ckpt.all_steps():
-                raise ValueError(f"--step {step}: no such checkpoint in {directory!r}; "
-                                 f"saved steps: {ckpt.all_steps()}")
+                raise ValueError(f"--step {step}: no such checkpoint in {directory!r}; saved steps: {ckpt.all_steps()}")
             items, meta = ckpt.restore(step, {"params": like})
     finally:
         ckpt.close()

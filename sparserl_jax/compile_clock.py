@@ -51,7 +51,7 @@ class CompileClock:
             self.seconds += end - start
             spans.extend(reversed(later))
             if len(spans) > 2 * self.KEEP:
-                del spans[:-self.KEEP]
+                del spans[: -self.KEEP]
 
 
 CLOCK = CompileClock()
@@ -65,7 +65,8 @@ def install() -> None:
     with _install_lock:
         if not _installed:
             jax.monitoring.register_event_time_span_listener(
-                lambda event, start, end, **_: CLOCK.add(event, start, end))
+                lambda event, start, end, **_: CLOCK.add(event, start, end)
+            )
             _installed = True
 
 

@@ -63,11 +63,14 @@ def curriculum_task(cfg: TrainConfig):
     if not cur.steps:
         return None
     if not cfg.data.task:
-        raise ValueError("sft.curriculum needs a synthetic task (data.task): a dataset has no "
-                         "easier version to generate")
+        raise ValueError(
+            "sft.curriculum needs a synthetic task (data.task): a dataset has no easier version to generate"
+        )
     if cur.max_new_tokens > cfg.rollout.max_new_tokens:
-        raise ValueError(f"sft.curriculum.max_new_tokens={cur.max_new_tokens} exceeds "
-                         f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+        raise ValueError(
+            f"sft.curriculum.max_new_tokens={cur.max_new_tokens} exceeds "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
     return get_task(cfg.data.task, **{**dict(cfg.data.task_options), **dict(cur.task_options)})
 
 
@@ -121,12 +124,15 @@ def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: b
     seed = cfg.train.seed + (7919 if eval_split else 0)
     if cfg.data.task:
         task = get_task(cfg.data.task, **dict(cfg.data.task_options))
-        return datasets.TaskPromptIterator(task, batch_size, seed=seed, tokenizer=tokenizer,
-                                           cfg=dataset_config(cfg, tokenizer))
+        return datasets.TaskPromptIterator(
+            task, batch_size, seed=seed, tokenizer=tokenizer, cfg=dataset_config(cfg, tokenizer)
+        )
     examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg, tokenizer))
     if not 1 <= batch_size <= len(examples):
-        raise ValueError(f"rollout.prompts={batch_size} must be in [1, {len(examples)}] (the number of "
-                         f"prompts in data.dataset={cfg.data.dataset!r})")
+        raise ValueError(
+            f"rollout.prompts={batch_size} must be in [1, {len(examples)}] (the number of "
+            f"prompts in data.dataset={cfg.data.dataset!r})"
+        )
     return datasets.PromptIterator(examples, batch_size, seed=seed)
 
 
@@ -141,8 +147,12 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
 
 
 def sampler_config(
-    cfg: TrainConfig, tokenizer, *, kv_cfg: kv.KVConfig | None = None,
-    sampling: SamplingConfig | None = None, max_new_tokens: int | None = None,
+    cfg: TrainConfig,
+    tokenizer,
+    *,
+    kv_cfg: kv.KVConfig | None = None,
+    sampling: SamplingConfig | None = None,
+    max_new_tokens: int | None = None,
 ) -> SamplerConfig:
     r = cfg.rollout
     return SamplerConfig(
@@ -155,14 +165,16 @@ def sampler_config(
     )
 
 
-def rollout_source(cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, mesh,
-                   pad_token_id: int) -> BatchSource:
+def rollout_source(
+    cfg: TrainConfig, prompts, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, mesh, pad_token_id: int
+) -> BatchSource:
     """The rollout source rollout.scheduler names, handed the sections it reads. `sampler_cfg`
     (sampler_config: cfg.kv, rollout.max_new_tokens and sampling) is all it samples with."""
     if not isinstance(cfg, TrainConfig):
         raise ValueError(f"cfg: expected a TrainConfig (sparserl_jax.config), got {type(cfg).__name__}")
     common = dict(max_prompt_len=cfg.data.max_prompt_len, pad_token_id=pad_token_id)
     if cfg.rollout.scheduler == "sorted":
-        return SortedSource(cfg.rollout, sampler_cfg, cfg.quant, cfg.sorted, prompts, model_cfg, mesh,
-                            seed=cfg.train.seed, **common)
+        return SortedSource(
+            cfg.rollout, sampler_cfg, cfg.quant, cfg.sorted, prompts, model_cfg, mesh, seed=cfg.train.seed, **common
+        )
     return BatchSource(cfg.rollout, sampler_cfg, cfg.quant, prompts, model_cfg, mesh, **common)

@@ -131,9 +131,15 @@ class RunConfig:
     max_skipped_iterations: int = 5
 
     def __post_init__(self):
-        for name, low in (("iterations", 0), ("save_every", 1), ("keep_checkpoints", 1),
-                          ("eval_every", 0), ("eval_prompts", 1), ("eval_batch_size", 0),
-                          ("max_skipped_iterations", 0)):
+        for name, low in (
+            ("iterations", 0),
+            ("save_every", 1),
+            ("keep_checkpoints", 1),
+            ("eval_every", 0),
+            ("eval_prompts", 1),
+            ("eval_batch_size", 0),
+            ("max_skipped_iterations", 0),
+        ):
             check_at_least(f"train.{name}", getattr(self, name), low)
         check_in("train.eval_kv", self.eval_kv, EVAL_KV)
         if self.eval_temperature is not None:
@@ -159,8 +165,10 @@ class TrainConfig:
         r = self.rollout
         check_training_sampling(self.rl.update, r.temperature, r.top_p, r.top_k)
         if r.scheduler == "sorted" and r.rows_per_call:
-            raise ValueError("rollout.rows_per_call is for rollout.scheduler='batch'; the sorted "
-                             "scheduler's memory is set by sorted.slots")
+            raise ValueError(
+                "rollout.rows_per_call is for rollout.scheduler='batch'; the sorted "
+                "scheduler's memory is set by sorted.slots"
+            )
 
 
 # ----------------------------------------------------------------------------- files

@@ -78,9 +78,7 @@ def initialize(
             "or pass auto_detect=True on a supported cluster"
         )
     if num_processes is not None and process_id is not None and not 0 <= process_id < num_processes:
-        raise ValueError(
-            f"distributed.process_id={process_id} must be in [0, num_processes={num_processes})"
-        )
+        raise ValueError(f"distributed.process_id={process_id} must be in [0, num_processes={num_processes})")
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     jax.distributed.initialize(
@@ -92,7 +90,10 @@ def initialize(
     )
     logger.info(
         "joined %d processes as process %d (%d local of %d devices)",
-        jax.process_count(), jax.process_index(), jax.local_device_count(), jax.device_count(),
+        jax.process_count(),
+        jax.process_index(),
+        jax.local_device_count(),
+        jax.device_count(),
     )
     return True
 
@@ -119,8 +120,10 @@ def local_batch_slice(mesh: Mesh, global_batch: int) -> slice:
     """Rows [start, stop) of a global [B, ...] batch that this process loads (data_sharding)."""
     sharding = shd.data_sharding(mesh)
     rows = sorted(
-        {(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
-         for idx in sharding.addressable_devices_indices_map((global_batch,)).values()}
+        {
+            (idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
+            for idx in sharding.addressable_devices_indices_map((global_batch,)).values()
+        }
     )
     start, stop = rows[0][0], rows[-1][1]
     covered = sum(b - a for a, b in rows)
@@ -136,9 +139,7 @@ def host_local_to_global(local: Any, mesh: Mesh) -> Any:
     """Global [B, ...] arrays on data_sharding(mesh) from each process's own rows (a pytree of
     numpy arrays, rows local_batch_slice(mesh, B)); the global batch is processes x local rows."""
     sharding = shd.data_sharding(mesh)
-    return jax.tree_util.tree_map(
-        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local
-    )
+    return jax.tree_util.tree_map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local)
 
 
 def to_host(x: Any) -> Any:
@@ -160,6 +161,13 @@ def sync(name: str) -> None:
 
 
 __all__ = [
-    "initialize", "shutdown", "process_index", "process_count", "is_coordinator",
-    "local_batch_slice", "host_local_to_global", "to_host", "sync",
+    "initialize",
+    "shutdown",
+    "process_index",
+    "process_count",
+    "is_coordinator",
+    "local_batch_slice",
+    "host_local_to_global",
+    "to_host",
+    "sync",
 ]

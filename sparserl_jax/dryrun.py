@@ -201,9 +201,7 @@ def abstract_cache(kv_cfg: kv.KVConfig, m: ModelConfig, batch: int, prompt_len: 
     first decode-time compression, so the cache has max(budget, prompt) + buffer slots; with true
     the prefill still fills a prompt-sized cache before squeezing it (hence max(capacity, P))."""
     capacity = cache_capacity(kv_cfg, prompt_len, max_new)
-    make = functools.partial(
-        kv.cache_for, kv_cfg, m, batch, prompt_len, capacity=max(capacity, prompt_len)
-    )
+    make = functools.partial(kv.cache_for, kv_cfg, m, batch, prompt_len, capacity=max(capacity, prompt_len))
     return jax.eval_shape(make), capacity
 
 
@@ -230,9 +228,7 @@ def check_config(cfg: TrainConfig, m: ModelConfig, prompt_len: int) -> None:
             f"rl.update.minibatch_size={cfg.rl.update.minibatch_size}"
         )
     if not 1 <= prompt_len <= cfg.data.max_prompt_len:
-        raise ValueError(
-            f"--prompt-len={prompt_len} must be in [1, data.max_prompt_len={cfg.data.max_prompt_len}]"
-        )
+        raise ValueError(f"--prompt-len={prompt_len} must be in [1, data.max_prompt_len={cfg.data.max_prompt_len}]")
 
 
 # ----------------------------------------------------------------------------- the estimate
@@ -293,46 +289,92 @@ def estimate(
 
     per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
     items = [
-        Item("params (theta)", "persistent", p_bytes,
-             f"{m.param_dtype}{' master' if mixed else ''}, PARTITION_RULES"),
-        Item("reference params (pi_ref)", "persistent", c_bytes,
-             "a second copy after step 1" + (f", {m.dtype} (only scored)" if mixed else "")),
+        Item("params (theta)", "persistent", p_bytes, f"{m.param_dtype}{' master' if mixed else ''}, PARTITION_RULES"),
+        Item(
+            "reference params (pi_ref)",
+            "persistent",
+            c_bytes,
+            "a second copy after step 1" + (f", {m.dtype} (only scored)" if mixed else ""),
+        ),
         Item("optimizer state", "persistent", o_bytes, "make_optimizer(rl.optim).init, like params"),
-        Item("KV cache (rollout)", "rollout", cache_bytes(sparse_cache, sizes),
-             f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs"),
-        Item("prefill activations", "rollout",
-             layer(b_call, P_len) + 2 * L * b_call * P_len * Kt * H * a,
-             f"layer(b={b_call}, P={P_len}) + prompt K/V of every layer"),
-        Item("decode step + compression", "rollout",
-             3 * b_call * V * f32 + 2 * b_call * Nt * C * f32 + compress,
-             f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}, b={b_call}"),
-        Item("rollout outputs", "rollout", b_call * (M * 13 + P_len * 4),
-             f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)"),
+        Item(
+            "KV cache (rollout)",
+            "rollout",
+            cache_bytes(sparse_cache, sizes),
+            f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs",
+        ),
+        Item(
+            "prefill activations",
+            "rollout",
+            layer(b_call, P_len) + 2 * L * b_call * P_len * Kt * H * a,
+            f"layer(b={b_call}, P={P_len}) + prompt K/V of every layer",
+        ),
+        Item(
+            "decode step + compression",
+            "rollout",
+            3 * b_call * V * f32 + 2 * b_call * Nt * C * f32 + compress,
+            f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}, b={b_call}",
+        ),
+        Item(
+            "rollout outputs",
+            "rollout",
+            b_call * (M * 13 + P_len * 4),
+            f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)",
+        ),
         Item("update batch", "score+update", batch_bytes, f"[b={b_roll}, T={T}] tokens, mask, log-probs"),
-        Item("score activations", "score",
-             layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
-             f"layer + hidden + head, b={b_score}"),
-        Item("gradients (f32 accumulator + micro-batch)", "update",
-             tree_bytes(params, sizes, dtype=jnp.float32) + c_bytes, "f32 sum + compute dtype"),
-        Item("update outputs", "update", 0 if u.donate else p_bytes + o_bytes + mixed * c_bytes,
-             "in the donated buffers (rl.update.donate)" if u.donate
-             else f"new params{' + compute copy' if mixed else ''} + opt state (rl.update.donate=false)"),
+        Item(
+            "score activations",
+            "score",
+            layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
+            f"layer + hidden + head, b={b_score}",
+        ),
+        Item(
+            "gradients (f32 accumulator + micro-batch)",
+            "update",
+            tree_bytes(params, sizes, dtype=jnp.float32) + c_bytes,
+            "f32 sum + compute dtype",
+        ),
+        Item(
+            "update outputs",
+            "update",
+            0 if u.donate else p_bytes + o_bytes + mixed * c_bytes,
+            "in the donated buffers (rl.update.donate)"
+            if u.donate
+            else f"new params{' + compute copy' if mixed else ''} + opt state (rl.update.donate=false)",
+        ),
         Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
         Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
     ]
     if mixed:  # the compute copy, cast from the master after each optimizer step
-        items.insert(1, Item("compute copy of params", "persistent", c_bytes,
-                             f"{m.dtype}, cast from the master after each step: the sampler's and "
-                             "the learner's"))
+        items.insert(
+            1,
+            Item(
+                "compute copy of params",
+                "persistent",
+                c_bytes,
+                f"{m.dtype}, cast from the master after each step: the sampler's and the learner's",
+            ),
+        )
     if q.enabled:  # QuRL: the sampler's quantized copy of theta, made before every rollout
-        items.insert(3, Item("quantized params (behaviour copy)", "rollout",
-                             quantized_copy_bytes(cfg, params, sizes),
-                             f"quant.format={q.format} quant.mode={q.mode}: values + f32 scales"))
+        items.insert(
+            3,
+            Item(
+                "quantized params (behaviour copy)",
+                "rollout",
+                quantized_copy_bytes(cfg, params, sizes),
+                f"quant.format={q.format} quant.mode={q.mode}: values + f32 scales",
+            ),
+        )
     facts = dict(
-        prompt_len=P_len, max_new_tokens=r.max_new_tokens, update_width=T,
-        rollout_rows=rows, rows_per_call=call_rows, rollout_calls=rows // call_rows,
+        prompt_len=P_len,
+        max_new_tokens=r.max_new_tokens,
+        update_width=T,
+        rollout_rows=rows,
+        rows_per_call=call_rows,
+        rollout_calls=rows // call_rows,
         rows_per_device=dict(rollout=b_roll, rollout_call=b_call, micro_batch=b_micro, score=b_score),
-        cache_capacity=C, dense_capacity=C_dense,
+        cache_capacity=C,
+        dense_capacity=C_dense,
         dense_cache_bytes=cache_bytes(dense_cache, sizes),
         sparse_cache_bytes=next(i.bytes for i in items if i.name == "KV cache (rollout)"),
         update_activations_no_remat=acts_no_remat,
@@ -345,7 +387,8 @@ def phase_totals(items: Sequence[Item]) -> dict[str, int]:
     totals = {}
     for phase in PHASES:
         totals[phase] = sum(
-            i.bytes for i in items
+            i.bytes
+            for i in items
             if i.phase == phase or (phase != "persistent" and (i.phase == "all" or phase in i.phase.split("+")))
         )
     return totals
@@ -379,22 +422,33 @@ def dry_run(
     totals = phase_totals(items)
     total, phase = peak(totals)
     dense_items = [
-        dataclasses.replace(i, bytes=facts["dense_cache_bytes"]) if i.name == "KV cache (rollout)"
-        else i for i in items
+        dataclasses.replace(i, bytes=facts["dense_cache_bytes"]) if i.name == "KV cache (rollout)" else i for i in items
     ]
     dense_totals = phase_totals(dense_items)
     dense_total, dense_phase = peak(dense_totals)
     budget = int((1 - margin) * device_memory_gib * GIB)
     return {
-        "model": {"source": source, "family": m.family, "dtype": m.dtype, "param_dtype": m.param_dtype,
-                  "params": param_count(m),
-                  "d_model": m.d_model, "n_layers": m.n_layers, "n_heads": m.n_heads,
-                  "n_kv_heads": m.n_kv_heads, "head_dim": m.head_dim, "vocab_size": m.vocab_size},
+        "model": {
+            "source": source,
+            "family": m.family,
+            "dtype": m.dtype,
+            "param_dtype": m.param_dtype,
+            "params": param_count(m),
+            "d_model": m.d_model,
+            "n_layers": m.n_layers,
+            "n_heads": m.n_heads,
+            "n_kv_heads": m.n_kv_heads,
+            "head_dim": m.head_dim,
+            "vocab_size": m.vocab_size,
+        },
         "mesh": sizes,
         "devices": math.prod(sizes.values()),
         "kv": {"policy": cfg.kv.policy, "budget": cfg.kv.budget, "buffer": cfg.kv.buffer},
-        "rollout": {"rows": facts["rollout_rows"], "rows_per_call": cfg.rollout.rows_per_call,
-                    "calls": facts["rollout_calls"]},
+        "rollout": {
+            "rows": facts["rollout_rows"],
+            "rows_per_call": cfg.rollout.rows_per_call,
+            "calls": facts["rollout_calls"],
+        },
         "shapes": facts,
         "items": [dataclasses.asdict(i) for i in items],
         "phase_bytes": totals,
@@ -404,9 +458,12 @@ def dry_run(
         "margin": margin,
         "budget_bytes": budget,
         "fits": total <= budget,
-        "dense_rollouts": {"peak_bytes": dense_total, "peak_phase": dense_phase,
-                           "rollout_phase_bytes": dense_totals["rollout"],
-                           "fits": dense_total <= budget},
+        "dense_rollouts": {
+            "peak_bytes": dense_total,
+            "peak_phase": dense_phase,
+            "rollout_phase_bytes": dense_totals["rollout"],
+            "fits": dense_total <= budget,
+        },
     }
 
 
@@ -481,8 +538,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = "python -m sparserl_jax.dryrun " + shlex.join(argv)
     rep = dry_run(
-        load_config(args.config, args.overrides), arch=args.arch, devices=args.devices,
-        device_memory_gib=args.device_memory_gib, margin=args.margin, prompt_len=args.prompt_len,
+        load_config(args.config, args.overrides),
+        arch=args.arch,
+        devices=args.devices,
+        device_memory_gib=args.device_memory_gib,
+        margin=args.margin,
+        prompt_len=args.prompt_len,
     )
     rep["command"] = command
     md = to_markdown(rep, command)

@@ -77,7 +77,13 @@ def evaluate_examples(
         tokens, plens = pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
         first = start * k  # row r of the whole evaluation is request r: batch size changes nothing
         out = generate_on_mesh(
-            params, model_cfg, tokens, plens, jax.random.key(seed), sampler_cfg, mesh,
+            params,
+            model_cfg,
+            tokens,
+            plens,
+            jax.random.key(seed),
+            sampler_cfg,
+            mesh,
             request_ids=np.arange(first, first + len(ids)),
         )
         if on_rollout is not None:
@@ -117,10 +123,14 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
         if not os.path.isdir(args.checkpoint):
             raise FileNotFoundError(f"--checkpoint {args.checkpoint!r}: no such directory")
         if not (args.dataset or args.task):
-            raise ValueError(f"--checkpoint {args.checkpoint!r} is an HF directory, not a training "
-                             "run: give --dataset FILE.jsonl or --task NAME")
-        cfg = TrainConfig(model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype or "float32"),
-                          data=DataConfig(task="arithmetic"))  # replaced below
+            raise ValueError(
+                f"--checkpoint {args.checkpoint!r} is an HF directory, not a training "
+                "run: give --dataset FILE.jsonl or --task NAME"
+            )
+        cfg = TrainConfig(
+            model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype or "float32"),
+            data=DataConfig(task="arithmetic"),
+        )  # replaced below
     d = cfg.data
     pick = lambda flag, default: default if flag is None else flag  # noqa: E731
     if args.chat and args.no_chat:
@@ -128,8 +138,9 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
     chat = False if args.no_chat else (True if args.chat else (d.chat_template if is_run else None))
     common = dict(max_prompt_len=pick(args.max_prompt_len, d.max_prompt_len if is_run else 1024))
     if args.dataset:
-        data = DataConfig(task=None, dataset=args.dataset, reward=pick(args.reward, d.reward),
-                          chat_template=chat, **common)
+        data = DataConfig(
+            task=None, dataset=args.dataset, reward=pick(args.reward, d.reward), chat_template=chat, **common
+        )
     elif args.task:  # the run's task options when it is the run's task
         options = d.task_options if args.task == d.task and is_run else {}
         data = DataConfig(task=args.task, task_options=options, chat_template=chat, **common)
@@ -138,9 +149,7 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
     cfg = dataclasses.replace(cfg, data=data)
     parts = components.build_model(cfg)
     if is_run:
-        parts.params, _ = restore_params(
-            os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step
-        )
+        parts.params, _ = restore_params(os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step)
     return cfg, parts
 
 
@@ -155,15 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     # None: the run's setting (rollout.*, data.*, kv.*) for a run directory, else the default shown
     p.add_argument("--temperature", type=float, default=None, help=f"default {EVAL_DEFAULTS['temperature']}")
     p.add_argument("--top-p", type=float, default=None, help=f"default {EVAL_DEFAULTS['top_p']}")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"default {EVAL_DEFAULTS['max_new_tokens']}")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"default {EVAL_DEFAULTS['max_new_tokens']}")
     p.add_argument("--max-prompt-len", type=int, default=None, help="default 1024")
     p.add_argument("--batch-size", type=int, default=None, help="default 64")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reward", default=None, help="default math")
-    p.add_argument("--chat", action="store_true",
-                   help="wrap every prompt, task prompts included, in the chat template "
-                        "(data.chat_template=true)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap every prompt, task prompts included, in the chat template (data.chat_template=true)",
+    )
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--output-json", default=None)
@@ -185,8 +195,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     params = sharding.shard_params(parts.params, mesh) if mesh.size > 1 else parts.params
     run = os.path.exists(os.path.join(args.checkpoint, "config.yaml"))
     r = cfg.rollout
-    defaults = ({"temperature": r.temperature, "top_p": r.top_p, "max_new_tokens": r.max_new_tokens}
-                if run else EVAL_DEFAULTS)
+    defaults = (
+        {"temperature": r.temperature, "top_p": r.top_p, "max_new_tokens": r.max_new_tokens} if run else EVAL_DEFAULTS
+    )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -198,27 +209,40 @@ def main(argv: Sequence[str] | None = None) -> dict:
     kv_cfg = kv_config_from_args(args, parts.tokenizer, base=dataclasses.replace(cfg.kv, policy="none"))
     check_cache(parts.model_cfg, kv_cfg, args.batch_size, cfg.data.max_prompt_len, args.max_new_tokens)
     sampler_cfg = components.sampler_config(
-        cfg, parts.tokenizer, kv_cfg=kv_cfg, max_new_tokens=args.max_new_tokens,
+        cfg,
+        parts.tokenizer,
+        kv_cfg=kv_cfg,
+        max_new_tokens=args.max_new_tokens,
     )
     sampler_cfg = dataclasses.replace(
-        sampler_cfg, sampling=dataclasses.replace(sampler_cfg.sampling, temperature=args.temperature,
-                                                  top_p=args.top_p)
+        sampler_cfg, sampling=dataclasses.replace(sampler_cfg.sampling, temperature=args.temperature, top_p=args.top_p)
     )
     result = evaluate_examples(
-        quantized(params, args), parts.model_cfg, parts.tokenizer, examples, parts.reward, sampler_cfg,
-        k=args.k, seed=args.seed, batch_size=args.batch_size, max_prompt_len=cfg.data.max_prompt_len,
+        quantized(params, args),
+        parts.model_cfg,
+        parts.tokenizer,
+        examples,
+        parts.reward,
+        sampler_cfg,
+        k=args.k,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_prompt_len=cfg.data.max_prompt_len,
         mesh=mesh,
     )
     if result["nonfinite_rows"]:
         raise cli.RunFailed(
             f"evaluate: the model produced non-finite log-probabilities (NaN or inf logits) in "
             f"{result['nonfinite_rows']} of {len(result['samples'])} responses; check the "
-            "checkpoint's weights and --dtype")
+            "checkpoint's weights and --dtype"
+        )
     if not distributed.is_coordinator():
         return result
-    print(f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "
-          f"(kv policy {kv_cfg.policy}, mean length {result['mean_length']:.1f}, "
-          f"kv saving {result['kv_saving']:.1%})")
+    print(
+        f"avg@{args.k} = {result['accuracy']:.4f} on {result['n_prompts']} prompts "
+        f"(kv policy {kv_cfg.policy}, mean length {result['mean_length']:.1f}, "
+        f"kv saving {result['kv_saving']:.1%})"
+    )
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({"args": vars(args), **result}, f, indent=1)

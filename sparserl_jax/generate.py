@@ -31,15 +31,15 @@ from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.tokenizer import HFTokenizer
 
 
-def encode_prompts(
-    tokenizer: HFTokenizer, prompts: Sequence[str], chat: bool
-) -> list[list[int]]:
+def encode_prompts(tokenizer: HFTokenizer, prompts: Sequence[str], chat: bool) -> list[list[int]]:
     """Token ids per prompt: chat prompts go through the chat template (which writes its own
     special tokens); plain prompts get the tokenizer's special tokens (e.g. Llama's BOS)."""
     if chat:
         if tokenizer.chat_template is None:
-            raise ValueError(f"--chat: the tokenizer in {tokenizer.source} has no chat template "
-                             "(tokenizer_config.json 'chat_template' or chat_template.jinja); drop --chat")
+            raise ValueError(
+                f"--chat: the tokenizer in {tokenizer.source} has no chat template "
+                "(tokenizer_config.json 'chat_template' or chat_template.jinja); drop --chat"
+            )
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
         return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     return [tokenizer.encode(p, add_special_tokens=True) for p in prompts]
@@ -66,10 +66,19 @@ def check_lengths(model_cfg: ModelConfig, prompt_len: int, max_new_tokens: int) 
 
 
 # --kv-* flag -> KVConfig field
-KV_FLAGS = {"kv_policy": "policy", "kv_budget": "budget", "kv_buffer": "buffer", "kv_window": "window",
-            "kv_pool_kernel": "pool_kernel", "kv_lambda": "rkv_lambda",
-            "kv_redundancy_threshold": "redundancy_threshold", "kv_sinks": "n_sinks",
-            "kv_selection": "selection", "kv_compress_prompt": "compress_prompt", "kv_trigger": "trigger"}
+KV_FLAGS = {
+    "kv_policy": "policy",
+    "kv_budget": "budget",
+    "kv_buffer": "buffer",
+    "kv_window": "window",
+    "kv_pool_kernel": "pool_kernel",
+    "kv_lambda": "rkv_lambda",
+    "kv_redundancy_threshold": "redundancy_threshold",
+    "kv_sinks": "n_sinks",
+    "kv_selection": "selection",
+    "kv_compress_prompt": "compress_prompt",
+    "kv_trigger": "trigger",
+}
 
 
 def check_flags(args: argparse.Namespace, **minimum) -> None:
@@ -80,8 +89,9 @@ def check_flags(args: argparse.Namespace, **minimum) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value} must be >= {low}")
 
 
-def kv_config_from_args(args: argparse.Namespace, tokenizer: HFTokenizer,
-                        base: kv.KVConfig | None = None) -> kv.KVConfig:
+def kv_config_from_args(
+    args: argparse.Namespace, tokenizer: HFTokenizer, base: kv.KVConfig | None = None
+) -> kv.KVConfig:
     """The --kv-* flags given on top of `base` (default KVConfig(), dense); a bad value is an
     error naming the flag."""
     base = base or kv.KVConfig()
@@ -97,8 +107,7 @@ def kv_config_from_args(args: argparse.Namespace, tokenizer: HFTokenizer,
         raise ValueError(msg) from None
 
 
-def check_cache(model_cfg: ModelConfig, kv_cfg: kv.KVConfig, batch: int, prompt_len: int,
-                max_new_tokens: int) -> int:
+def check_cache(model_cfg: ModelConfig, kv_cfg: kv.KVConfig, batch: int, prompt_len: int, max_new_tokens: int) -> int:
     """Bytes of the KV cache the sampler will allocate; an error with the figure when its slots
     exceed the model's maximum length or the bytes exceed the device's (or host's) free memory."""
     if not kv_cfg.is_dense and kv_cfg.budget + kv_cfg.buffer > model_cfg.max_seq_len:
@@ -134,23 +143,26 @@ def free_memory_bytes() -> int | None:
 def check_finite(logprobs, what: str) -> None:
     """Non-finite log-probs mean the model's logits were NaN/inf: fail instead of writing them."""
     if not np.all(np.isfinite(np.asarray(logprobs))):
-        raise cli.RunFailed(f"{what}: the model produced non-finite log-probabilities (NaN or inf "
-                            "logits); check the checkpoint's weights and --dtype")
+        raise cli.RunFailed(
+            f"{what}: the model produced non-finite log-probabilities (NaN or inf "
+            "logits); check the checkpoint's weights and --dtype"
+        )
 
 
 def add_kv_args(p: argparse.ArgumentParser) -> None:
     """The sparse KV cache flags (one per KVConfig setting), shared with the evaluator."""
     kvd = kv.KVConfig()
-    g = p.add_argument_group("sparse KV cache (docs/methods.md#kv-compression; a flag not given "
-                             "keeps the run's setting, or the default shown)")
+    g = p.add_argument_group(
+        "sparse KV cache (docs/methods.md#kv-compression; a flag not given "
+        "keeps the run's setting, or the default shown)"
+    )
     g.add_argument("--kv-policy", choices=sorted(POLICIES), default=None, help="default: none (dense)")
     g.add_argument("--kv-budget", type=int, default=None, help=f"default {kvd.budget}")
     g.add_argument("--kv-buffer", type=int, default=None, help=f"default {kvd.buffer}")
     g.add_argument("--kv-window", type=int, default=None, help=f"default {kvd.window}")
     g.add_argument("--kv-pool-kernel", type=int, default=None, help=f"default {kvd.pool_kernel}")
     g.add_argument("--kv-lambda", type=float, default=None, help=f"default {kvd.rkv_lambda}")
-    g.add_argument("--kv-redundancy-threshold", type=float, default=None,
-                   help=f"default {kvd.redundancy_threshold}")
+    g.add_argument("--kv-redundancy-threshold", type=float, default=None, help=f"default {kvd.redundancy_threshold}")
     g.add_argument("--kv-sinks", type=int, default=None, help=f"default {kvd.n_sinks}")
     g.add_argument("--kv-selection", choices=["per_head", "shared"], default=None)
     g.add_argument("--kv-compress-prompt", action="store_true", default=None)
@@ -228,8 +240,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         )
         print(f"=== prompt {i}: {prompt!r}\n{text}\n")
     if args.output_json:
-        meta = {"sampler": dataclasses.asdict(cfg), "checkpoint": args.checkpoint, "seed": args.seed,
-                "quant": {"format": args.quant, "mode": args.quant_mode}}
+        meta = {
+            "sampler": dataclasses.asdict(cfg),
+            "checkpoint": args.checkpoint,
+            "seed": args.seed,
+            "quant": {"format": args.quant, "mode": args.quant_mode},
+        }
         with open(args.output_json, "w") as f:
             json.dump({"config": meta, "results": results}, f, indent=1)
     return results

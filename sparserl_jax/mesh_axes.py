@@ -28,9 +28,7 @@ def entry_size(entry, axis_sizes: Mapping[str, int]) -> int:
     return math.prod(axis_sizes[n] for n in names)
 
 
-def fit_spec(
-    spec: P, shape: Sequence[int], axis_sizes: Mapping[str, int], what: str = "array"
-) -> P:
+def fit_spec(spec: P, shape: Sequence[int], axis_sizes: Mapping[str, int], what: str = "array") -> P:
     """`spec` with every mesh axis that does not divide its dim dropped (that dim replicated).
 
     A tuple entry such as ("data", "fsdp") keeps its longest prefix that divides the dim. Each
@@ -46,8 +44,7 @@ def fit_spec(
             continue
         names = entry if isinstance(entry, tuple) else (entry,)
         kept = next(
-            (names[:i] for i in range(len(names) - 1, 0, -1)
-             if size % entry_size(names[:i], axis_sizes) == 0),
+            (names[:i] for i in range(len(names) - 1, 0, -1) if size % entry_size(names[:i], axis_sizes) == 0),
             (),
         )
         new = None if not kept else (kept if len(kept) > 1 else kept[0])
@@ -57,6 +54,11 @@ def fit_spec(
             _logged_fallbacks.add(key)
             logger.info(
                 "%s dim %d (size %d) is not divisible by mesh axes %s (size %d): sharding it as %s",
-                key[0], dim, size, entry, entry_size(entry, axis_sizes), new,
+                key[0],
+                dim,
+                size,
+                entry,
+                entry_size(entry, axis_sizes),
+                new,
             )
     return P(*fitted)

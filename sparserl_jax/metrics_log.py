@@ -32,14 +32,8 @@ class MetricsLogger:
         if self.tb_dir is not None:
             if self._tb is None:
                 self._tb = EventFileWriter(self.tb_dir)
-            values = [
-                summary_pb2.Summary.Value(tag=k, simple_value=v)
-                for k, v in clean.items()
-                if math.isfinite(v)
-            ]
-            event = event_pb2.Event(
-                wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)
-            )
+            values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in clean.items() if math.isfinite(v)]
+            event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
             self._tb.add_event(event)
             self._tb.flush()
 
@@ -54,8 +48,7 @@ class MetricsLogger:
         if self.tb_dir is None or self._tb is not None:
             return
         old = sorted(glob.glob(os.path.join(self.tb_dir, "events.out.tfevents.*")))
-        kept = [e for path in old for e in EventFileLoader(path).Load()
-                if e.HasField("summary") and e.step <= step]
+        kept = [e for path in old for e in EventFileLoader(path).Load() if e.HasField("summary") and e.step <= step]
         for path in old:
             os.remove(path)
         if kept:

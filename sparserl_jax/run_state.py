@@ -27,8 +27,9 @@ class TrainingDiverged(cli.RunFailed):
 
 def _skipped(metrics: dict) -> bool:
     """Were all of this iteration's optimizer steps skipped (non-finite loss or gradient)?"""
-    return (not np.isfinite(metrics.get("update/loss", 0.0))
-            or metrics.get("update/skipped", 0) >= max(metrics.get("update/steps", 1), 1))
+    return not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) >= max(
+        metrics.get("update/steps", 1), 1
+    )
 
 
 class RunState:
@@ -80,8 +81,7 @@ class RunState:
         return iteration
 
     def save_reference(self, ref_params) -> None:
-        self.ref_ckpt.save(0, {"params": ref_params},
-                           {"what": "reference policy pi_ref", **self.scaling_meta()})
+        self.ref_ckpt.save(0, {"params": ref_params}, {"what": "reference policy pi_ref", **self.scaling_meta()})
 
     def save(self, iteration: int, params, opt_state, source_state: dict) -> None:
         """A checkpoint of `iteration` (source_state: the rollout source's state_dict())."""

@@ -29,7 +29,13 @@ from tokenizers import Tokenizer as _RustTokenizer
 
 # Named special tokens that transformers passes to chat templates (its SPECIAL_TOKENS_ATTRIBUTES).
 SPECIAL_TOKEN_NAMES: tuple[str, ...] = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
 )
 
 
@@ -47,9 +53,7 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str: ...
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
 
     def is_newline(self, token_id: int) -> bool: ...
 
@@ -245,8 +249,13 @@ class HFTokenizer:
             template = _pick_chat_template(extra.get("chat_template"), "chat_template.json")
         specials = {n: s for n in SPECIAL_TOKEN_NAMES if (s := _token_str(tcfg.get(n))) is not None}
         return cls(
-            tok, eos_token_ids=eos, pad_token_id=pad, bos_token_id=tid("bos_token"),
-            chat_template=template, special_tokens=specials, source=path,
+            tok,
+            eos_token_ids=eos,
+            pad_token_id=pad,
+            bos_token_id=tid("bos_token"),
+            chat_template=template,
+            special_tokens=specials,
+            source=path,
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -305,8 +314,11 @@ class HFTokenizer:
             if not isinstance(m, dict):
                 raise TypeError(f"chat messages must be dicts with 'role' and 'content'; got {m!r}")
         return self._compiled.render(
-            messages=_plain(messages), tools=None, documents=None,
-            add_generation_prompt=add_generation_prompt, **self.special_tokens,
+            messages=_plain(messages),
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
         )
 
     # ---- line breaks (trigger of newline-based KV compression)
@@ -329,7 +341,13 @@ class HFTokenizer:
 # --------------------------------------------------------------------------- char tokenizer
 
 CHAR_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<pad>", "<bos>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<pad>",
+    "<bos>",
+    "<eos>",
+    "<unk>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
 )
 CHAR_ALPHABET: str = string.digits + string.ascii_letters + string.punctuation + " \n"
 
@@ -371,7 +389,7 @@ class CharTokenizer(HFTokenizer):
 
 
 def load_tokenizer(spec: str) -> HFTokenizer:
-    """"char" -> CharTokenizer(); anything else is a Hugging Face tokenizer folder."""
+    """ "char" -> CharTokenizer(); anything else is a Hugging Face tokenizer folder."""
     if spec == "char":
         return CharTokenizer()
     if not os.path.isdir(spec):

@@ -51,9 +51,16 @@ class Trainer:
         # One mesh for the run: params split by the partition rules, batches over data x fsdp
         # (a no-op layout on a single device); jit propagates the shardings through every step.
         self.mesh = sharding.make_mesh(cfg.mesh)
-        self.learner = Learner(cfg.rl, r.samples, self.model_cfg, self.mesh, self.tokenizer,
-                               parts.reward, max_len=cfg.data.max_prompt_len + r.max_new_tokens,
-                               log=self.log)
+        self.learner = Learner(
+            cfg.rl,
+            r.samples,
+            self.model_cfg,
+            self.mesh,
+            self.tokenizer,
+            parts.reward,
+            max_len=cfg.data.max_prompt_len + r.max_new_tokens,
+            log=self.log,
+        )
         self.params = self.learner.place(parts.params)
         parts.params = None  # self.params may be the same buffers, which the update donates
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
@@ -61,10 +68,13 @@ class Trainer:
         self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         check_prompt_lengths(
-            self.prompts, components.eval_examples(cfg, self.tokenizer, n=cfg.train.eval_prompts),
-            cfg.data.max_prompt_len)
-        self.source = components.rollout_source(cfg, self.prompts, self.model_cfg, self.sampler_cfg,
-                                                self.mesh, self.tokenizer.pad_token_id)
+            self.prompts,
+            components.eval_examples(cfg, self.tokenizer, n=cfg.train.eval_prompts),
+            cfg.data.max_prompt_len,
+        )
+        self.source = components.rollout_source(
+            cfg, self.prompts, self.model_cfg, self.sampler_cfg, self.mesh, self.tokenizer.pad_token_id
+        )
         self.iteration = 0
         self.started = False
         self.state = RunState(cfg, coordinator=self.coordinator, log=self.log)
@@ -118,7 +128,8 @@ class Trainer:
         policy = self.learner.compute_copy(self.params)
         batch, metrics, _ = self.rollout_batch(key, policy)
         self.params, self.opt_state, learned = self.learner.step(
-            self.params, self.ref_params, self.opt_state, batch, self.iteration, compute=policy)
+            self.params, self.ref_params, self.opt_state, batch, self.iteration, compute=policy
+        )
         metrics.update(learned)
         return metrics
 
@@ -131,9 +142,16 @@ class Trainer:
         sampling = None if t.eval_temperature is None else SamplingConfig(t.eval_temperature, r.top_p, r.top_k)
         sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg, sampling=sampling)
         return evaluate_examples(
-            self.params, self.model_cfg, self.tokenizer, examples, self.parts.reward, sampler_cfg,
-            seed=t.seed + 1, batch_size=t.eval_batch_size or max(self.call_rows, 1),
-            max_prompt_len=self.cfg.data.max_prompt_len, mesh=self.mesh,
+            self.params,
+            self.model_cfg,
+            self.tokenizer,
+            examples,
+            self.parts.reward,
+            sampler_cfg,
+            seed=t.seed + 1,
+            batch_size=t.eval_batch_size or max(self.call_rows, 1),
+            max_prompt_len=self.cfg.data.max_prompt_len,
+            mesh=self.mesh,
         )
 
     # ------------------------------------------------------------------ loop
@@ -144,8 +162,13 @@ class Trainer:
         t = self.cfg.train
         history = []
         skipped_run = 0  # iterations in a row whose optimizer steps were all skipped
-        bar = tqdm(range(self.iteration, t.iterations), disable=not (t.progress and self.coordinator),
-                   desc="train", initial=self.iteration, total=t.iterations)
+        bar = tqdm(
+            range(self.iteration, t.iterations),
+            disable=not (t.progress and self.coordinator),
+            desc="train",
+            initial=self.iteration,
+            total=t.iterations,
+        )
         for _ in bar:
             metrics = self.step()
             self.iteration += 1

@@ -53,8 +53,7 @@ def check_positive(name: str, value: Any, *, integer: bool = False) -> None:
         raise ValueError(f"{name}={value!r} must be > 0")
 
 
-def check_between(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False,
-                  hi_open: bool = False) -> None:
+def check_between(name: str, value: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> None:
     """`value` in the interval from `lo` to `hi`, each end closed unless `lo_open` / `hi_open`."""
     check_number(name, value)
     above = value > lo if lo_open else value >= lo

@@ -28,9 +28,11 @@ def _directory(tmp_path_factory):
 
 def compile_cache_env(tmp_path_factory, env: dict | None = None) -> dict:
     """`env` (default: this process's environment) with the session's compilation cache on."""
-    return {**(os.environ if env is None else env),
-            "JAX_COMPILATION_CACHE_DIR": str(_directory(tmp_path_factory)),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    return {
+        **(os.environ if env is None else env),
+        "JAX_COMPILATION_CACHE_DIR": str(_directory(tmp_path_factory)),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
 
 
 @contextlib.contextmanager
@@ -40,8 +42,10 @@ def compile_cache_in_process(tmp_path_factory):
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    saved = {name: getattr(jax.config, name) for name in
-             ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    saved = {
+        name: getattr(jax.config, name)
+        for name in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    }
     compilation_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", str(_directory(tmp_path_factory)))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

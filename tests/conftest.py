@@ -39,12 +39,16 @@ def _release(name: str) -> tuple[int, ...]:
 
 
 def pytest_configure(config):
-    if (getattr(config.option, "dist", "no") == "loadgroup" and _release("pytest") >= (9, 2)
-            and _release("pytest-xdist") <= (3, 8)):
+    if (
+        getattr(config.option, "dist", "no") == "loadgroup"
+        and _release("pytest") >= (9, 2)
+        and _release("pytest-xdist") <= (3, 8)
+    ):
         raise pytest.UsageError(
             f"--dist loadgroup: pytest {version('pytest')} drops pytest-xdist {version('pytest-xdist')}'s "
             "test groups (every xdist_group would split over the workers); install the pinned pytest "
-            "(requirements-test.txt: pytest<9.2)")
+            "(requirements-test.txt: pytest<9.2)"
+        )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -61,7 +61,8 @@ def check(policy: str, mesh) -> None:
         assert len(leaf.sharding.device_set) == 8, leaf.sharding
         shapes = {s.data.shape for s in leaf.addressable_shards}
         assert shapes == {(Q // 4,) + leaf.shape[1:]} or (
-            leaf.ndim == 4 and shapes == {(Q // 4, leaf.shape[1] // 2) + leaf.shape[2:]}), (shapes, leaf.shape)
+            leaf.ndim == 4 and shapes == {(Q // 4, leaf.shape[1] // 2) + leaf.shape[2:]}
+        ), (shapes, leaf.shape)
     assert ref_eng.stats.slot_steps > 0 and eng.stats.slot_steps == ref_eng.stats.slot_steps + Q * 4
     print(policy, "k shard", state.cache.k[0].addressable_shards[0].data.shape, "of", state.cache.k[0].shape)
     print(policy, "lengths", got.lengths.tolist(), "compressions", got.n_compressions.tolist())

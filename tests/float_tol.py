@@ -32,8 +32,7 @@ def forward_terms(cfg, keys: int) -> int:
 def logit_magnitude(params) -> float:
     """A bound on sum_i |h_i w_iv| for every logit z_v = h . w_v: ||h|| ||w_v|| (Cauchy-Schwarz)
     with h the RMS-normed final hidden state (||h|| <= sqrt(D) max |final norm weight|)."""
-    head = np.asarray(params["lm_head"] if "lm_head" in params else np.asarray(params["embed"]).T,
-                      np.float64)
+    head = np.asarray(params["lm_head"] if "lm_head" in params else np.asarray(params["embed"]).T, np.float64)
     gain = np.abs(np.asarray(params["final_norm"], np.float64)).max()
     return float(np.sqrt(head.shape[0]) * gain * np.linalg.norm(head, axis=0).max())
 
@@ -43,8 +42,7 @@ def logprob_tol(cfg, params, keys: int) -> float:
     programs of the same model (worst case): twice the logits' error (forward_terms at the
     logit_magnitude), plus the order of the V-term sum of exps (A = sum p = 1 after the max
     shift, relative to lse)."""
-    return 2 * sum_tol(forward_terms(cfg, keys), logit_magnitude(params)) + sum_tol(
-        cfg.vocab_size, 1.0)
+    return 2 * sum_tol(forward_terms(cfg, keys), logit_magnitude(params)) + sum_tol(cfg.vocab_size, 1.0)
 
 
 # bfloat16 compute (model.dtype=bfloat16 over float32 master weights, model/precision.py): every

@@ -103,9 +103,7 @@ def make_tiny_hf_checkpoint(
     model = make_tiny_hf_model(family, tie, seed, **overrides)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
-    name = f"{family}-tie{tie}-sharded{sharded}-{dtype}-seed{seed}" + "".join(
-        f"-{k}{v}" for k, v in overrides.items()
-    )
+    name = f"{family}-tie{tie}-sharded{sharded}-{dtype}-seed{seed}" + "".join(f"-{k}{v}" for k, v in overrides.items())
     directory = Path(tmp_path) / name
     kwargs = {"max_shard_size": "20KB"} if sharded else {}
     model.save_pretrained(directory, **kwargs)

@@ -13,9 +13,7 @@ from sparserl_jax import distributed
 
 
 def main(process_id: int, num_processes: int, port: int) -> None:
-    assert distributed.initialize(
-        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
-    )
+    assert distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60)
     import jax
     from sharding_worker import check_equivalence
 

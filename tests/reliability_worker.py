@@ -1,12 +1,12 @@
 """A training run in a subprocess, for tests/test_reliability.py.
 
-  python tests/reliability_worker.py metrics OUT.json [key=value ...]
-      pins itself to one core (experiments/workers.py), trains the default experiment's config
-      with the overrides and writes every metric of every iteration except timings to OUT.json.
-  python tests/reliability_worker.py kill POINT STEP [key=value ...]
-      runs `python -m sparserl_jax.train` on the smoke config and SIGKILLs itself at POINT of
-      iteration STEP: "logged" (after its metrics are written, before its checkpoint) or
-      "checkpoint" (while its checkpoint is being written).
+python tests/reliability_worker.py metrics OUT.json [key=value ...]
+    pins itself to one core (experiments/workers.py), trains the default experiment's config
+    with the overrides and writes every metric of every iteration except timings to OUT.json.
+python tests/reliability_worker.py kill POINT STEP [key=value ...]
+    runs `python -m sparserl_jax.train` on the smoke config and SIGKILLs itself at POINT of
+    iteration STEP: "logged" (after its metrics are written, before its checkpoint) or
+    "checkpoint" (while its checkpoint is being written).
 """
 
 import json
@@ -55,8 +55,7 @@ def kill(point: str, step: int, overrides: list[str]) -> None:
             if s != step:
                 return save(self, s, items, meta)
             args = {name: checkpoint.ocp.args.StandardSave(t) for name, t in items.items()}
-            self._mngr.save(s, args=checkpoint.ocp.args.Composite(
-                meta=checkpoint.ocp.args.JsonSave(meta), **args))
+            self._mngr.save(s, args=checkpoint.ocp.args.Composite(meta=checkpoint.ocp.args.JsonSave(meta), **args))
             _die()  # the write is under way (orbax finalises it asynchronously)
 
         checkpoint.Checkpointer.save = die_while_saving

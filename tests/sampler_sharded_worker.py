@@ -46,7 +46,9 @@ def check_attention_layouts() -> None:
     fill = jax.random.randint(keys[3], (B,), 1, C + 1)
     cache = jax.eval_shape(lambda: kvc.init_cache(B, 1, K, C, H))
     layouts = {  # name: (data, fsdp, tensor) and the cache spec it implies
-        "data": (8, 1, 1), "fsdp": (1, 8, 1), "tensor": (2, 1, 4),  # 2 x 2 x 2: check_decode_step
+        "data": (8, 1, 1),
+        "fsdp": (1, 8, 1),
+        "tensor": (2, 1, 4),  # 2 x 2 x 2: check_decode_step
         "tensor not dividing K (replicated heads)": (1, 1, 8),
     }
     for impl in ("xla", "interpret"):
@@ -104,8 +106,14 @@ def check_sampler_matches_one_device() -> None:
     ref = smp.generate_jit(params, cfg, prompts, lengths, key, scfg)
 
     mesh = shd.make_mesh(shd.MeshConfig(data=2, fsdp=2, tensor=2))
-    out = smp.generate_jit(shd.shard_params(params, mesh), cfg, shd.shard_batch(prompts, mesh),
-                           shd.shard_batch(lengths, mesh), key, dataclasses.replace(scfg, mesh=mesh))
+    out = smp.generate_jit(
+        shd.shard_params(params, mesh),
+        cfg,
+        shd.shard_batch(prompts, mesh),
+        shd.shard_batch(lengths, mesh),
+        key,
+        dataclasses.replace(scfg, mesh=mesh),
+    )
     assert len(out.tokens.sharding.device_set) == 8, out.tokens.sharding
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), atol=2e-5)
@@ -115,8 +123,9 @@ def check_sampler_matches_one_device() -> None:
 def check_sampler_memory() -> None:
     """Compiled memory analysis: a sampler (SnapKV, budget 200 + buffer 40) whose batch is split
     8 ways holds ~1/8 of the single-device cache per device, and no K/V cache is all-gathered."""
-    cfg = ModelConfig.tiny("qwen2", vocab_size=64, d_model=32, n_heads=4, n_kv_heads=4,
-                           head_dim=32, d_ff=64, n_layers=2)
+    cfg = ModelConfig.tiny(
+        "qwen2", vocab_size=64, d_model=32, n_heads=4, n_kv_heads=4, head_dim=32, d_ff=64, n_layers=2
+    )
     params = tf.init_params(cfg, jax.random.key(0))
     B, P = 8, 12
     prompts = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
@@ -128,8 +137,12 @@ def check_sampler_memory() -> None:
     one = smp.generate_jit.lower(params, cfg, prompts, lengths, key, scfg).compile()
     mesh = shd.make_mesh(shd.MeshConfig(data=8))
     eight = smp.generate_jit.lower(
-        shd.shard_params(params, mesh), cfg, shd.shard_batch(prompts, mesh),
-        shd.shard_batch(lengths, mesh), key, dataclasses.replace(scfg, mesh=mesh),
+        shd.shard_params(params, mesh),
+        cfg,
+        shd.shard_batch(prompts, mesh),
+        shd.shard_batch(lengths, mesh),
+        key,
+        dataclasses.replace(scfg, mesh=mesh),
     ).compile()
     cache_bytes = 2 * cfg.n_layers * B * cfg.n_kv_heads * C * cfg.head_dim * 4
     temp_one = one.memory_analysis().temp_size_in_bytes
@@ -156,15 +169,17 @@ def check_sharded_lowering() -> None:
     B, P = 64, 128
     params = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-        shd.abstract_params(m), shd.param_shardings(shd.abstract_params(m), mesh),
+        shd.abstract_params(m),
+        shd.param_shardings(shd.abstract_params(m), mesh),
     )
     batch = shd.data_sharding(mesh)
     key = jax.eval_shape(jax.random.key, 0)
     for platform, (kernel_platform, marker) in PLATFORMS.items():
         if platform == "cuda" and not gpu.TRITON_AVAILABLE:
             continue
-        scfg = smp.SamplerConfig(max_new_tokens=256, kv=cfg.kv, attn_impl="pallas",
-                                 attn_platform=kernel_platform, mesh=mesh)
+        scfg = smp.SamplerConfig(
+            max_new_tokens=256, kv=cfg.kv, attn_impl="pallas", attn_platform=kernel_platform, mesh=mesh
+        )
         gen = jax.jit(lambda p, t, n, k, c=scfg: smp.generate(p, m, t, n, k, c))
         text = lower(gen, platform, params, sds((B, P), "int32", batch), sds((B,), "int32", batch), key)
         local_kv = f"tensor<{B // 4}x{m.n_kv_heads // 2}x640x{m.head_dim}xbf16>"

@@ -34,9 +34,7 @@ def assert_close(actual, ref, what: str, atol: float = ATOL):
     ref = np.asarray(ref)
     assert actual.shape == ref.shape, (what, actual.shape, ref.shape)
     for shard in actual.addressable_shards:
-        np.testing.assert_allclose(
-            np.asarray(shard.data), ref[shard.index], rtol=RTOL, atol=atol, err_msg=what
-        )
+        np.testing.assert_allclose(np.asarray(shard.data), ref[shard.index], rtol=RTOL, atol=atol, err_msg=what)
     np.testing.assert_allclose(distributed.to_host(actual), ref, rtol=RTOL, atol=atol, err_msg=what)
 
 
@@ -81,9 +79,7 @@ def check_equivalence(
     capacity = prompt_len + steps + 1
 
     # Single-device reference (this process's first local device).
-    ref_cache = kvc.init_cache(
-        batch, cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim, n_heads=cfg.n_heads
-    )
+    ref_cache = kvc.init_cache(batch, cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim, n_heads=cfg.n_heads)
     ref_step, ref_cache = jax.jit(tf.prefill, static_argnums=1)(params, cfg, tokens, lengths, ref_cache)
     ref_steps = [ref_step]
     decode = jax.jit(tf.decode_step, static_argnums=1)
@@ -184,9 +180,7 @@ def main() -> None:
     kv_logs = [r.getMessage() for r in records if "'layers/*/k'" in r.getMessage()]
     assert len(kv_logs) == 1, kv_logs  # once for all 3 layers, at info level
     assert records[0].levelno == logging.INFO
-    check_equivalence(
-        mesh, odd, lambda x: shd.shard_batch(x, mesh), steps=1, seed=2, full_logits=False
-    )
+    check_equivalence(mesh, odd, lambda x: shd.shard_batch(x, mesh), steps=1, seed=2, full_logits=False)
 
     # A batch that data x fsdp does not divide is refused with the sizes named.
     try:

@@ -74,17 +74,14 @@ def mis_calculate_veto_mask(log_ratio, loss_mask, veto_threshold):  # mis.py cal
 def mis_compute_mis_weights(args, train_log_probs, rollout_log_probs, loss_masks):
     """mis.py compute_mis_weights, for tis_level = rs_level = "token" (mis.yaml); the metrics
     and the wandb veto count are left out."""
-    tis_lower_bound = (args["tis_lower_bound"] if args["tis_lower_bound"] is not None
-                       else 1.0 / args["tis_upper_bound"])
+    tis_lower_bound = args["tis_lower_bound"] if args["tis_lower_bound"] is not None else 1.0 / args["tis_upper_bound"]
     rs_lower_bound = args["rs_lower_bound"] if args["rs_lower_bound"] is not None else tis_lower_bound
-    rs_upper_bound = (args["rs_upper_bound"] if args["rs_upper_bound"] is not None
-                      else args["tis_upper_bound"])
+    rs_upper_bound = args["rs_upper_bound"] if args["rs_upper_bound"] is not None else args["tis_upper_bound"]
     SAFETY_BOUND = 20.0
     if not args["use_tis"]:
         return None, loss_masks
     all_weights, all_modified_masks = [], []
-    for train_log_prob, rollout_log_prob, loss_mask in zip(train_log_probs, rollout_log_probs,
-                                                           loss_masks):
+    for train_log_prob, rollout_log_prob, loss_mask in zip(train_log_probs, rollout_log_probs, loss_masks):
         loss_mask = loss_mask.astype(float)
         raw_log_ratio_diff = train_log_prob - rollout_log_prob
         modified_mask = loss_mask.copy()
@@ -95,15 +92,13 @@ def mis_compute_mis_weights(args, train_log_probs, rollout_log_probs, loss_masks
         elif args["tis_mode"] == "clip":
             weights = mis_clip(weights, loss_mask, tis_lower_bound, args["tis_upper_bound"])
         elif args["tis_mode"] == "mask":
-            weights, modified_mask = mis_mask(weights, loss_mask, tis_lower_bound,
-                                              args["tis_upper_bound"])
+            weights, modified_mask = mis_mask(weights, loss_mask, tis_lower_bound, args["tis_upper_bound"])
         if args["use_rs"]:
             log_ratio_rs = log_ratio_tis
             rs_weights = np.exp(np.clip(log_ratio_rs, -SAFETY_BOUND, SAFETY_BOUND))
             _, modified_mask = mis_mask(rs_weights, modified_mask, rs_lower_bound, rs_upper_bound)
             if args["rs_veto_threshold"] is not None:
-                veto_mask = mis_calculate_veto_mask(raw_log_ratio_diff, loss_mask,
-                                                    args["rs_veto_threshold"])
+                veto_mask = mis_calculate_veto_mask(raw_log_ratio_diff, loss_mask, args["rs_veto_threshold"])
                 modified_mask = modified_mask * veto_mask
         all_weights.append(weights)
         all_modified_masks.append(modified_mask)
@@ -117,9 +112,17 @@ def mis_compute_mis_weights(args, train_log_probs, rollout_log_probs, loss_masks
 
 
 # mis.yaml, with the run script's --use-tis (slime/scripts/run-qwen2.5-3b-rkv.sh)
-MIS_YAML = dict(use_tis=True, use_rs=True, tis_mode="truncate", tis_lower_bound=0.5,
-                tis_upper_bound=1.5, rs_lower_bound=None, rs_upper_bound=None,
-                rs_veto_threshold=1e-4, tis_batch_normalize=True)
+MIS_YAML = dict(
+    use_tis=True,
+    use_rs=True,
+    tis_mode="truncate",
+    tis_lower_bound=0.5,
+    tis_upper_bound=1.5,
+    rs_lower_bound=None,
+    rs_upper_bound=None,
+    rs_veto_threshold=1e-4,
+    tis_batch_normalize=True,
+)
 
 
 # --- slime/slime/utils/ppo_utils.py and megatron_utils/loss.py ---------------------------------
@@ -159,8 +162,7 @@ def slime_policy_loss(args, learner, old, rollout, ref, adv, loss_masks, entropy
         parts = np.split(x, np.cumsum(lengths)[:-1])
         return sum((x_i * m).sum() / max(m.sum(), 1) for x_i, m in zip(parts, masks))
 
-    total = sum_of_sample_mean(pg_loss) - args["entropy_coef"] * sum_of_sample_mean(
-        np.concatenate(entropy))
+    total = sum_of_sample_mean(pg_loss) - args["entropy_coef"] * sum_of_sample_mean(np.concatenate(entropy))
     kl = ppo_compute_approx_kl_low_var(np.concatenate(learner), np.concatenate(ref))
     total = total + args["kl_loss_coef"] * sum_of_sample_mean(kl)
     return total / len(masks), weights, masks
@@ -186,20 +188,32 @@ LOSS_COEFS = dict(eps_clip=0.2, eps_clip_high=0.2, entropy_coef=0.0, kl_loss_coe
 BIG_COEFS = dict(eps_clip=0.2, eps_clip_high=0.28, entropy_coef=0.01, kl_loss_coef=0.5)
 BIG_LOSS = C.LossConfig(eps_high=0.28, beta=0.5, entropy_coef=0.01)
 PAIRS = (
-    ("sparse_rl (defaults)", C.RLConfig(),
-     dict(MIS_YAML, use_rollout_logprobs=False, **LOSS_COEFS)),
-    ("sparse_rl, large KL and entropy coefficients", C.RLConfig(loss=BIG_LOSS),
-     dict(MIS_YAML, use_rollout_logprobs=False, **BIG_COEFS)),
-    ("ibr_only (--use-tis without RS)", C.RLConfig(mode="ibr_only"),
-     dict(MIS_YAML, use_rs=False, use_rollout_logprobs=False, **LOSS_COEFS)),
-    ("ibr_only, mask mode", C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode="mask"),
-                                       loss=BIG_LOSS),
-     dict(MIS_YAML, use_rs=False, tis_mode="mask", use_rollout_logprobs=False, **BIG_COEFS)),
-    ("naive_sparse (no --use-tis)", C.RLConfig(mode="naive_sparse", loss=BIG_LOSS),
-     dict(MIS_YAML, use_tis=False, use_rollout_logprobs=False, **BIG_COEFS)),
-    ("naive_sparse, --use-rollout-logprobs",
-     C.RLConfig(mode="naive_sparse", ratio_against="sampler", loss=BIG_LOSS),
-     dict(MIS_YAML, use_tis=False, use_rollout_logprobs=True, **BIG_COEFS)),
+    ("sparse_rl (defaults)", C.RLConfig(), dict(MIS_YAML, use_rollout_logprobs=False, **LOSS_COEFS)),
+    (
+        "sparse_rl, large KL and entropy coefficients",
+        C.RLConfig(loss=BIG_LOSS),
+        dict(MIS_YAML, use_rollout_logprobs=False, **BIG_COEFS),
+    ),
+    (
+        "ibr_only (--use-tis without RS)",
+        C.RLConfig(mode="ibr_only"),
+        dict(MIS_YAML, use_rs=False, use_rollout_logprobs=False, **LOSS_COEFS),
+    ),
+    (
+        "ibr_only, mask mode",
+        C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode="mask"), loss=BIG_LOSS),
+        dict(MIS_YAML, use_rs=False, tis_mode="mask", use_rollout_logprobs=False, **BIG_COEFS),
+    ),
+    (
+        "naive_sparse (no --use-tis)",
+        C.RLConfig(mode="naive_sparse", loss=BIG_LOSS),
+        dict(MIS_YAML, use_tis=False, use_rollout_logprobs=False, **BIG_COEFS),
+    ),
+    (
+        "naive_sparse, --use-rollout-logprobs",
+        C.RLConfig(mode="naive_sparse", ratio_against="sampler", loss=BIG_LOSS),
+        dict(MIS_YAML, use_tis=False, use_rollout_logprobs=True, **BIG_COEFS),
+    ),
 )
 
 
@@ -219,17 +233,30 @@ def random_batch(seed: int) -> dict:
     mask = (np.arange(T)[None] >= 2) & (np.arange(T)[None] < 2 + lengths[:, None])
     rewards = rng.integers(0, 2, B).astype(np.float64)
     rewards[:4] = [1.0, 0.0, 0.0, 0.0]
-    return dict(learner=learner, old=old, ref=ref, sampler=sampler, mask=mask,
-                adv=rollout_post_process_rewards(rewards, 4),
-                entropy=rng.uniform(0.1, 3.0, (B, T)))
+    return dict(
+        learner=learner,
+        old=old,
+        ref=ref,
+        sampler=sampler,
+        mask=mask,
+        adv=rollout_post_process_rewards(rewards, 4),
+        entropy=rng.uniform(0.1, 3.0, (B, T)),
+    )
 
 
 def reference(inp, args, learner=None):
     rows = lambda x: [x[i][inp["mask"][i]] for i in range(B)]  # noqa: E731
     learner = inp["learner"] if learner is None else learner
-    return slime_policy_loss(args, rows(learner), rows(inp["old"]), rows(inp["sampler"]),
-                             rows(inp["ref"]), inp["adv"], [m[m] for m in inp["mask"]],
-                             rows(inp["entropy"]))
+    return slime_policy_loss(
+        args,
+        rows(learner),
+        rows(inp["old"]),
+        rows(inp["sampler"]),
+        rows(inp["ref"]),
+        inp["adv"],
+        [m[m] for m in inp["mask"]],
+        rows(inp["entropy"]),
+    )
 
 
 def reference_grad(inp, args, h=1e-6):
@@ -248,8 +275,9 @@ def ours(inp, cfg):
     mask = jnp.asarray(inp["mask"])
 
     def loss_of(learner):
-        corr = compose.compute_corrections(learner, f32("old"), f32("ref"), f32("sampler"),
-                                           mask, cfg, with_metrics=False)
+        corr = compose.compute_corrections(
+            learner, f32("old"), f32("ref"), f32("sampler"), mask, cfg, with_metrics=False
+        )
         adv = adv_lib.token_advantages(f32("adv"), mask)
         value, _ = loss.policy_loss(corr, adv, f32("entropy"), cfg.loss)
         return value, corr
@@ -266,8 +294,7 @@ def value_tol(inp, args) -> float:
     w |r A| + entropy_coef entropy + kl_coef |kl| (w <= 1.5 / its mean, which is >= 0.5)."""
     behaviour = inp["sampler"] if args["use_rollout_logprobs"] else inp["old"]
     r = np.exp(np.clip(inp["learner"] - behaviour, -20, 20))
-    mag = (3.0 * np.maximum(r, 1.28) * np.abs(inp["adv"])[:, None] + 0.01 * inp["entropy"]
-           + args["kl_loss_coef"] * 10.0)
+    mag = 3.0 * np.maximum(r, 1.28) * np.abs(inp["adv"])[:, None] + 0.01 * inp["entropy"] + args["kl_loss_coef"] * 10.0
     return sum_tol(B + T, mag[inp["mask"]].max())
 
 
@@ -276,8 +303,7 @@ def _ours_all(seed: int):
     cfgs = tuple(c for _, c, _ in PAIRS)
     f = jax.jit(lambda inp: [ours(inp, c) for c in cfgs])
     inp = random_batch(seed)
-    return inp, [tuple(np.asarray(x, bool if x.dtype == bool else np.float64) for x in out)
-                 for out in f(inp)]
+    return inp, [tuple(np.asarray(x, bool if x.dtype == bool else np.float64) for x in out) for out in f(inp)]
 
 
 @pytest.mark.parametrize("seed", (0, 1))
@@ -289,8 +315,7 @@ def test_loss_gradient_weights_masks_and_kl_equal_the_authors_code(seed):
         np.testing.assert_allclose(value, want, atol=value_tol(inp, args), err_msg=name)
         # per token (no sums in d loss / d log pi): a few float32 roundings, against central
         # differences of the float64 loss with h = 1e-6 (their error ~ 1e-16 / h = 1e-10)
-        np.testing.assert_allclose(grad, reference_grad(inp, args), rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(grad, reference_grad(inp, args), rtol=1e-4, atol=1e-5, err_msg=name)
         m_pad = np.zeros((B, T))
         m_pad[mask] = np.concatenate(m_ref)
         np.testing.assert_array_equal(accept, m_pad > 0, err_msg=name)
@@ -299,12 +324,16 @@ def test_loss_gradient_weights_masks_and_kl_equal_the_authors_code(seed):
             w_pad[mask] = np.concatenate(w_ref)
         # our weights are the authors' on the tokens that enter the loss: xi / (a mean over
         # <= B T = 112 tokens), 112 EPS32 = 1.3e-5 relative in another summation order
-        np.testing.assert_allclose(weight[accept], w_pad[accept], rtol=sum_tol(B * T, 1.0),
-                                   err_msg=name)
+        np.testing.assert_allclose(weight[accept], w_pad[accept], rtol=sum_tol(B * T, 1.0), err_msg=name)
         q = inp["ref"] - inp["learner"]
         # per token e^q - q - 1 (|q| <= 20 clamped, k3 <= 10): a few roundings of values <= 20
-        np.testing.assert_allclose(kl[mask], ppo_compute_approx_kl_low_var(
-            inp["learner"], inp["ref"])[mask], rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            kl[mask],
+            ppo_compute_approx_kl_low_var(inp["learner"], inp["ref"])[mask],
+            rtol=1e-5,
+            atol=1e-5,
+            err_msg=name,
+        )
     # the inputs exercise what differs from a paraphrase: vetoes, rejections, both KL clamps
     _, _, sparse_masks = reference(inp, PAIRS[0][2])
     assert sum(m.sum() == 0 for m in sparse_masks) >= 1
@@ -367,11 +396,10 @@ def torch_max_pool1d(x, kernel_size):
     """F.max_pool1d(x, kernel_size, padding=kernel_size // 2, stride=1) (-inf padding)."""
     half = kernel_size // 2
     pad = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(half, half)], constant_values=-np.inf)
-    return np.stack([pad[..., j:j + kernel_size].max(axis=-1) for j in range(x.shape[-1])], -1)
+    return np.stack([pad[..., j : j + kernel_size].max(axis=-1) for j in range(x.shape[-1])], -1)
 
 
-def r1kv_final_score(method, key_states, query_states, window_size, kernel_size=7,
-                     mix_lambda=0.1):
+def r1kv_final_score(method, key_states, query_states, window_size, kernel_size=7, mix_lambda=0.1):
     """rkv/compression/r1_kv.py R1KV.update_kv up to the top-k (the fork's
     r1kv_utils.py KVCluster.get_compress_indices step 1-3, fix_obs_window True,
     pooling "maxpool"); "snapkv" stops at the pooled attention. [1, K, s - window]."""
@@ -421,8 +449,7 @@ def to_cache(k, q) -> kvc.KVCache:
     return kvc.KVCache(
         k=tuple(jnp.asarray(x, jnp.float32) for x in k),
         v=tuple(jnp.asarray(x, jnp.float32) for x in k),
-        pos=tuple(jnp.broadcast_to(jnp.asarray(pos, jnp.int32)[:, None], (KB, KK, KC))
-                  for _ in range(KL)),
+        pos=tuple(jnp.broadcast_to(jnp.asarray(pos, jnp.int32)[:, None], (KB, KK, KC)) for _ in range(KL)),
         fill=jnp.asarray(FILLS, jnp.int32),
         length=jnp.asarray(FILLS, jnp.int32),
         window_q=tuple(jnp.asarray(x, jnp.float32) for x in q),
@@ -440,8 +467,7 @@ def score_tol(k, q) -> float:
     return 2 * sum_tol(KH, L) + 3 * sum_tol(KC, 1.0) + sum_tol(KH, 1.0)
 
 
-def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: str,
-                   tol: float) -> bool:
+def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: str, tol: float) -> bool:
     """got is a top-n_keep set of the candidates under the reference score (ties within the
     float noise `tol` of both scores aside); returns whether the boundary was tie-free (then
     the sets must be equal)."""
@@ -460,15 +486,19 @@ def assert_top_set(got: set, want: set, score: np.ndarray, n_keep: int, what: st
 def _compressed(seed: int):
     k, q = random_kv(seed)
     cache = to_cache(k, q)
-    cfgs = {(p, s): kv.KVConfig(policy=p, budget=BUDGET, buffer=KC - BUDGET, window=WINDOW,
-                                selection=s)
-            for p in ("snapkv", "rkv") for s in ("per_head", "shared")}
+    cfgs = {
+        (p, s): kv.KVConfig(policy=p, budget=BUDGET, buffer=KC - BUDGET, window=WINDOW, selection=s)
+        for p in ("snapkv", "rkv")
+        for s in ("per_head", "shared")
+    }
 
     @jax.jit
     def run(cache):
         kept = {key: kv.kept_positions(kv.compress(c, cache)) for key, c in cfgs.items()}
-        scores = {p: [POLICIES[p].score(cfgs[(p, "per_head")], cache, layer)
-                      for layer in range(KL)] for p in ("snapkv", "rkv")}
+        scores = {
+            p: [POLICIES[p].score(cfgs[(p, "per_head")], cache, layer) for layer in range(KL)]
+            for p in ("snapkv", "rkv")
+        }
         return kept, scores
 
     kept, scores = run(cache)
@@ -487,23 +517,24 @@ def test_snapkv_rkv_scores_and_kept_sets_equal_the_originals(seed):
         for b, fill in enumerate(FILLS):
             finals = []
             for layer in range(KL):
-                final = r1kv_final_score(method, k[layer, b:b + 1, :, :fill],
-                                         q[layer, b:b + 1], WINDOW)
+                final = r1kv_final_score(method, k[layer, b : b + 1, :, :fill], q[layer, b : b + 1], WINDOW)
                 finals.append(final)
-                np.testing.assert_allclose(scores[method][layer][b, :, :fill - WINDOW], final[0],
-                                           atol=tol, err_msg=f"{method} scores")
+                np.testing.assert_allclose(
+                    scores[method][layer][b, :, : fill - WINDOW], final[0], atol=tol, err_msg=f"{method} scores"
+                )
                 want = kept_per_head(final, fill, BUDGET, WINDOW)
                 for h in range(KK):
                     got = set(kept[(method, "per_head")][layer][b, h].tolist()) - {-1}
                     tie_free[method] += assert_top_set(
-                        got, want[h], final[0, h], n_keep, f"{method} per head l{layer} b{b} h{h}",
-                        tol)
+                        got, want[h], final[0, h], n_keep, f"{method} per head l{layer} b{b} h{h}", tol
+                    )
             # the fork: layer 0's scores summed over heads decide for every layer and head
             want = kept_shared(finals[0], fill, BUDGET, WINDOW)
             for layer, h in np.ndindex(KL, KK):
                 got = set(kept[(method, "shared")][layer][b, h].tolist()) - {-1}
-                tie_free[method] += assert_top_set(got, want, finals[0][0].sum(0), n_keep,
-                                                   f"{method} shared l{layer} b{b} h{h}", KK * tol)
+                tie_free[method] += assert_top_set(
+                    got, want, finals[0][0].sum(0), n_keep, f"{method} shared l{layer} b{b} h{h}", KK * tol
+                )
     # SnapKV's max-pool spreads a value over its neighbours, so its boundary is usually tied
     # (the scores above still match); R-KV's redundancy term breaks the ties: equal sets
     assert tie_free["rkv"] == 2 * (KL * KK + KL * KK)

@@ -26,9 +26,31 @@ def bench():
 
 def test_cpu_main_writes_rows(bench, tmp_path):
     out = tmp_path / "bench.json"
-    argv = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
-            "--lengths", "24", "--budget", "8", "--buffer", "8", "--window", "2",
-            "--policies", "none", "streaming", "--min-seconds", "0", "--out", str(out)]
+    argv = [
+        "--profile",
+        "cpu",
+        "--n-layers",
+        "1",
+        "--batch",
+        "2",
+        "--prompt-len",
+        "8",
+        "--lengths",
+        "24",
+        "--budget",
+        "8",
+        "--buffer",
+        "8",
+        "--window",
+        "2",
+        "--policies",
+        "none",
+        "streaming",
+        "--min-seconds",
+        "0",
+        "--out",
+        str(out),
+    ]
     report = bench.main(argv)
     saved = json.loads(out.read_text())
     assert saved["command"] == " ".join(argv) and saved["profile"] == "cpu"
@@ -44,8 +66,7 @@ def test_cpu_main_writes_rows(bench, tmp_path):
         assert r["tokens_per_s"] == pytest.approx(2 * 24 / r["wall_s"])
         assert r["step_ms"] == pytest.approx(r["wall_s"] / 24 * 1e3)
         # KV bytes = the physical cache the sampler allocates at this capacity
-        cache = kv.cache_for(bench.kv_config(r["policy"], prof), prof.model, 2, 8,
-                             capacity=r["kv_capacity"])
+        cache = kv.cache_for(bench.kv_config(r["policy"], prof), prof.model, 2, 8, capacity=r["kv_capacity"])
         assert r["kv_bytes"] == cache.nbytes()
     dense, sparse = rows
     assert dense["speedup_vs_dense"] == 1.0
@@ -63,22 +84,36 @@ def test_cpu_main_writes_rows(bench, tmp_path):
 
 def _row(policy, new_tokens, step_ms, batch=4):
     wall_s = step_ms * new_tokens / 1e3
-    return dict(policy=policy, new_tokens=new_tokens, batch=batch,
-                tokens_per_s=batch / step_ms * 1e3, step_ms=step_ms, wall_s=wall_s,
-                wall_s_all=[wall_s], compile_s=1.0, kv_capacity=1, kv_bytes=1)
+    return dict(
+        policy=policy,
+        new_tokens=new_tokens,
+        batch=batch,
+        tokens_per_s=batch / step_ms * 1e3,
+        step_ms=step_ms,
+        wall_s=wall_s,
+        wall_s_all=[wall_s],
+        compile_s=1.0,
+        kv_capacity=1,
+        kv_bytes=1,
+    )
 
 
 def test_speedups_and_acceptance(bench):
     prof = bench.PROFILES["cpu"]  # target 2x at 8192, lengths 1024 .. 8192
-    rows = [_row("none", 1024, 2.0), _row("h2o", 1024, 1.0), _row("rkv", 1024, 1.5),
-            _row("none", 8192, 9.0), _row("h2o", 8192, 1.2), _row("rkv", 8192, 3.0)]
+    rows = [
+        _row("none", 1024, 2.0),
+        _row("h2o", 1024, 1.0),
+        _row("rkv", 1024, 1.5),
+        _row("none", 8192, 9.0),
+        _row("h2o", 8192, 1.2),
+        _row("rkv", 8192, 3.0),
+    ]
     bench.add_speedups(rows)
     assert [r["speedup_vs_dense"] for r in rows] == pytest.approx([1, 2, 4 / 3, 1, 7.5, 3])
     acc = bench.acceptance(rows, prof)
     assert acc["speedup_at_target"] == pytest.approx({"h2o": 7.5, "rkv": 3.0})
     assert acc["min_speedup_at_target"] == pytest.approx(3.0) and acc["passed"]
-    assert acc["step_ms_ratio_longest_over_shortest"] == pytest.approx(
-        {"none": 4.5, "h2o": 1.2, "rkv": 2.0})
+    assert acc["step_ms_ratio_longest_over_shortest"] == pytest.approx({"none": 4.5, "h2o": 1.2, "rkv": 2.0})
     slow = [dict(r) for r in rows]
     slow[-1] = _row("rkv", 8192, 6.0)
     bench.add_speedups(slow)
@@ -104,15 +139,28 @@ def test_gpu_profile_dry_run_lowers(bench):
 
 def test_markdown_keeps_error_rows_out_of_the_figures(bench):
     prof = bench.PROFILES["cpu"]
-    rows = [_row("none", 8192, 9.0), _row("snapkv", 8192, 1.5),
-            dict(policy="rkv", new_tokens=8192, batch=4, error="XlaRuntimeError: out of memory")]
+    rows = [
+        _row("none", 8192, 9.0),
+        _row("snapkv", 8192, 1.5),
+        dict(policy="rkv", new_tokens=8192, batch=4, error="XlaRuntimeError: out of memory"),
+    ]
     bench.add_speedups(rows)
     assert "speedup_vs_dense" not in rows[2]
-    report = dict(profile="cpu", platform="cpu", device_kind="cpu", jax_version="x", date="d",
-                  command="c", total_s=1.0, model=bench.dataclasses.asdict(prof.model),
-                  setting=dict(batch=4, prompt_len=64, budget=256, buffer=64, window=8,
-                               repeats=1, min_seconds=0.0, attn_impl="auto"),
-                  results=rows, acceptance=bench.acceptance(rows, prof))
+    report = dict(
+        profile="cpu",
+        platform="cpu",
+        device_kind="cpu",
+        jax_version="x",
+        date="d",
+        command="c",
+        total_s=1.0,
+        model=bench.dataclasses.asdict(prof.model),
+        setting=dict(
+            batch=4, prompt_len=64, budget=256, buffer=64, window=8, repeats=1, min_seconds=0.0, attn_impl="auto"
+        ),
+        results=rows,
+        acceptance=bench.acceptance(rows, prof),
+    )
     assert report["acceptance"]["speedup_at_target"] == pytest.approx({"snapkv": 6.0})
     md = bench.markdown(report)
     assert "| rkv | 8192 | 4 | error: XlaRuntimeError: out of memory |" in md
@@ -121,10 +169,33 @@ def test_markdown_keeps_error_rows_out_of_the_figures(bench):
 
 def test_quantized_rows_record_weight_bytes_and_lower_to_low_precision_dots(bench, tmp_path):
     out = tmp_path / "bench.json"
-    argv = ["--profile", "cpu", "--n-layers", "1", "--batch", "2", "--prompt-len", "8",
-            "--lengths", "16", "--budget", "8", "--buffer", "8", "--window", "2",
-            "--policies", "streaming", "--quant", "none", "int8", "--min-seconds", "0",
-            "--out", str(out)]
+    argv = [
+        "--profile",
+        "cpu",
+        "--n-layers",
+        "1",
+        "--batch",
+        "2",
+        "--prompt-len",
+        "8",
+        "--lengths",
+        "16",
+        "--budget",
+        "8",
+        "--buffer",
+        "8",
+        "--window",
+        "2",
+        "--policies",
+        "streaming",
+        "--quant",
+        "none",
+        "int8",
+        "--min-seconds",
+        "0",
+        "--out",
+        str(out),
+    ]
     rows = bench.main(argv)["results"]
     assert [(r["policy"], r["quant"]) for r in rows] == [("streaming", "none"), ("streaming", "int8")]
     full, q = rows
@@ -132,7 +203,8 @@ def test_quantized_rows_record_weight_bytes_and_lower_to_low_precision_dots(benc
     assert q["weight_bytes"] < full["weight_bytes"]  # f32 kernels -> int8 + per-channel scales
     assert "| streaming | 16 | 2 |" in out.with_suffix(".md").read_text()
     assert "| int8 |" in out.with_suffix(".md").read_text()
-    dry = bench.main(["--profile", "cpu", "--dry-run", "--policies", "none", "--quant", "w8a16",
-                      "int8", "fp8"])["dry_run"]["lowered"]
+    dry = bench.main(["--profile", "cpu", "--dry-run", "--policies", "none", "--quant", "w8a16", "int8", "fp8"])[
+        "dry_run"
+    ]["lowered"]
     dots = {r["quant"]: r["low_precision_dots"] for r in dry}
     assert dots["w8a16"] == 0 and dots["int8"] > 0 and dots["fp8"] > 0  # 7 per layer and phase

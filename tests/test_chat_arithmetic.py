@@ -17,8 +17,7 @@ from sparserl_jax.data.tasks.chat_arithmetic import (
     extract_last_number,
 )
 
-CONFIG = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real",
-                      "smollm2_chat_arithmetic.yaml")
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real", "smollm2_chat_arithmetic.yaml")
 COLLAPSE_CONFIG = os.path.join(os.path.dirname(CONFIG), "smollm2_collapse.yaml")
 
 
@@ -56,19 +55,22 @@ def test_defaults_two_digit_sums_and_custom_instruction():
     assert re.fullmatch(r"What is \d+ \+ \d+\?", prompt)
 
 
-@pytest.mark.parametrize("response, reward", [
-    ("23 + 58: 3 + 8 = 11, carry 1; 2 + 5 + 1 = 8. So \\boxed{81}.", 1.0),
-    ("The sum is $\\boxed{81.0}$", 1.0),  # math-verify: 81.0 == 81
-    ("I think \\boxed{80}, no wait, \\boxed{81}", 1.0),  # the last box counts
-    ("\\boxed{81} ... correction: \\boxed{82}", 0.0),
-    ("Adding the tens and the ones gives 81.\nThe answer is: 81", 1.0),  # MetaMathQA style
-    ("Answer: 81.", 1.0),
-    ("The answer is 1,081", 0.0),
-    ("The answer is 80. Or maybe 81.", 0.0),  # no trailing bare numbers
-    ("First 20 + 50 = 70, then 3 + 8 = 11, 70 + 11 = 81.", 0.0),  # no final-answer marker
-    ("\\boxed{80}. The answer is 81", 0.0),  # a box takes precedence over the answer line
-    ("so \\boxed{81", 0.0),  # truncated box and no answer line
-])
+@pytest.mark.parametrize(
+    "response, reward",
+    [
+        ("23 + 58: 3 + 8 = 11, carry 1; 2 + 5 + 1 = 8. So \\boxed{81}.", 1.0),
+        ("The sum is $\\boxed{81.0}$", 1.0),  # math-verify: 81.0 == 81
+        ("I think \\boxed{80}, no wait, \\boxed{81}", 1.0),  # the last box counts
+        ("\\boxed{81} ... correction: \\boxed{82}", 0.0),
+        ("Adding the tens and the ones gives 81.\nThe answer is: 81", 1.0),  # MetaMathQA style
+        ("Answer: 81.", 1.0),
+        ("The answer is 1,081", 0.0),
+        ("The answer is 80. Or maybe 81.", 0.0),  # no trailing bare numbers
+        ("First 20 + 50 = 70, then 3 + 8 = 11, 70 + 11 = 81.", 0.0),  # no final-answer marker
+        ("\\boxed{80}. The answer is 81", 0.0),  # a box takes precedence over the answer line
+        ("so \\boxed{81", 0.0),  # truncated box and no answer line
+    ],
+)
 def test_reward(response, reward):
     assert get_task("chat_arithmetic").reward(response, "81") == reward
 
@@ -82,13 +84,16 @@ def test_answer_line_can_be_switched_off_and_negative_labels():
     assert extract_answer_line("no marker 12") is None
 
 
-@pytest.mark.parametrize("response, reward", [
-    ("First 20 + 50 = 70, then 3 + 8 = 11, 70 + 11 = 81.", 1.0),  # no marker: the last number
-    ("So 81 is the sum, not 1,080", 0.0),  # the last number, even when wrong
-    ("The answer is 80. Or maybe 81.", 0.0),  # an answer line wins over the last number
-    ("\\boxed{80}, 81", 0.0),  # and a box over both
-    ("no number at all", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, reward",
+    [
+        ("First 20 + 50 = 70, then 3 + 8 = 11, 70 + 11 = 81.", 1.0),  # no marker: the last number
+        ("So 81 is the sum, not 1,080", 0.0),  # the last number, even when wrong
+        ("The answer is 80. Or maybe 81.", 0.0),  # an answer line wins over the last number
+        ("\\boxed{80}, 81", 0.0),  # and a box over both
+        ("no number at all", 0.0),
+    ],
+)
 def test_last_number_fallback(response, reward):
     assert get_task("chat_arithmetic", last_number=True).reward(response, "81") == reward
     assert get_task("chat_arithmetic").reward("First 70 + 11 = 81.", "81") == 0.0  # off by default
@@ -102,14 +107,17 @@ def test_demonstration_earns_the_reward():
         assert demo.endswith("\\boxed{" + label + "}") and task.reward(demo, label) == 1.0
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"ops": "/"}, r"chat_arithmetic ops='/' must be a non-empty combination of '\+', '-', '\*'"),
-    ({"ops": ""}, "chat_arithmetic ops=''"),
-    ({"n_terms": 1}, "chat_arithmetic n_terms=1 must be >= 2"),
-    ({"min_value": 50, "max_value": 20}, r"chat_arithmetic \(min_value, max_value\)=\(50, 20\)"),
-    ({"min_value": -1}, r"\(min_value, max_value\)=\(-1, 99\) must satisfy 0 <= min"),
-    ({"digits": 2}, r"task 'chat_arithmetic' has no option\(s\) \['digits'\]; accepted: \['min_value'"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"ops": "/"}, r"chat_arithmetic ops='/' must be a non-empty combination of '\+', '-', '\*'"),
+        ({"ops": ""}, "chat_arithmetic ops=''"),
+        ({"n_terms": 1}, "chat_arithmetic n_terms=1 must be >= 2"),
+        ({"min_value": 50, "max_value": 20}, r"chat_arithmetic \(min_value, max_value\)=\(50, 20\)"),
+        ({"min_value": -1}, r"\(min_value, max_value\)=\(-1, 99\) must satisfy 0 <= min"),
+        ({"digits": 2}, r"task 'chat_arithmetic' has no option\(s\) \['digits'\]; accepted: \['min_value'"),
+    ],
+)
 def test_bad_options_name_the_setting(options, match):
     with pytest.raises(ValueError, match=match):
         get_task("chat_arithmetic", **options)
@@ -150,13 +158,25 @@ def test_config_trains_on_a_tiny_chat_checkpoint(tmp_path):
 
     ckpt = make_tiny_hf_checkpoint("llama", tmp_path)
     CharTokenizer().save(ckpt)
-    cfg = load_config([CONFIG], [
-        f"model.checkpoint={ckpt}", "data.max_prompt_len=160", "rollout.prompts=2",
-        "rollout.samples=2", "rollout.max_new_tokens=24", "kv.budget=64", "kv.buffer=8",
-        "rl.update.minibatch_size=4", "rl.update.micro_batch_size=2", "rl.update.score_batch_size=4",
-        "train.iterations=1", "train.eval_prompts=2", f"train.out_dir={tmp_path / 'run'}",
-        "train.progress=false",
-    ])
+    cfg = load_config(
+        [CONFIG],
+        [
+            f"model.checkpoint={ckpt}",
+            "data.max_prompt_len=160",
+            "rollout.prompts=2",
+            "rollout.samples=2",
+            "rollout.max_new_tokens=24",
+            "kv.budget=64",
+            "kv.buffer=8",
+            "rl.update.minibatch_size=4",
+            "rl.update.micro_batch_size=2",
+            "rl.update.score_batch_size=4",
+            "train.iterations=1",
+            "train.eval_prompts=2",
+            f"train.out_dir={tmp_path / 'run'}",
+            "train.progress=false",
+        ],
+    )
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     (metrics,) = trainer.run()
     prompt = trainer.prompts.task.sample(np.random.default_rng(0), 1)[0][0]

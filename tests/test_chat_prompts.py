@@ -40,8 +40,7 @@ def test_setting_parses_null_true_false():
 def test_task_prompts_are_plain_by_default_and_templated_with_true():
     tok = CharTokenizer()
     plain = components.prompt_source(load_config([], TASK), tok, batch_size=3).next_batch()
-    chat = components.prompt_source(load_config([], [*TASK, "data.chat_template=true"]), tok,
-                                    batch_size=3).next_batch()
+    chat = components.prompt_source(load_config([], [*TASK, "data.chat_template=true"]), tok, batch_size=3).next_batch()
     for p, c in zip(plain, chat, strict=True):  # the same questions (same seed), wrapped or not
         assert not p.prompt.startswith("<bos>")
         assert c.prompt == tok.apply_chat_template([{"role": "user", "content": p.prompt}])
@@ -53,8 +52,7 @@ def test_task_prompts_are_plain_by_default_and_templated_with_true():
 def test_dataset_prompts_follow_the_setting(tmp_path):
     tok = CharTokenizer()
     default = components.eval_examples(load_config([], _dataset(tmp_path)), tok, n=None)
-    off = components.eval_examples(load_config([], [*_dataset(tmp_path), "data.chat_template=false"]),
-                                   tok, n=None)
+    off = components.eval_examples(load_config([], [*_dataset(tmp_path), "data.chat_template=false"]), tok, n=None)
     assert default[0].prompt == "<bos><|user|>1+1?\n<|assistant|>" and off[0].prompt == "1+1?"
 
 
@@ -62,8 +60,11 @@ def test_dataset_prompts_follow_the_setting(tmp_path):
 def test_tokenizer_without_template_is_refused_naming_the_setting(tmp_path, setting, data):
     overrides = [*(data or _dataset(tmp_path)), *([setting] if setting else [])]
     cfg = load_config([], overrides)
-    with pytest.raises(ValueError, match=r"data.chat_template=(true|null).*has no chat template.*"
-                                         r"data.chat_template=false"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.chat_template=(true|null).*has no chat template.*"
+        r"data.chat_template=false",
+    ):
         components.prompt_source(cfg, _no_template_tokenizer(), batch_size=1)
     plain = load_config([], [*overrides, "data.chat_template=false"])
     assert components.prompt_source(plain, _no_template_tokenizer(), batch_size=1).next_batch()
@@ -75,12 +76,13 @@ def test_sft_demonstrations_see_the_rendered_prompt():
     task = get_task("arithmetic")
     render = components.render_prompt(cfg, tok)
     tokens, mask = sft.demonstration_batch(task, tok, np.random.default_rng(0), 2, 96, render=render)
-    (prompt, _), = task.sample(np.random.default_rng(0), 1)
+    ((prompt, _),) = task.sample(np.random.default_rng(0), 1)
     p = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
     assert tokens[0, : len(p)].tolist() == p
     assert not mask[0, : len(p) - 1].any() and mask[0, len(p) - 1]  # loss on the response only
-    plain, _ = sft.demonstration_batch(task, tok, np.random.default_rng(0), 2, 96,
-                                       render=components.render_prompt(load_config([], TASK), tok))
+    plain, _ = sft.demonstration_batch(
+        task, tok, np.random.default_rng(0), 2, 96, render=components.render_prompt(load_config([], TASK), tok)
+    )
     assert plain[0, : len(tok.encode(prompt))].tolist() == tok.encode(prompt)
 
 
@@ -90,8 +92,20 @@ def test_evaluate_chat_flags(tmp_path):
 
     ckpt = make_tiny_hf_checkpoint("qwen2", tmp_path)
     CharTokenizer().save(ckpt)
-    base = ["--checkpoint", str(ckpt), "--task", "arithmetic", "--n", "2", "--max-new-tokens", "2",
-            "--temperature", "0", "--max-prompt-len", "64"]
+    base = [
+        "--checkpoint",
+        str(ckpt),
+        "--task",
+        "arithmetic",
+        "--n",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--temperature",
+        "0",
+        "--max-prompt-len",
+        "64",
+    ]
     args = evaluate.build_parser().parse_args([*base, "--chat"])
     cfg, parts = evaluate._load_policy(args)
     assert cfg.data.chat_template is True

@@ -18,25 +18,33 @@ PKG = Path(__file__).resolve().parent.parent / "sparserl_jax"
 
 def test_from_dict_builds_any_section_with_its_prefix():
     """What RLConfig.from_dict did, through the one loader: nested sections, defaults kept."""
-    cfg = from_dict(rl_config.RLConfig,
-                    {"mode": "qurl", "acr": {"c": "3"}, "loss": {"aggregation": "token_mean"}}, "rl")
+    cfg = from_dict(
+        rl_config.RLConfig, {"mode": "qurl", "acr": {"c": "3"}, "loss": {"aggregation": "token_mean"}}, "rl"
+    )
     assert cfg.acr.c == 3.0 and type(cfg.acr.c) is float
     assert cfg.loss.aggregation == "token_mean" and cfg.sars == rl_config.SarsConfig()
     assert from_dict(KVConfig, {"policy": "rkv", "newline_token_ids": [1, 2]}, "kv").newline_token_ids == (1, 2)
 
 
-@pytest.mark.parametrize("cls, tree, prefix, message", [
-    (rl_config.RLConfig, {"sars": {"lo": 0.1}}, "rl",
-     "rl.sars.lo: unknown setting; accepted: ['token_hi', 'token_level', 'token_lo', 'token_rule', "
-     "'veto', 'veto_level', 'veto_threshold']"),
-    (rl_config.RLConfig, {"sars": 3}, "rl", "rl.sars: expected a mapping of settings, got 3"),
-    (KVConfig, {"budget": "many"}, "kv", "kv.budget='many': expected an integer"),
-    (KVConfig, {"budget": 2.5}, "kv", "kv.budget=2.5: expected an integer"),
-    (KVConfig, {"compress_prompt": "maybe"}, "kv", "kv.compress_prompt='maybe': expected true or false"),
-    (KVConfig, {"budget": None}, "kv", "kv.budget: null is not accepted (expected an integer)"),
-    (KVConfig, {"budget": 0}, "kv", "kv.budget=0 must be >= 1"),  # the section's own range check
-    (TrainConfig, {"rollout": {"prompts": "x"}}, "", "rollout.prompts='x': expected an integer"),
-])
+@pytest.mark.parametrize(
+    "cls, tree, prefix, message",
+    [
+        (
+            rl_config.RLConfig,
+            {"sars": {"lo": 0.1}},
+            "rl",
+            "rl.sars.lo: unknown setting; accepted: ['token_hi', 'token_level', 'token_lo', 'token_rule', "
+            "'veto', 'veto_level', 'veto_threshold']",
+        ),
+        (rl_config.RLConfig, {"sars": 3}, "rl", "rl.sars: expected a mapping of settings, got 3"),
+        (KVConfig, {"budget": "many"}, "kv", "kv.budget='many': expected an integer"),
+        (KVConfig, {"budget": 2.5}, "kv", "kv.budget=2.5: expected an integer"),
+        (KVConfig, {"compress_prompt": "maybe"}, "kv", "kv.compress_prompt='maybe': expected true or false"),
+        (KVConfig, {"budget": None}, "kv", "kv.budget: null is not accepted (expected an integer)"),
+        (KVConfig, {"budget": 0}, "kv", "kv.budget=0 must be >= 1"),  # the section's own range check
+        (TrainConfig, {"rollout": {"prompts": "x"}}, "", "rollout.prompts='x': expected an integer"),
+    ],
+)
 def test_from_dict_names_the_setting(cls, tree, prefix, message):
     with pytest.raises(ValueError) as e:
         from_dict(cls, tree, prefix)
@@ -71,9 +79,21 @@ def test_read_tree_merges_files_in_order_then_overrides(tmp_path):
 
 
 def test_load_and_dump_round_trip(tmp_path):
-    cfg = load_config([], ["kv.policy=rkv", "kv.budget=48", "kv.newline_token_ids=[10]", "rl.mode=tis",
-                           "quant.format=int8", "quant.skip=[embed, lm_head, down]", "rollout.scheduler=sorted",
-                           "sorted.mode=partial", "data.task_options={max_pairs: 3}", "train.seed=7"])
+    cfg = load_config(
+        [],
+        [
+            "kv.policy=rkv",
+            "kv.budget=48",
+            "kv.newline_token_ids=[10]",
+            "rl.mode=tis",
+            "quant.format=int8",
+            "quant.skip=[embed, lm_head, down]",
+            "rollout.scheduler=sorted",
+            "sorted.mode=partial",
+            "data.task_options={max_pairs: 3}",
+            "train.seed=7",
+        ],
+    )
     assert cfg.kv.budget == 48 and cfg.quant.skip == ("embed", "lm_head", "down")
     assert cfg.data.task_options == {"max_pairs": 3} and cfg.sorted.mode == "partial"
     dump_config(cfg, tmp_path / "c.yaml")
@@ -102,7 +122,10 @@ def test_loader_and_checks_are_leaves():
 def test_config_exports_only_its_own_names():
     """config.py is the schema: whatever it exports (its __all__, if it has one) is defined there,
     never another package's classes."""
-    own = {n for n, v in vars(run_config).items()
-           if not n.startswith("_") and getattr(v, "__module__", None) == "sparserl_jax.config"}
+    own = {
+        n
+        for n, v in vars(run_config).items()
+        if not n.startswith("_") and getattr(v, "__module__", None) == "sparserl_jax.config"
+    }
     assert {"TrainConfig", "DataConfig", "load_config", "dump_config"} <= own
     assert set(getattr(run_config, "__all__", own)) <= own

@@ -47,8 +47,10 @@ BAD = [  # (call, the whole message)
     (lambda: V.check_bool("x.flag", 1), "x.flag=1 must be true or false"),
     (lambda: V.check_bool("x.flag", "yes"), "x.flag='yes' must be true or false"),
     (lambda: V.check_multiple("x.rows", 10, "x.chunk", 4), "x.rows=10 must be a multiple of x.chunk=4"),
-    (lambda: V.check_multiple("x.rows", 10, "x.chunk", 4, "each call's rows"),
-     "x.rows=10 must be a multiple of x.chunk=4: each call's rows"),
+    (
+        lambda: V.check_multiple("x.rows", 10, "x.chunk", 4, "each call's rows"),
+        "x.rows=10 must be a multiple of x.chunk=4: each call's rows",
+    ),
     (lambda: V.check_multiple("x.rows", 10, "x.chunk", 0), "x.chunk=0 must be >= 1"),
 ]
 
@@ -88,8 +90,7 @@ SECTIONS = {
     run_config.RunConfig: "train",
     run_config.DataConfig: "data",
 }
-BAD_VALUES = {int: (-1, 2.5, "3", None, True), float: (-1.0, math.nan, "0.5", None),
-              bool: ("yes", 1, None)}
+BAD_VALUES = {int: (-1, 2.5, "3", None, True), float: (-1.0, math.nan, "0.5", None), bool: ("yes", 1, None)}
 
 
 def _numeric_fields(cls):
@@ -100,8 +101,7 @@ def _numeric_fields(cls):
             yield f.name, tp
 
 
-CASES = [(cls, name, value) for cls in SECTIONS for name, tp in _numeric_fields(cls)
-         for value in BAD_VALUES[tp]]
+CASES = [(cls, name, value) for cls in SECTIONS for name, tp in _numeric_fields(cls) for value in BAD_VALUES[tp]]
 
 
 def _build(cls, **kwargs):
@@ -110,8 +110,7 @@ def _build(cls, **kwargs):
     return cls(**kwargs)
 
 
-@pytest.mark.parametrize("cls, name, value", CASES,
-                         ids=[f"{SECTIONS[c]}.{n}={v!r}" for c, n, v in CASES])
+@pytest.mark.parametrize("cls, name, value", CASES, ids=[f"{SECTIONS[c]}.{n}={v!r}" for c, n, v in CASES])
 def test_a_bad_value_is_refused_or_harmless(cls, name, value):
     """A numeric or true/false field given a value of the wrong type, NaN, or a negative number:
     either the section accepts it (a negative number where any is valid: a seed, an entropy
@@ -125,7 +124,8 @@ def test_a_bad_value_is_refused_or_harmless(cls, name, value):
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
     wrong_type = isinstance(value, bool) != (typing.get_type_hints(cls)[name] is bool) or not (
-        number or isinstance(value, bool))
+        number or isinstance(value, bool)
+    )
     assert not wrong_type, f"{setting}={value!r} was accepted"
 
 
@@ -147,8 +147,11 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (rollout_config.RolloutConfig, dict(attn_impl="flash"), "rollout.attn_impl='flash'"),
     (rollout_config.RolloutConfig, dict(top_p=0.0), "rollout.top_p=0.0 must be in (0, 1]"),
     (rollout_config.RolloutConfig, dict(rows_per_call=-4), "rollout.rows_per_call=-4 must be 0 (all rows in one call)"),
-    (rollout_config.RolloutConfig, dict(prompts=2, samples=3, rows_per_call=4),
-     "rollout.rows_per_call=4 must be 0 (all rows in one call) or a divisor of"),
+    (
+        rollout_config.RolloutConfig,
+        dict(prompts=2, samples=3, rows_per_call=4),
+        "rollout.rows_per_call=4 must be 0 (all rows in one call) or a divisor of",
+    ),
     (run_config.SFTConfig, dict(batch_size=0), "sft.batch_size=0 must be >= 1"),
     (run_config.RunConfig, dict(progress="no"), "train.progress='no' must be true or false"),
     (run_config.DataConfig, dict(task="kv_recall", max_prompt_len=0), "data.max_prompt_len=0 must be >= 1"),
@@ -156,8 +159,7 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
 ]
 
 
-@pytest.mark.parametrize("cls, kwargs, message", SETTINGS,
-                         ids=[f"{c.__name__}-{'-'.join(k)}" for c, k, _ in SETTINGS])
+@pytest.mark.parametrize("cls, kwargs, message", SETTINGS, ids=[f"{c.__name__}-{'-'.join(k)}" for c, k, _ in SETTINGS])
 def test_section_errors_name_the_setting(cls, kwargs, message):
     with pytest.raises(ValueError) as e:
         cls(**kwargs)

@@ -28,14 +28,26 @@ def test_both_formats(tmp_path):
         {"problem": "Half of 1?", "answer": "so it is \\boxed{\\frac{1}{2}}"},
         {"question": "Clips?", "answer": "48/2 = 24\n#### 72"},
         {"prompt": [{"role": "user", "content": "Sum 1 2"}], "reward_model": {"ground_truth": "3"}},
-        {"messages": [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Say 7"},
-                      {"role": "assistant", "content": "\\boxed{7}"}], "label": 7},
+        {
+            "messages": [
+                {"role": "system", "content": "Sys"},
+                {"role": "user", "content": "Say 7"},
+                {"role": "assistant", "content": "\\boxed{7}"},
+            ],
+            "label": 7,
+        },
     ]
     path = _jsonl(tmp_path / "train.jsonl", rows[:3] + [""] + rows[3:])  # a blank line is ignored
     ex = D.load_jsonl(path, TOK, D.DatasetConfig(max_prompt_len=200))
     assert [e.label for e in ex] == ["5", "\\frac{1}{2}", "72", "3", "7"]
-    assert ex[0].prompt == TOK.apply_chat_template([{"role": "user", "content": (
-        "What is 2+3? Please reason step by step, and put your final answer within \\boxed{}.")}])
+    assert ex[0].prompt == TOK.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": ("What is 2+3? Please reason step by step, and put your final answer within \\boxed{}."),
+            }
+        ]
+    )
     assert ex[3].prompt == "<bos><|user|>Sum 1 2\n<|assistant|>"  # chat rows skip the prompt template
     assert ex[4].prompt == "<bos><|system|>Sys\n<|user|>Say 7\n<|assistant|>"  # trailing answer dropped
     assert all(list(e.prompt_ids) == TOK.encode(e.prompt) for e in ex)
@@ -53,8 +65,10 @@ def test_both_formats(tmp_path):
 @pytest.mark.parametrize(
     "rows, match",
     [
-        ([{"question": "a", "label": "1"}, {"question": "b", "label": "2"}, {"text": "c", "label": "3"}],
-         r"x\.jsonl:3: row has no question; accepted fields: prompt, question, problem, messages"),
+        (
+            [{"question": "a", "label": "1"}, {"question": "b", "label": "2"}, {"text": "c", "label": "3"}],
+            r"x\.jsonl:3: row has no question; accepted fields: prompt, question, problem, messages",
+        ),
         ([{"question": "a", "label": "1"}, {"question": "b"}], r"x\.jsonl:2: row has no label; accepted"),
         ([{"question": "a", "label": "1"}, "{not json"], r"x\.jsonl:2: invalid JSON"),
         (["[1, 2]"], r"x\.jsonl:1: a row must be a JSON object"),
@@ -80,7 +94,11 @@ def test_missing_file_and_bad_config(tmp_path):
 
 
 def test_long_prompts(tmp_path, caplog):
-    rows = [{"question": "short", "label": "1"}, {"question": "x" * 300, "label": "2"}, {"question": "ok", "label": "3"}]
+    rows = [
+        {"question": "short", "label": "1"},
+        {"question": "x" * 300, "label": "2"},
+        {"question": "ok", "label": "3"},
+    ]
     path = _jsonl(tmp_path / "long.jsonl", rows)
     with pytest.raises(ValueError, match=r"long\.jsonl:2: prompt has \d+ tokens > data.max_prompt_len=150"):
         D.load_jsonl(path, TOK, D.DatasetConfig(max_prompt_len=150))
@@ -149,7 +167,9 @@ def test_task_iterator_resume():
     assert [e.prompt for e in a] == [e.prompt for e in b] and len(a) == 4
     assert all(list(e.prompt_ids) == TOK.encode(e.prompt) and e.label == task.solve(e.prompt) for e in a)
     other = D.TaskPromptIterator(task, 4, seed=4)
-    assert [e.prompt for e in other.next_batch()] != [e.prompt for e in D.TaskPromptIterator(task, 4, seed=3).next_batch()]
+    assert [e.prompt for e in other.next_batch()] != [
+        e.prompt for e in D.TaskPromptIterator(task, 4, seed=3).next_batch()
+    ]
 
 
 # ---------------------------------------------------------------- synthetic tasks
@@ -243,8 +263,9 @@ def test_cycle_walk_writes_every_step_and_the_answer_needs_only_the_box():
         task.solve("From z, 3 steps:\n")  # z is not a node of the cycle
 
 
-@pytest.mark.parametrize("response", ["\\boxed{}", "\\boxed{gd", "gd", "\\boxed{g}", "\\boxed{dg}",
-                                      "\\boxed{gdd}", "boxed{gd}", ""])
+@pytest.mark.parametrize(
+    "response", ["\\boxed{}", "\\boxed{gd", "gd", "\\boxed{g}", "\\boxed{dg}", "\\boxed{gdd}", "boxed{gd}", ""]
+)
 def test_cycle_walk_malformed_answers_score_zero(response):
     task = get_task("cycle_walk", recall=2, min_steps=4, max_steps=6)
     assert task.reward(response, "gd") == 0.0
@@ -323,7 +344,10 @@ def test_cycle_walk_long_tail_lengths():
 
 
 def test_task_registry_errors():
-    with pytest.raises(ValueError, match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'chat_arithmetic', 'copy_digits', 'cycle_walk', 'kv_recall'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"task='sudoku' is not registered; accepted: \['arithmetic', 'chat_arithmetic', 'copy_digits', 'cycle_walk', 'kv_recall'\]",
+    ):
         get_task("sudoku")
     with pytest.raises(ValueError, match=r"has no option\(s\) \['pairs'\]; accepted"):
         get_task("kv_recall", pairs=3)
@@ -335,11 +359,14 @@ def test_task_registry_errors():
         get_task("arithmetic", ops="*")
     with pytest.raises(ValueError, match="n_terms"):
         get_task("arithmetic", n_terms=1)
-    for options, match in [({"nodes": "aab"}, "nodes='aab'"), ({"max_steps": 120}, "max_steps=120"),
-                           ({"lengths": "zipf"}, r"lengths='zipf'; accepted: \['uniform', 'long_tail'\]"),
-                           ({"recall": 5, "min_steps": 3}, "recall=5 must be in"),
-                           ({"min_steps": 9, "max_steps": 3}, r"min_steps, max_steps\)=\(9, 3\)"),
-                           ({"tail_alpha": 0.0}, "tail_alpha=0.0"),
-                           ({"numbering": "sideways"}, r"numbering='sideways'; accepted: \['up', 'down'\]")]:
+    for options, match in [
+        ({"nodes": "aab"}, "nodes='aab'"),
+        ({"max_steps": 120}, "max_steps=120"),
+        ({"lengths": "zipf"}, r"lengths='zipf'; accepted: \['uniform', 'long_tail'\]"),
+        ({"recall": 5, "min_steps": 3}, "recall=5 must be in"),
+        ({"min_steps": 9, "max_steps": 3}, r"min_steps, max_steps\)=\(9, 3\)"),
+        ({"tail_alpha": 0.0}, "tail_alpha=0.0"),
+        ({"numbering": "sideways"}, r"numbering='sideways'; accepted: \['up', 'down'\]"),
+    ]:
         with pytest.raises(ValueError, match=match):
             get_task("cycle_walk", **options)

@@ -78,9 +78,7 @@ CASE_IDS = ["G2-H128-bf16", "G4-H64-bf16-scale", "G8-H128-f32"]
 def test_gpu_kernel_matches_reference(case):
     B, N, K, C, H, dtype, fill, block_c, num_splits, scale = case
     q, k, v, fill = _inputs(B, N, K, C, H, dtype, fill, seed=C)
-    out = gpu.decode_attention_gpu(
-        q, k, v, fill, scale, block_c=block_c, num_splits=num_splits, interpret=True
-    )
+    out = gpu.decode_attention_gpu(q, k, v, fill, scale, block_c=block_c, num_splits=num_splits, interpret=True)
     _check(out, _ref(q, k, v, fill, scale), dtype)
 
 
@@ -90,7 +88,13 @@ def test_tpu_kernel_matches_reference_under_tpu_interpreter(case):
     B, N, K, C, H, dtype, fill, block_c, num_splits, scale = case
     q, k, v, fill = _inputs(B, N, K, C, H, dtype, fill, seed=C + 1)
     out = tpu.decode_attention_tpu(
-        q, k, v, fill, scale, block_c=block_c, num_splits=num_splits or 1,
+        q,
+        k,
+        v,
+        fill,
+        scale,
+        block_c=block_c,
+        num_splits=num_splits or 1,
         interpret=tpu.tpu_interpret_mode(),
     )
     _check(out, _ref(q, k, v, fill, scale), dtype)
@@ -107,10 +111,8 @@ def test_kernels_over_random_fills(fill, seed):
     every draw (the TPU kernel here under the generic interpreter)."""
     q, k, v, fill = _inputs(2, 2, 2, 50, 64, jnp.float32, fill, seed)
     ref = _ref(q, k, v, fill)
-    _check(gpu.decode_attention_gpu(q, k, v, fill, block_c=16, num_splits=2, interpret=True),
-           ref, jnp.float32)
-    _check(tpu.decode_attention_tpu(q, k, v, fill, block_c=16, num_splits=2, interpret=True),
-           ref, jnp.float32)
+    _check(gpu.decode_attention_gpu(q, k, v, fill, block_c=16, num_splits=2, interpret=True), ref, jnp.float32)
+    _check(tpu.decode_attention_tpu(q, k, v, fill, block_c=16, num_splits=2, interpret=True), ref, jnp.float32)
 
 
 def test_combine_splits_ignores_dead_splits_and_empty_rows():
@@ -120,8 +122,7 @@ def test_combine_splits_ignores_dead_splits_and_empty_rows():
     w = np.exp([0.5, 1.5]) / np.exp([0.5, 1.5]).sum()
     # two weighted terms: each weight's exp and normalisation, the product and the sum round,
     # a few u of |o_s| <= 2.5 (< 1e-6); lse = 1.81 is max + log(1 + e^-1): a few roundings too
-    np.testing.assert_allclose(o[0, 0, 0], w[0] * o_s[0, 0, 0, 0] + w[1] * o_s[0, 0, 2, 0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(o[0, 0, 0], w[0] * o_s[0, 0, 0, 0] + w[1] * o_s[0, 0, 2, 0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(lse[0, 0, 0], np.logaddexp(0.5, 1.5), rtol=1e-6)
     assert lse[0, 0, 1] == -np.inf and (o[0, 0, 1] == 0).all()
 
@@ -147,8 +148,9 @@ def test_dispatcher_rejects_bad_settings():
     q24 = jnp.ones((1, 2, 24))
     reason = "head_dim=24" if gpu.TRITON_AVAILABLE else "pallas.triton"
     with pytest.raises(ValueError, match=reason):
-        kernels.decode_attention(q24, jnp.ones((1, 1, 16, 24)), jnp.ones((1, 1, 16, 24)), fill,
-                                 impl="pallas", platform="gpu")
+        kernels.decode_attention(
+            q24, jnp.ones((1, 1, 16, 24)), jnp.ones((1, 1, 16, 24)), fill, impl="pallas", platform="gpu"
+        )
 
 
 @needs_triton
@@ -174,15 +176,23 @@ def test_kernels_lower_for_gpu_and_tpu(dtype):
     """Lowering runs Pallas's Triton and Mosaic rules (tile sizes, primitives) with no device;
     Qwen2.5-1.5B-like heads (N=12, K=2, H=128) and a capacity that is not a block multiple."""
     shapes = jax.ShapeDtypeStruct
-    args = (shapes((4, 12, 128), dtype), shapes((4, 2, 600, 128), dtype),
-            shapes((4, 2, 600, 128), dtype), shapes((4,), jnp.int32))
+    args = (
+        shapes((4, 12, 128), dtype),
+        shapes((4, 2, 600, 128), dtype),
+        shapes((4, 2, 600, 128), dtype),
+        shapes((4,), jnp.int32),
+    )
     for impl in ("pallas", "auto"):
         on_gpu = functools.partial(kernels.decode_attention, impl=impl, platform="gpu")
         assert "__gpu$xla.gpu.triton" in _lowered_text(on_gpu, *args, platform="cuda")
     on_tpu = functools.partial(kernels.decode_attention, impl="auto", platform="tpu")
     assert "tpu_custom_call" in _lowered_text(on_tpu, *args, platform="tpu")
     # head_dim 24 cannot be tiled by Triton: "auto" falls back to the XLA reference.
-    odd = (shapes((4, 12, 24), dtype), shapes((4, 2, 64, 24), dtype),
-           shapes((4, 2, 64, 24), dtype), shapes((4,), jnp.int32))
+    odd = (
+        shapes((4, 12, 24), dtype),
+        shapes((4, 2, 64, 24), dtype),
+        shapes((4, 2, 64, 24), dtype),
+        shapes((4,), jnp.int32),
+    )
     on_gpu = functools.partial(kernels.decode_attention, impl="auto", platform="gpu")
     assert "__gpu$xla.gpu.triton" not in _lowered_text(on_gpu, *odd, platform="cuda")

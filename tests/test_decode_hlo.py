@@ -72,8 +72,7 @@ def _decode_body(comps: dict, cache_shape: str) -> dict:
         if inst["op"] == "while" and inst["shape"].count(cache_shape) >= 2 * CFG.n_layers
     ]
     inner = [
-        b for b in bodies
-        if not any(i["op"] == "while" and cache_shape in i["shape"] for i in b["insts"].values())
+        b for b in bodies if not any(i["op"] == "while" and cache_shape in i["shape"] for i in b["insts"].values())
     ]
     assert len(inner) == 1, f"expected one decode loop, found {len(inner)}"
     return inner[0]
@@ -122,21 +121,17 @@ def _check_decode_loop(hlo: str, batch: int, capacity: int) -> None:
     body = _decode_body(comps, kv_shape)
     insts = body["insts"]
     gte = {
-        n: int(i["attrs"]["index"]) for n, i in insts.items() if i["op"] == "get-tuple-element"
-        and insts[i["operands"][0]]["op"] == "parameter"
+        n: int(i["attrs"]["index"])
+        for n, i in insts.items()
+        if i["op"] == "get-tuple-element" and insts[i["operands"][0]]["op"] == "parameter"
     }
     out = insts[body["root"]]["operands"]
     invariant = {n for n, idx in gte.items() if out[idx] == n}
-    weights = {
-        n for n in invariant
-        if re.match(r"(f32|bf16)\[\d+,\d+", insts[n]["shape"])
-    }
+    weights = {n for n in invariant if re.match(r"(f32|bf16)\[\d+,\d+", insts[n]["shape"])}
     assert len(weights) >= 7 * CFG.n_layers, f"weights not found among the loop carry: {weights}"
     assert not _copies_of(comps, body, weights), "weights copied in the decode loop"
 
-    buffers = {
-        n: idx for n, idx in gte.items() if insts[n]["shape"].split("{")[0] in (kv_shape, pos_shape)
-    }
+    buffers = {n: idx for n, idx in gte.items() if insts[n]["shape"].split("{")[0] in (kv_shape, pos_shape)}
     assert len(set(buffers.values())) == 3 * CFG.n_layers
     for n, idx in buffers.items():
         assert _updated_in_place(comps, body, out[idx], n), f"KV buffer {idx} not updated in place"

@@ -53,9 +53,11 @@ def test_loop_fraction_ignores_padding():
     rng = rng_from(1)
     u, other = _unit(rng, 12), _unit(rng, 40)
     T = 40
-    rows = [other[:12] + [0] * (T - 12),  # padding beyond the length would look like a loop
-            u + u + other[:T - 24],
-            (u + u[:5] + [u[5] + 1] + u[6:] + other)[:T]]
+    rows = [
+        other[:12] + [0] * (T - 12),  # padding beyond the length would look like a loop
+        u + u + other[: T - 24],
+        (u + u[:5] + [u[5] + 1] + u[6:] + other)[:T],
+    ]
     tokens = np.array(rows)
     assert D.loop_fraction(tokens, np.array([12, T, T])) == pytest.approx(1 / 3)
     assert D.loop_fraction(tokens, np.array([T, T, T])) == pytest.approx(2 / 3)
@@ -67,7 +69,7 @@ def test_rejection_diagnostics_hand_computed():
     spans = [(2, 4), (1, 5), (3, 2), (0, 4)]  # (first mask position, response length) per row
     mask = np.zeros((4, T), bool)
     for b, (s, n) in enumerate(spans):
-        mask[b, s:s + n] = True
+        mask[b, s : s + n] = True
     accept = mask.copy()
     accept[0, [2, 5]] = False  # tokens 0 and 3 of 4
     accept[1, 5] = False  # token 4 of 5
@@ -94,7 +96,7 @@ def _random_batch(seed, B=8, T=24):
     mask = np.zeros((B, T), bool)
     for b in range(B):
         s = int(rng.integers(0, 6))
-        mask[b, s:s + int(rng.integers(4, T - s))] = True
+        mask[b, s : s + int(rng.integers(4, T - s))] = True
     old = np.log(rng.uniform(0.05, 1.0, (B, T))).astype(np.float32)
     sampler = (old + rng.normal(0.0, 0.4, (B, T))).astype(np.float32)
     b_veto = int(np.nonzero(mask.any(1))[0][0])
@@ -104,19 +106,24 @@ def _random_batch(seed, B=8, T=24):
     return tokens, mask, sampler, old, adv
 
 
-@pytest.mark.parametrize("cfg", [
-    C.RLConfig(mode="sparse_rl"),
-    C.RLConfig(mode="sars_only", sars=C.SarsConfig(veto_level="geometric", veto_threshold=0.6)),
-    C.RLConfig(mode="sparse_rl", ibr=C.IbrConfig(mode="mask", lo=0.8, hi=1.2)),  # rejects more
-    C.RLConfig(mode="dense"),
-], ids=["sparse_rl", "sars_geometric", "ibr_mask", "dense"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        C.RLConfig(mode="sparse_rl"),
+        C.RLConfig(mode="sars_only", sars=C.SarsConfig(veto_level="geometric", veto_threshold=0.6)),
+        C.RLConfig(mode="sparse_rl", ibr=C.IbrConfig(mode="mask", lo=0.8, hi=1.2)),  # rejects more
+        C.RLConfig(mode="dense"),
+    ],
+    ids=["sparse_rl", "sars_geometric", "ibr_mask", "dense"],
+)
 def test_rollout_diagnostics_use_the_update_accept_mask(cfg):
     tokens, mask, sampler, old, adv = _random_batch(2)
     out = D.rollout_diagnostics(tokens, mask, sampler, old, adv, cfg)
     assert set(out) == set(D.DIAGNOSTIC_KEYS)
     # the corrections at the first minibatch (learner = pi_old), as micro_batch_loss builds them
-    corr = compute_corrections(jnp.asarray(old), jnp.asarray(old), jnp.asarray(old),
-                               jnp.asarray(sampler), jnp.asarray(mask), cfg)
+    corr = compute_corrections(
+        jnp.asarray(old), jnp.asarray(old), jnp.asarray(old), jnp.asarray(sampler), jnp.asarray(mask), cfg
+    )
     accept, veto = np.asarray(corr.accept), np.asarray(corr.veto)
     expected = D.rejection_diagnostics(accept, mask, adv)
     for k, v in expected.items():  # the same accept mask through the same function: exact
@@ -138,8 +145,9 @@ def test_response_tokens_follow_the_batch_layout():
 
 
 def test_every_iteration_logs_the_diagnostics(tmp_path):
-    cfg = load_config([SMOKE], [f"train.out_dir={tmp_path}", "train.progress=false", "sft.steps=2",
-                                "train.iterations=2"])
+    cfg = load_config(
+        [SMOKE], [f"train.out_dir={tmp_path}", "train.progress=false", "sft.steps=2", "train.iterations=2"]
+    )
     history = Trainer(cfg).run()
     assert len(history) == 2
     for h in history:

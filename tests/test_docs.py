@@ -16,12 +16,22 @@ NOT_RUN = {"experiments/bench_kernel.py": "needs a GPU or TPU (pending a GPU ses
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # Files that cite docs: the package, the kernels, the experiments and their configs, the tests.
-CODE = sorted({*REPO.glob("sparserl_jax/**/*.py"), *REPO.glob("kernels/**/*.py"),
-               *REPO.glob("experiments/**/*.py"), *REPO.glob("experiments/configs/**/*.yaml"),
-               *REPO.glob("tests/*.py"), REPO / "setup.py"} - {Path(__file__).resolve()})
+CODE = sorted(
+    {
+        *REPO.glob("sparserl_jax/**/*.py"),
+        *REPO.glob("kernels/**/*.py"),
+        *REPO.glob("experiments/**/*.py"),
+        *REPO.glob("experiments/configs/**/*.yaml"),
+        *REPO.glob("tests/*.py"),
+        REPO / "setup.py",
+    }
+    - {Path(__file__).resolve()}
+)
 # docs/<file>.md, then its anchors: "#a", "#a, #b", "#a and #b" (a line may break between them)
-CITATION = re.compile(r"(?<![\w/.-])docs/([\w.-]+\.md)"
-                      r"((?:#[\w-]+)?(?:(?:,\s*|\s+and\s+|\s+or\s+)#[\w-]+)*)")
+CITATION = re.compile(
+    r"(?<![\w/.-])docs/([\w.-]+\.md)"
+    r"((?:#[\w-]+)?(?:(?:,\s*|\s+and\s+|\s+or\s+)#[\w-]+)*)"
+)
 BARE_METHODS = re.compile(r"(?<![\w.-])(?<!docs/)methods\.md")  # ../shared/methods.md, methods.md
 SCRIPT = re.compile(r"\bpython3? +((?:experiments|tests)/[\w/.-]+\.py)")
 MODULE = re.compile(r"\bpython3? +-m +(sparserl_jax(?:\.\w+)*)")
@@ -78,8 +88,7 @@ def broken_citations(text: str) -> list[str]:
             bad.append(f"docs/{name}: no such file")
             continue
         heads = anchors(doc.read_text())
-        bad += [f"docs/{name}#{a}: no such heading" for a in re.findall(r"#([\w-]+)", tail)
-                if a not in heads]
+        bad += [f"docs/{name}#{a}: no such heading" for a in re.findall(r"#([\w-]+)", tail) if a not in heads]
     return bad + [f"{m.group(0)} (cite docs/methods.md)" for m in BARE_METHODS.finditer(text)]
 
 
@@ -100,8 +109,11 @@ def unnamed_modules(text: str, modules: set[str]) -> list[str]:
     """The modules (paths of the three trees) that docs/layout.md does not name; a package's
     __init__.py is named by its folder's bullet."""
     folders, files = layout_names(text)
-    return sorted(m for m in modules if (m.rpartition("/")[0] + "/" not in folders
-                                         if m.endswith("/__init__.py") else m not in files))
+    return sorted(
+        m
+        for m in modules
+        if (m.rpartition("/")[0] + "/" not in folders if m.endswith("/__init__.py") else m not in files)
+    )
 
 
 def missing_commands(text: str) -> list[str]:
@@ -126,8 +138,10 @@ def unexercised(text: str) -> list[str]:
 
     def tested(script: str) -> bool:  # imported by a test (sparserl_jax.experiments), or its file named there
         stem = re.escape(Path(script).stem)
-        pattern = (rf"^\s*from sparserl_jax\.experiments(\.real)? import [\w, ]*\b{stem}\b|"
-                   rf"\bsparserl_jax\.experiments(\.real)?\.{stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']")
+        pattern = (
+            rf"^\s*from sparserl_jax\.experiments(\.real)? import [\w, ]*\b{stem}\b|"
+            rf"\bsparserl_jax\.experiments(\.real)?\.{stem}\b|\b{stem}\.py\b|[\"']{stem}[\"']"
+        )
         return re.search(pattern, tests, re.M) is not None
 
     def module_tested(mod: str) -> bool:  # `python -m` or an import of it in a test
@@ -135,9 +149,9 @@ def unexercised(text: str) -> list[str]:
         pattern = rf"\b{re.escape(mod)}\b|from {re.escape(parent)} import [\w, ]*\b{name}\b"
         return re.search(pattern, tests) is not None
 
-    return [s for s in sorted(set(SCRIPT.findall(text)))
-            if s not in NOT_RUN and not tested(s) and s not in results] + [
-        f"python -m {m}" for m in sorted(set(MODULE.findall(text))) if not module_tested(m)]
+    return [s for s in sorted(set(SCRIPT.findall(text))) if s not in NOT_RUN and not tested(s) and s not in results] + [
+        f"python -m {m}" for m in sorted(set(MODULE.findall(text))) if not module_tested(m)
+    ]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -158,8 +172,11 @@ def test_the_docs_the_code_cites_exist(path):
 
 
 def test_layout_names_every_module():
-    modules = {p.relative_to(REPO).as_posix() for tree in ("sparserl_jax", "kernels", "experiments")
-               for p in (REPO / tree).rglob("*.py")}
+    modules = {
+        p.relative_to(REPO).as_posix()
+        for tree in ("sparserl_jax", "kernels", "experiments")
+        for p in (REPO / tree).rglob("*.py")
+    }
     assert unnamed_modules((REPO / "docs/layout.md").read_text(), modules) == []
 
 
@@ -172,32 +189,50 @@ def test_the_checkers_find_what_is_broken():
     assert slug("The paper's regime: long responses") == "the-papers-regime-long-responses"
     assert slug("RL on SmolLM2-135M") == "rl-on-smollm2-135m"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
-    assert broken_links(readme, "[x](docs/nowhere.md) [y](docs/reproducing.md#no-such-heading) "
-                                "[z](https://example.com) `[w](not/a/link.md)` [v](#two-commands)") == [
+    assert broken_links(
+        readme,
+        "[x](docs/nowhere.md) [y](docs/reproducing.md#no-such-heading) "
+        "[z](https://example.com) `[w](not/a/link.md)` [v](#two-commands)",
+    ) == [
         f"docs/nowhere.md: no file {REPO / 'docs/nowhere.md'}",
         "docs/reproducing.md#no-such-heading: no heading #no-such-heading in reproducing.md",
     ]
     assert broken_links(readme, "[ok](docs/reproducing.md#reproducibility)") == []
-    assert missing_commands("python experiments/no_such.py --config experiments/configs/none.yaml\n"
-                            "python -m sparserl_jax.nope\nM=experiments/configs/real\n"
-                            "python -m sparserl_jax.fetch --config $M/qwen2.5-1.5b.yaml") == [
-        "experiments/no_such.py", "python -m sparserl_jax.nope", "experiments/configs/none.yaml"]
-    assert broken_citations("see docs/methods.md#sars, #ibr and\n#no-such (docs/nowhere.md); "
-                            "methods.md 1.2, ../shared/methods.md; docs/layout.md#how-to-extend"
-                            ) == [
-        "docs/methods.md#no-such: no such heading", "docs/nowhere.md: no such file",
-        "methods.md (cite docs/methods.md)", "methods.md (cite docs/methods.md)"]
+    assert missing_commands(
+        "python experiments/no_such.py --config experiments/configs/none.yaml\n"
+        "python -m sparserl_jax.nope\nM=experiments/configs/real\n"
+        "python -m sparserl_jax.fetch --config $M/qwen2.5-1.5b.yaml"
+    ) == ["experiments/no_such.py", "python -m sparserl_jax.nope", "experiments/configs/none.yaml"]
+    assert broken_citations(
+        "see docs/methods.md#sars, #ibr and\n#no-such (docs/nowhere.md); "
+        "methods.md 1.2, ../shared/methods.md; docs/layout.md#how-to-extend"
+    ) == [
+        "docs/methods.md#no-such: no such heading",
+        "docs/nowhere.md: no such file",
+        "methods.md (cite docs/methods.md)",
+        "methods.md (cite docs/methods.md)",
+    ]
     assert broken_citations("docs/methods.md#acr or #tis, docs/reproducing.md") == []
-    layout = ("## Every module\n\n- `sparserl_jax/`: `config.py` the schema;\n  `train.py` the loop.\n"
-              "- `sparserl_jax/rl/`: `loss.py`.\n\n## Next\n`sparserl_jax/rl/update.py`\n")
-    assert unnamed_modules(layout, {"sparserl_jax/config.py", "sparserl_jax/train.py",
-                                    "sparserl_jax/rl/__init__.py", "sparserl_jax/rl/loss.py",
-                                    "sparserl_jax/rl/update.py", "sparserl_jax/quant/__init__.py",
-                                    "sparserl_jax/rl/config.py"}) == [
-        "sparserl_jax/quant/__init__.py", "sparserl_jax/rl/config.py", "sparserl_jax/rl/update.py"]
-    assert unexercised("python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
-                       "python -m sparserl_jax.train python -m sparserl_jax.untested") == [
-        "experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]
+    layout = (
+        "## Every module\n\n- `sparserl_jax/`: `config.py` the schema;\n  `train.py` the loop.\n"
+        "- `sparserl_jax/rl/`: `loss.py`.\n\n## Next\n`sparserl_jax/rl/update.py`\n"
+    )
+    assert unnamed_modules(
+        layout,
+        {
+            "sparserl_jax/config.py",
+            "sparserl_jax/train.py",
+            "sparserl_jax/rl/__init__.py",
+            "sparserl_jax/rl/loss.py",
+            "sparserl_jax/rl/update.py",
+            "sparserl_jax/quant/__init__.py",
+            "sparserl_jax/rl/config.py",
+        },
+    ) == ["sparserl_jax/quant/__init__.py", "sparserl_jax/rl/config.py", "sparserl_jax/rl/update.py"]
+    assert unexercised(
+        "python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
+        "python -m sparserl_jax.train python -m sparserl_jax.untested"
+    ) == ["experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]
 
 
 def test_readme_is_a_landing_page():

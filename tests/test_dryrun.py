@@ -42,14 +42,13 @@ def run(model: str, mesh: str, *overrides: str, **kw) -> dict:
 
 def test_every_real_config_loads_with_every_overlay():
     # smollm2_*.yaml: the CPU configs of the 135M model (tests/test_chat_arithmetic.py), no overlays
-    models = sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{REAL}/*.yaml")
-                    if not os.path.basename(p).startswith("smollm2_"))
+    models = sorted(
+        os.path.basename(p)[:-5] for p in glob.glob(f"{REAL}/*.yaml") if not os.path.basename(p).startswith("smollm2_")
+    )
     assert models == sorted(PUBLISHED)
     for model in models:
         for mesh in MESHES:
-            cfg = load_config(
-                [f"{REAL}/{model}.yaml", f"{REAL}/mesh/{mesh}.yaml", f"{REAL}/policy/snapkv.yaml"]
-            )
+            cfg = load_config([f"{REAL}/{model}.yaml", f"{REAL}/mesh/{mesh}.yaml", f"{REAL}/policy/snapkv.yaml"])
             assert cfg.kv.policy == "snapkv" and cfg.kv.budget == 512 and cfg.kv.buffer == 128
             assert cfg.rollout.prompts * cfg.rollout.samples == 1024
             assert cfg.rollout.rows_per_call == {"1gpu": 64, "8gpu": 512, "tpu_pod": 0}[mesh]
@@ -133,8 +132,7 @@ def test_cache_bytes_match_the_formula():
 
 def test_rows_per_call_scales_the_rollout_phase_only():
     full, half = (run("qwen2.5-1.5b", "1gpu", f"rollout.rows_per_call={n}") for n in (128, 64))
-    for name in ("KV cache (rollout)", "prefill activations", "decode step + compression",
-                 "rollout outputs"):
+    for name in ("KV cache (rollout)", "prefill activations", "decode step + compression", "rollout outputs"):
         assert item(half, name) * 2 == item(full, name), name
     assert half["phase_bytes"]["rollout"] < full["phase_bytes"]["rollout"]
     for phase in ("persistent", "score", "update"):
@@ -214,14 +212,26 @@ def test_bad_settings_error_clearly(tmp_path):
     with pytest.raises(ValueError, match="device-memory-gib"):
         run("qwen2.5-1.5b", "8gpu", device_memory_gib=0)
     with pytest.raises(ValueError, match="mesh.fsdp=3"):
-        dryrun.dry_run(real("qwen2.5-1.5b", "8gpu", "mesh.data=-1", "mesh.fsdp=3"),
-                       arch=arch("qwen2.5-1.5b"), devices=8)
+        dryrun.dry_run(
+            real("qwen2.5-1.5b", "8gpu", "mesh.data=-1", "mesh.fsdp=3"), arch=arch("qwen2.5-1.5b"), devices=8
+        )
 
 
 def test_cli_writes_markdown_and_json_with_its_command(tmp_path, capsys):
-    argv = ["--config", f"{REAL}/qwen2.5-1.5b.yaml", "--config", f"{REAL}/mesh/8gpu.yaml",
-            "--arch", arch("qwen2.5-1.5b"), "--device-memory-gib", "80",
-            "--out-json", str(tmp_path / "r.json"), "--out-md", str(tmp_path / "r.md")]
+    argv = [
+        "--config",
+        f"{REAL}/qwen2.5-1.5b.yaml",
+        "--config",
+        f"{REAL}/mesh/8gpu.yaml",
+        "--arch",
+        arch("qwen2.5-1.5b"),
+        "--device-memory-gib",
+        "80",
+        "--out-json",
+        str(tmp_path / "r.json"),
+        "--out-md",
+        str(tmp_path / "r.md"),
+    ]
     dryrun.main(argv)
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["command"].startswith("python -m sparserl_jax.dryrun --config")
@@ -238,8 +248,11 @@ def test_committed_reports_match_the_code():
     for path in paths[:3]:
         with open(path) as f:
             old = json.load(f)
-        model, mesh = os.path.basename(path)[:-5].rsplit("_", 1) if "tpu_pod" not in path else (
-            os.path.basename(path)[: -len("_tpu_pod.json")], "tpu_pod")
+        model, mesh = (
+            os.path.basename(path)[:-5].rsplit("_", 1)
+            if "tpu_pod" not in path
+            else (os.path.basename(path)[: -len("_tpu_pod.json")], "tpu_pod")
+        )
         new = run(model, mesh, device_memory_gib=old["device_memory_gib"])
         assert new["peak_bytes"] == old["peak_bytes"] and new["fits"] == old["fits"]
         assert new["rollout"] == old["rollout"] and new["phase_bytes"] == old["phase_bytes"]
@@ -251,22 +264,29 @@ def test_activation_estimate_against_compiled_memory(remat):
     micro-batch gradient (a small model, compiled from shapes). Without remat the formula is
     within 15%. With remat it is a lower bound: XLA:CPU schedules the recomputation without the
     saving (its temp is the no-remat size), GPU and TPU schedulers recompute per block."""
-    m = ModelConfig.tiny(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
-                         head_dim=32, d_ff=256, max_seq_len=1024)
+    m = ModelConfig.tiny(
+        vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=256, max_seq_len=1024
+    )
     b, T = 2, 256
 
     def loss(params, tokens):
         lp, _ = transformer.token_logprobs(params, m, tokens, chunk_tokens=128, remat=remat)
         return jnp.sum(lp)
 
-    compiled = jax.jit(jax.grad(loss)).lower(
-        sharding.abstract_params(m), jax.ShapeDtypeStruct((b, T), jnp.int32)
-    ).compile()
+    compiled = (
+        jax.jit(jax.grad(loss)).lower(sharding.abstract_params(m), jax.ShapeDtypeStruct((b, T), jnp.int32)).compile()
+    )
     temp = compiled.memory_analysis().temp_size_in_bytes
     cfg = load_config(
         [os.path.join(ROOT, "experiments/configs/smoke.yaml")],
-        [f"rl.update.micro_batch_size={b}", "rl.update.minibatch_size=16", f"rl.update.remat={remat}",
-         "rl.update.chunk_tokens=128", f"data.max_prompt_len={T - 64}", "rollout.max_new_tokens=64"],
+        [
+            f"rl.update.micro_batch_size={b}",
+            "rl.update.minibatch_size=16",
+            f"rl.update.remat={remat}",
+            "rl.update.chunk_tokens=128",
+            f"data.max_prompt_len={T - 64}",
+            "rollout.max_new_tokens=64",
+        ],
     )
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, arch=m))
     items, facts = dryrun.estimate(cfg, m, {"data": 1, "fsdp": 1, "tensor": 1})

@@ -38,8 +38,7 @@ def _prompts(n, seed=7):
 
 
 def _kv(policy, trigger="interval"):
-    return kv.KVConfig(policy=policy, budget=8, buffer=4, window=2, trigger=trigger,
-                       newline_token_ids=(3,))
+    return kv.KVConfig(policy=policy, budget=8, buffer=4, window=2, trigger=trigger, newline_token_ids=(3,))
 
 
 def _assert_same(got, ref, rows=None):
@@ -53,14 +52,18 @@ def _assert_same(got, ref, rows=None):
     np.testing.assert_array_equal(got.n_compressions, np.asarray(ref.n_compressions)[rows])
 
 
-@pytest.mark.parametrize("policy,trigger", [(p, "interval") for p in ("none", "streaming", "h2o", "snapkv", "rkv", "random")]
-                         + [("snapkv", "newline"), ("random", "newline")])
+@pytest.mark.parametrize(
+    "policy,trigger",
+    [(p, "interval") for p in ("none", "streaming", "h2o", "snapkv", "rkv", "random")]
+    + [("snapkv", "newline"), ("random", "newline")],
+)
 def test_engine_with_enough_slots_equals_the_static_sampler(policy, trigger):
     eng = _engine(policy, trigger)
     tokens, lengths = _prompts(3)
     ids = np.array([4, 0, 9], np.int32)
-    ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(2),
-                           eng.cfg, jnp.asarray(ids))
+    ref = smp.generate_jit(
+        PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(2), eng.cfg, jnp.asarray(ids)
+    )
     got = eng.run(PARAMS, jax.random.key(2), tokens, lengths, ids)
     _assert_same(got, ref)
     assert 0.0 <= eng.stats.bubble_slots() < 1.0
@@ -89,8 +92,11 @@ def _refill_case(policy):
     eng = _engine(policy)
     if policy not in REFS:
         tokens, lengths = _prompts(N, seed=3)
-        REFS[policy] = (tokens, lengths, smp.generate_jit(
-            PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(4), eng.cfg))
+        REFS[policy] = (
+            tokens,
+            lengths,
+            smp.generate_jit(PARAMS, CFG, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(4), eng.cfg),
+        )
     return (eng, *REFS[policy])
 
 
@@ -136,9 +142,12 @@ def test_bubble_ratio_equals_a_hand_computed_schedule():
 
 def _scheduler(mode, group_batches=2, limits=None, resume="cache"):
     eng = _engine("none")
-    sched = SortedScheduler(eng, SortedConfig(mode=mode, slots=3, group_batches=group_batches,
-                                              resume=resume),
-                            prompts_per_batch=2, samples=2)
+    sched = SortedScheduler(
+        eng,
+        SortedConfig(mode=mode, slots=3, group_batches=group_batches, resume=resume),
+        prompts_per_batch=2,
+        samples=2,
+    )
     tok, ln = _prompts(2 * group_batches, seed=11)
     sched.load_group(list(range(len(tok))), tok, ln, jax.random.key(4), limits)
     return sched
@@ -163,7 +172,7 @@ def test_harvests_are_complete_groups_with_the_right_versions(mode):
             assert ((version - out.version[mask]) >= 0).all()
             assert ((version - out.version[mask]) < 2).all()
             # a token's version never decreases along a response
-            assert all((np.diff(out.version[i, :out.lengths[i]]) >= 0).all() for i in range(4))
+            assert all((np.diff(out.version[i, : out.lengths[i]]) >= 0).all() for i in range(4))
         seen.extend(examples)
     assert sorted(seen) == [0, 1, 2, 3] and sched.at_group_boundary
 
@@ -185,8 +194,16 @@ def test_partial_responses_resume_exactly_under_unchanged_weights(resume):
     resumed = 0
     for ptok, plen, out in outs:
         uids = _uids(sched, ptok)
-        ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(ptok), jnp.asarray(plen), sched.key, eng.cfg,
-                               jnp.asarray(uids), jnp.asarray(sched.limits.reshape(-1)[uids]))
+        ref = smp.generate_jit(
+            PARAMS,
+            CFG,
+            jnp.asarray(ptok),
+            jnp.asarray(plen),
+            sched.key,
+            eng.cfg,
+            jnp.asarray(uids),
+            jnp.asarray(sched.limits.reshape(-1)[uids]),
+        )
         np.testing.assert_array_equal(out.tokens, np.asarray(ref.tokens))
         np.testing.assert_allclose(out.logprobs, np.asarray(ref.logprobs), rtol=1e-4, atol=1e-5)
         resumed += int(sum(len(set(v[:n])) > 1 for v, n in zip(out.version, out.lengths)))
@@ -210,22 +227,31 @@ def test_a_token_carries_the_version_of_the_logits_it_was_sampled_from():
     assert t_s, "the example needs a response mid-way at the first harvest"
     examples, ptok, plen, out, metrics = sched.next_batch(PARAMS_V1, 1)
     rows_limits = limits[np.repeat(examples, 2), np.tile([0, 1], len(examples))]
-    ref = smp.generate_jit(PARAMS, CFG, jnp.asarray(ptok), jnp.asarray(plen), sched.key,
-                           sched.engine.cfg, jnp.asarray(out.request), jnp.asarray(rows_limits))
+    ref = smp.generate_jit(
+        PARAMS,
+        CFG,
+        jnp.asarray(ptok),
+        jnp.asarray(plen),
+        sched.key,
+        sched.engine.cfg,
+        jnp.asarray(out.request),
+        jnp.asarray(rows_limits),
+    )
     ref_tokens, ref_logp = np.asarray(ref.tokens), np.asarray(ref.logprobs)
     resumed = 0
     for i, uid in enumerate(out.request):
-        n, v = int(out.lengths[i]), out.version[i, :int(out.lengths[i])]
+        n, v = int(out.lengths[i]), out.version[i, : int(out.lengths[i])]
         if uid not in t_s:  # sampled under one version throughout
             assert len(set(v)) == 1
             continue
         s = t_s[uid]
-        assert s < n and (v[:s + 1] == 0).all() and (v[s + 1:] == 1).all(), (s, v)
-        np.testing.assert_array_equal(out.tokens[i, :s + 1], ref_tokens[i, :s + 1])
-        np.testing.assert_allclose(out.logprobs[i, :s + 1], ref_logp[i, :s + 1], rtol=1e-5, atol=1e-6)
+        assert s < n and (v[: s + 1] == 0).all() and (v[s + 1 :] == 1).all(), (s, v)
+        np.testing.assert_array_equal(out.tokens[i, : s + 1], ref_tokens[i, : s + 1])
+        np.testing.assert_allclose(out.logprobs[i, : s + 1], ref_logp[i, : s + 1], rtol=1e-5, atol=1e-6)
         if s + 1 < n:  # version 1's logits: another distribution than version 0's
-            assert (out.tokens[i, s + 1] != ref_tokens[i, s + 1]
-                    or abs(out.logprobs[i, s + 1] - ref_logp[i, s + 1]) > 1e-3)
+            assert (
+                out.tokens[i, s + 1] != ref_tokens[i, s + 1] or abs(out.logprobs[i, s + 1] - ref_logp[i, s + 1]) > 1e-3
+            )
         resumed += 1
     assert resumed > 0
     mask = np.arange(M)[None] < out.lengths[:, None]
@@ -239,8 +265,9 @@ def test_on_policy_drops_a_prompt_at_most_once_per_group():
     restarted and dropped again (each prompt's samples are issued at most twice); every harvest
     is 2 complete prompts of the current version and the group trains each prompt once."""
     eng = _engine("none")
-    sched = SortedScheduler(eng, SortedConfig(mode="on_policy", slots=3, group_batches=3),
-                            prompts_per_batch=2, samples=2)
+    sched = SortedScheduler(
+        eng, SortedConfig(mode="on_policy", slots=3, group_batches=3), prompts_per_batch=2, samples=2
+    )
     issued = collections.Counter()
     fresh = sched._fresh
 
@@ -288,6 +315,7 @@ def test_the_next_segment_is_dispatched_before_a_harvest_is_read():
         def call(*args, **kwargs):
             events.append((name, kwargs.get("idle")))
             return orig[name](*args, **kwargs)
+
         return call
 
     for name in orig:

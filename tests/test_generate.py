@@ -34,8 +34,18 @@ def checkpoint(tmp_path_factory):
 def test_greedy_json_matches_teacher_forced_recompute(checkpoint, tmp_path):
     out = tmp_path / "out.json"
     prompts = ["Compute 2+2.", "Pairs:\nab:12\nValue of ab?"]
-    args = ["--checkpoint", str(checkpoint), "--max-new-tokens", "10", "--temperature", "0",
-            "--output-json", str(out), "--kv-buffer", "4"]
+    args = [
+        "--checkpoint",
+        str(checkpoint),
+        "--max-new-tokens",
+        "10",
+        "--temperature",
+        "0",
+        "--output-json",
+        str(out),
+        "--kv-buffer",
+        "4",
+    ]
     for p in prompts:
         args += ["--prompt", p]
     generate.main(args)
@@ -57,10 +67,32 @@ def test_greedy_json_matches_teacher_forced_recompute(checkpoint, tmp_path):
 
 def test_sparse_policy_and_chat_template(checkpoint, tmp_path):
     out = tmp_path / "sparse.json"
-    generate.main(["--checkpoint", str(checkpoint), "--prompt", "Repeat 123456789 please", "--chat",
-                   "--max-new-tokens", "12", "--seed", "3", "--kv-policy", "streaming",
-                   "--kv-budget", "8", "--kv-buffer", "4", "--kv-window", "2", "--kv-sinks", "2",
-                   "--kv-compress-prompt", "--output-json", str(out)])
+    generate.main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--prompt",
+            "Repeat 123456789 please",
+            "--chat",
+            "--max-new-tokens",
+            "12",
+            "--seed",
+            "3",
+            "--kv-policy",
+            "streaming",
+            "--kv-budget",
+            "8",
+            "--kv-buffer",
+            "4",
+            "--kv-window",
+            "2",
+            "--kv-sinks",
+            "2",
+            "--kv-compress-prompt",
+            "--output-json",
+            str(out),
+        ]
+    )
     (r,) = json.loads(out.read_text())["results"]
     tok = CharTokenizer()
     chat = tok.apply_chat_template([{"role": "user", "content": "Repeat 123456789 please"}])
@@ -73,9 +105,20 @@ def test_sparse_policy_and_chat_template(checkpoint, tmp_path):
 
 def test_too_long_request_is_refused_with_the_flag_named(checkpoint):
     proc = subprocess.run(
-        [sys.executable, "-m", "sparserl_jax.generate", "--checkpoint", str(checkpoint),
-         "--prompt", "hi", "--max-new-tokens", "100000"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "sparserl_jax.generate",
+            "--checkpoint",
+            str(checkpoint),
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "100000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2
     assert "--max-new-tokens=100000" in proc.stderr

@@ -25,8 +25,12 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     """`--smoke --fail numerics`: every step runs in its own process at toy shapes and leaves its
     figure; the forced failure is one line, the next step still runs, the report reads FAIL and the
     exit code is non-zero."""
-    proc = subprocess.run([sys.executable, str(EXPERIMENTS / "gpu_check.py"), "--smoke", "--out", str(tmp_path),
-                           "--fail", FORCED], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(EXPERIMENTS / "gpu_check.py"), "--smoke", "--out", str(tmp_path), "--fail", FORCED],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     steps = {s["name"]: s for s in report["steps"]}
@@ -74,16 +78,27 @@ def test_the_runner_records_a_timeout_and_a_crash_and_goes_on(tmp_path):
         "crash": _python("import os; print('about to abort', flush=True); os.abort()"),
         "good": _python(f"open({str(tmp_path / 'steps' / 'good.json')!r}, 'w').write({verdict!r})"),
     }
-    steps = [gpu_report.Step("slow", "sleeps", 2), gpu_report.Step("crash", "aborts", 30),
-             gpu_report.Step("good", "works", 30)]
-    runner = gpu_report.Runner(str(tmp_path), steps, lambda s: commands[s.name], mode="test",
-                               command_line="test", time_limit_s=120, log=lambda *a, **k: None)
+    steps = [
+        gpu_report.Step("slow", "sleeps", 2),
+        gpu_report.Step("crash", "aborts", 30),
+        gpu_report.Step("good", "works", 30),
+    ]
+    runner = gpu_report.Runner(
+        str(tmp_path),
+        steps,
+        lambda s: commands[s.name],
+        mode="test",
+        command_line="test",
+        time_limit_s=120,
+        log=lambda *a, **k: None,
+    )
     assert runner.run() == 1
     report = json.loads((tmp_path / "report.json").read_text())
     slow, crash, good = report["steps"]
     assert slow["status"] == "fail" and slow["error"].startswith("timed out: killed after") and slow["seconds"] < 15
     assert crash["status"] == "fail" and crash["error"] == (
-        "the step's process died (signal SIGABRT) without a verdict; last output: about to abort")
+        "the step's process died (signal SIGABRT) without a verdict; last output: about to abort"
+    )
     assert good["status"] == "ok" and good["figure"] == "42 widgets/s"
     assert report["verdict"] == "FAIL"
     assert "**FAIL**: 2 of 3 steps failed: slow, crash." in (tmp_path / "report.md").read_text()
@@ -91,8 +106,7 @@ def test_the_runner_records_a_timeout_and_a_crash_and_goes_on(tmp_path):
 
 def test_a_command_past_its_time_is_killed_with_its_children():
     """The e2e step runs default.py (and its worker processes) this way."""
-    code = ("import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); "
-            "time.sleep(60)")
+    code = "import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
     rc, tail = gpu_steps.run_killing_group(_python(code), dict(os.environ), 2)
     assert rc is None and tail.endswith("timed out after 2 s")
     stat = Path(f"/proc/{int(tail.split()[0])}/stat")  # the grandchild: gone, or a zombie not yet reaped
@@ -109,10 +123,17 @@ def test_a_command_past_its_time_is_killed_with_its_children():
     assert dead()
 
 
-@pytest.mark.parametrize("statuses,word", [
-    (["ok", "ok"], "PASS"), (["ok", "warn"], "PASS with warnings"), (["warn", "fail"], "FAIL"),
-    (["ok", "skipped"], "INCOMPLETE"), (["ok", "running"], "INCOMPLETE"), (["fail", "pending"], "FAIL"),
-])
+@pytest.mark.parametrize(
+    "statuses,word",
+    [
+        (["ok", "ok"], "PASS"),
+        (["ok", "warn"], "PASS with warnings"),
+        (["warn", "fail"], "FAIL"),
+        (["ok", "skipped"], "INCOMPLETE"),
+        (["ok", "running"], "INCOMPLETE"),
+        (["fail", "pending"], "FAIL"),
+    ],
+)
 def test_the_verdict_is_green_only_when_every_step_ran_and_none_failed(statuses, word):
     steps = [{"name": f"s{i}", "status": s} for i, s in enumerate(statuses)]
     assert gpu_report.verdict(steps)[0] == word

@@ -76,9 +76,7 @@ def ckpt(tmp_path_factory):
 # ------------------------------------------------------------------ parity with transformers
 
 
-@pytest.mark.parametrize(
-    "family,sharded", [("qwen2", False), ("llama", False), ("llama", True), ("qwen3", False)]
-)
+@pytest.mark.parametrize("family,sharded", [("qwen2", False), ("llama", False), ("llama", True), ("qwen3", False)])
 def test_logits_match_transformers(ckpt, family, sharded):
     directory = ckpt(family, sharded=sharded)
     if sharded:
@@ -89,9 +87,7 @@ def test_logits_match_transformers(ckpt, family, sharded):
     ref = _hf_logits(load_hf_model(directory), tokens)
     assert _rel_err(_logits(params, cfg, jnp.asarray(tokens)), ref) <= 1e-4
     expected = {
-        "qwen2": dict(
-            qkv_bias=True, tie_embeddings=True, head_dim=16, rope_theta=1e6, eos_token_ids=(2,)
-        ),
+        "qwen2": dict(qkv_bias=True, tie_embeddings=True, head_dim=16, rope_theta=1e6, eos_token_ids=(2,)),
         "llama": dict(
             tie_embeddings=False,
             rope_theta=5e5,
@@ -99,9 +95,7 @@ def test_logits_match_transformers(ckpt, family, sharded):
             norm_eps=1e-5,
             rope_scaling=RopeScaling(8.0, 1.0, 4.0, 64),
         ),
-        "qwen3": dict(
-            qk_norm=True, tie_embeddings=True, head_dim=24, eos_token_ids=(5,), pad_token_id=0
-        ),
+        "qwen3": dict(qk_norm=True, tie_embeddings=True, head_dim=24, eos_token_ids=(5,), pad_token_id=0),
     }[family]
     assert {k: getattr(cfg, k) for k in expected} == expected
     assert ("lm_head" in params) == (family == "llama")
@@ -111,9 +105,7 @@ def _greedy(params, cfg: ModelConfig, prompt: np.ndarray, n_new: int) -> tuple[n
     """Greedy decoding with our prefill + decode_step over a dense cache; also the smallest
     gap between the top two logits over the steps."""
     b, t = prompt.shape
-    cache = kvc.init_cache(
-        b, cfg.n_layers, cfg.n_kv_heads, t + n_new, cfg.head_dim, jnp.dtype(cfg.dtype)
-    )
+    cache = kvc.init_cache(b, cfg.n_layers, cfg.n_kv_heads, t + n_new, cfg.head_dim, jnp.dtype(cfg.dtype))
     logits, cache = _prefill(params, cfg, jnp.asarray(prompt), jnp.full((b,), t, jnp.int32), cache)
     out, gap = [], np.inf
     for i in range(n_new):
@@ -134,9 +126,7 @@ def test_greedy_generation_matches_transformers(ckpt, family):
     model = load_hf_model(directory)
     model.generation_config.eos_token_id = None  # always 32 new tokens, like our loop
     with torch.no_grad():
-        ref = model.generate(torch.tensor(prompt), do_sample=False, max_new_tokens=N_NEW)[
-            :, T:
-        ].numpy()
+        ref = model.generate(torch.tensor(prompt), do_sample=False, max_new_tokens=N_NEW)[:, T:].numpy()
     ours, gap = _greedy(params, cfg, prompt, N_NEW)
     assert ref.shape == (B, N_NEW)
     # argmaxes of two frameworks' float32 logits are equal on any CPU while every step's top-2
@@ -182,9 +172,7 @@ def test_transformers_loads_export(ckpt, tmp_path, family):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
-    )
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
     (tok_dir / "config.json").write_text("{}")  # not a tokenizer file: must not be copied over ours
     out = tmp_path / "out"
     hf.save_params(out, cfg, params, tokenizer_dir=tok_dir)
@@ -196,16 +184,12 @@ def test_transformers_loads_export(ckpt, tmp_path, family):
     from transformers import PreTrainedTokenizerFast
 
     assert json.loads((out / "config.json").read_text())["architectures"] == [hf_arch(family)]
-    ids = PreTrainedTokenizerFast.from_pretrained(out)("w7 w11 zz", add_special_tokens=False)[
-        "input_ids"
-    ]
+    ids = PreTrainedTokenizerFast.from_pretrained(out)("w7 w11 zz", add_special_tokens=False)["input_ids"]
     assert ids == [7, 11, cfg.vocab_size - 1]
 
 
 def hf_arch(family: str) -> str:
-    return {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
-        family
-    ]
+    return {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
 
 
 def test_bf16_checkpoint_loads_exactly(ckpt):
@@ -214,9 +198,7 @@ def test_bf16_checkpoint_loads_exactly(ckpt):
     cfg16, p16 = hf.load_params(ckpt("qwen3", dtype="bfloat16"))
     assert cfg16.dtype == "bfloat16"
     _, p32 = hf.load_params(ckpt("qwen3"))
-    _assert_trees_bit_equal(
-        p16, jax.tree.map(lambda x: np.asarray(x).astype(ml_dtypes.bfloat16), p32)
-    )
+    _assert_trees_bit_equal(p16, jax.tree.map(lambda x: np.asarray(x).astype(ml_dtypes.bfloat16), p32))
     _, p16_as32 = hf.load_params(ckpt("qwen3", dtype="bfloat16"), dtype="float32")
     _assert_trees_bit_equal(p16_as32, jax.tree.map(lambda x: np.asarray(x).astype(np.float32), p16))
 
@@ -252,7 +234,6 @@ def test_block_read_touches_only_covering_rows():
         recorder = _Recorder(weight)
         np.testing.assert_array_equal(spec.read(recorder, index), full[index])
         assert recorder.reads == [(rows, slice(index[0].start, index[0].stop))]
-
 
 
 def test_sharded_load_on_one_device_is_identical(ckpt):
@@ -310,9 +291,7 @@ _WORKER = textwrap.dedent(
 
 def test_sharded_load_on_8_devices(ckpt):
     """Each device's block (sharded on the HF tensors' split head axes too) equals its slice."""
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     dirs = [str(ckpt("qwen2")), str(ckpt("qwen3", sharded=True, dtype="bfloat16"))]
     result = subprocess.run(
         [sys.executable, "-c", _WORKER, *dirs], env=env, capture_output=True, text=True, timeout=300
@@ -328,7 +307,11 @@ def test_sharded_load_on_8_devices(ckpt):
 def test_config_round_trip(family):
     # a checkpoint stores one dtype, read back as both the compute and the parameter dtype
     cfg = ModelConfig.tiny(
-        family, bos_token_id=3, eos_token_ids=(4, 9), pad_token_id=1, dtype="bfloat16",
+        family,
+        bos_token_id=3,
+        eos_token_ids=(4, 9),
+        pad_token_id=1,
+        dtype="bfloat16",
         param_dtype="bfloat16",
     )
     back = config_from_hf(config_to_hf(cfg), generation_config_to_hf(cfg))
@@ -420,9 +403,7 @@ def test_error_wrong_shape_missing_and_extra_tensors(own_ckpt):
     assert "model.layers.0.mlp.gate_proj.weight" in msg
     assert f"({cfg.d_ff}, {cfg.d_model})" in msg and f"({2 * cfg.d_ff}, {cfg.d_model})" in msg
     _edit_config(own_ckpt, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers + 1)
-    with pytest.raises(
-        ValueError, match=rf"'model.layers.{cfg.n_layers}.input_layernorm.weight' is missing"
-    ):
+    with pytest.raises(ValueError, match=rf"'model.layers.{cfg.n_layers}.input_layernorm.weight' is missing"):
         hf.load_params(own_ckpt)
     _edit_config(own_ckpt, num_hidden_layers=cfg.n_layers - 1)
     with pytest.raises(ValueError, match=rf"unexpected tensors.*model.layers.{cfg.n_layers - 1}"):

@@ -14,11 +14,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # what a build reads: the metadata, setup.py's package discovery and the three source folders
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "requirements.txt", "sparserl_jax", "kernels",
-                "experiments")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "requirements.txt", "sparserl_jax", "kernels", "experiments")
 # the folder of each package in the source tree (kernels/ and experiments/ install under sparserl_jax)
-ROOTS = {"sparserl_jax": REPO / "sparserl_jax", "sparserl_jax.kernels": REPO / "kernels",
-         "sparserl_jax.experiments": REPO / "experiments"}
+ROOTS = {
+    "sparserl_jax": REPO / "sparserl_jax",
+    "sparserl_jax.kernels": REPO / "kernels",
+    "sparserl_jax.experiments": REPO / "experiments",
+}
 
 
 def module_names(roots: dict[str, Path]) -> list[str]:
@@ -68,7 +70,9 @@ def test_module_names_of_a_tree(tmp_path):
 def test_wheel_installs_every_module(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "results")  # not experiments' results
+    ignore = shutil.ignore_patterns(
+        "__pycache__", "*.pyc", "*.egg-info", "build", "results"
+    )  # not experiments' results
     for name in BUILD_INPUTS:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, src / name, ignore=ignore)
@@ -81,8 +85,18 @@ def test_wheel_installs_every_module(tmp_path):
         return proc.stdout
 
     # no build isolation: the test environment's setuptools builds it, nothing is downloaded
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-        "-w", str(tmp_path / "dist"), "./src")
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(tmp_path / "dist"),
+        "./src",
+    )
     (wheel,) = (tmp_path / "dist").glob("sparserl_jax-*.whl")
     # A fresh environment whose dependencies (jax, flax, ...) are the test environment's: its
     # site-packages added as a plain path, so the editable install's import hook there never runs.

@@ -95,13 +95,13 @@ def test_write_token_into_a_full_cache_is_dropped():
 def test_write_token_at_batch_1_writes_one_slot_or_drops_when_full(length):
     """Batch 1 takes its own path (a scatter with a dropped second row): the same semantics."""
     cache = kvc.init_cache(1, L, K, 7, H)
-    cache = kvc.write_prefill(cache, [normal(30, (1, length, K, H))] * L,
-                              [normal(31, (1, length, K, H))] * L, jnp.array([length]))
+    cache = kvc.write_prefill(
+        cache, [normal(30, (1, length, K, H))] * L, [normal(31, (1, length, K, H))] * L, jnp.array([length])
+    )
     k_new = normal(32, (1, K, H))
     out = kvc.write_token(cache, 0, k_new, k_new)
     new_KxH = np.asarray(k_new)[0]
-    for got, old, new in ((out.k, cache.k, new_KxH), (out.v, cache.v, new_KxH),
-                          (out.pos, cache.pos, length)):
+    for got, old, new in ((out.k, cache.k, new_KxH), (out.v, cache.v, new_KxH), (out.pos, cache.pos, length)):
         want = np.asarray(old[0]).copy()
         if length < 7:  # room left: slot `length` gets the token, nothing else changes
             want[0, :, length] = new
@@ -132,7 +132,9 @@ def test_resize_grows_and_shrinks():
         assert (np.asarray(big.mass[l])[:, :, 9:] == 0).all() and (np.asarray(big.k[l])[:, :, 9:] == 0).all()
     small = kvc.resize(big, 7)
     np.testing.assert_array_equal(np.asarray(small.fill), np.asarray(cache.fill))
-    for a, b in zip(jax.tree.leaves(small.k + small.pos + small.mass), jax.tree.leaves(cache.k + cache.pos + cache.mass)):
+    for a, b in zip(
+        jax.tree.leaves(small.k + small.pos + small.mass), jax.tree.leaves(cache.k + cache.pos + cache.mass)
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[:, :, :7])
 
 
@@ -145,8 +147,9 @@ def test_cache_for_sizes_and_state():
     assert kv.cache_for(rkv, mcfg, B, prompt_len=20).capacity == 28  # whole prompt + buffer
     h2o = kv.cache_for(kv.KVConfig(policy="h2o", budget=16, buffer=8, window=4), mcfg, B, 10, jnp.float32)
     assert h2o.mass is not None and h2o.window_q is None and h2o.k[0].dtype == jnp.float32
-    prompt_sized = kv.cache_for(kv.KVConfig(policy="snapkv", budget=16, buffer=8, window=4,
-                                            compress_prompt=True), mcfg, B, 40, capacity=40)
+    prompt_sized = kv.cache_for(
+        kv.KVConfig(policy="snapkv", budget=16, buffer=8, window=4, compress_prompt=True), mcfg, B, 40, capacity=40
+    )
     assert prompt_sized.capacity == 40
     dense = kv.KVConfig()
     assert kv.cache_for(dense, mcfg, B, 10, capacity=50).capacity == 50
@@ -164,4 +167,3 @@ def test_kept_positions_masks_empty_slots():
         want = np.where(np.asarray(cache.valid())[:, None, :], np.asarray(stale[l]), -1)
         np.testing.assert_array_equal(np.asarray(got[l]), want)
         assert (np.asarray(got[l])[:, :, 10] == -1).all()
-

@@ -88,21 +88,25 @@ def ref_snapkv(d, cfg, l, b, h) -> dict:
     per_head = []
     for g in range(G):
         n = h * G + g
-        per_head.append([[float(d["window_q"][l, b, n, w] @ d["k"][l, b, h, j]) / math.sqrt(H)
-                          for j in keys] for w in range(cfg.window)])
+        per_head.append(
+            [
+                [float(d["window_q"][l, b, n, w] @ d["k"][l, b, h, j]) / math.sqrt(H) for j in keys]
+                for w in range(cfg.window)
+            ]
+        )
     if cfg.gqa_reduce == "max_logits":
-        rows = [softmax([max(per_head[g][w][a] for g in range(G)) for a in range(len(keys))])
-                for w in range(cfg.window)]
+        rows = [
+            softmax([max(per_head[g][w][a] for g in range(G)) for a in range(len(keys))]) for w in range(cfg.window)
+        ]
         raw = [sum(row[a] for row in rows) / cfg.window for a in range(len(keys))]
     else:
-        avg = [[sum(softmax(per_head[g][w])[a] for w in range(cfg.window)) / cfg.window
-                for a in range(len(keys))] for g in range(G)]
+        avg = [
+            [sum(softmax(per_head[g][w])[a] for w in range(cfg.window)) / cfg.window for a in range(len(keys))]
+            for g in range(G)
+        ]
         raw = [max(avg[g][a] for g in range(G)) for a in range(len(keys))]
     half = cfg.pool_kernel // 2
-    return {
-        j: max(raw[a2] for a2 in range(max(0, a - half), min(len(keys), a + half + 1)))
-        for a, j in enumerate(keys)
-    }
+    return {j: max(raw[a2] for a2 in range(max(0, a - half), min(len(keys), a + half + 1))) for a, j in enumerate(keys)}
 
 
 def ref_redundancy(d, cfg, l, b, h) -> dict:
@@ -214,8 +218,7 @@ def assert_matches(got: kvc.KVCache, want: dict, tracks_mass: bool):
     ],
 )
 def test_compress_matches_reference(policy, selection, seed, extra):
-    cfg = kv.KVConfig(policy=policy, budget=BUDGET, buffer=C - BUDGET, window=WINDOW,
-                      selection=selection, **extra)
+    cfg = kv.KVConfig(policy=policy, budget=BUDGET, buffer=C - BUDGET, window=WINDOW, selection=selection, **extra)
     d = random_cache(seed)
     got = compress(cfg, to_cache(d))
     want = ref_compress(d, cfg)
@@ -455,7 +458,11 @@ def test_hooks_with_the_model_then_compress_and_decode():
     decode = jax.jit(tf.decode_step, static_argnums=1, static_argnames="observe")
     cache = kv.cache_for(cfg, mcfg, Bm, T)
     _, cache = jax.jit(tf.prefill, static_argnums=1, static_argnames="observe_prefill")(
-        params, mcfg, jnp.asarray(tokens[:, :T]), jnp.asarray(lengths), cache,
+        params,
+        mcfg,
+        jnp.asarray(tokens[:, :T]),
+        jnp.asarray(lengths),
+        cache,
         observe_prefill=kv.observe_prefill(cfg),
     )
     for s in range(steps):
@@ -464,8 +471,10 @@ def test_hooks_with_the_model_then_compress_and_decode():
     for l, b in np.ndindex(mcfg.n_layers, Bm):
         for p in range(seen[b] - W, seen[b]):
             np.testing.assert_allclose(
-                np.asarray(cache.window_q[l])[b, :, p % W], np.asarray(qs[l])[b, p],
-                rtol=1e-4, atol=1e-4,
+                np.asarray(cache.window_q[l])[b, :, p % W],
+                np.asarray(qs[l])[b, p],
+                rtol=1e-4,
+                atol=1e-4,
             )
     cache = compress(cfg, cache)
     assert np.asarray(cache.fill).tolist() == [8, 8]
@@ -507,8 +516,7 @@ def test_config_defaults_and_capacity():
     assert cfg.newline_token_ids == (198, 271) and hash(cfg)
     assert (cfg.budget, cfg.buffer, cfg.window, cfg.pool_kernel, cfg.n_sinks) == (512, 128, 8, 7, 4)
     assert (cfg.rkv_lambda, cfg.redundancy_threshold, cfg.selection) == (0.1, 0.5, "per_head")
-    assert (cfg.gqa_reduce, cfg.rkv_redundancy, cfg.compress_prompt) == ("max_logits", "all_keys",
-                                                                          False)
+    assert (cfg.gqa_reduce, cfg.rkv_redundancy, cfg.compress_prompt) == ("max_logits", "all_keys", False)
     assert kv.KVConfig().is_dense and not cfg.is_dense
     assert cfg.capacity(100) == 640 and cfg.capacity(600) == 728
     assert kv.KVConfig(policy="rkv", compress_prompt=True).capacity(600) == 640

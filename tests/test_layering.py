@@ -30,26 +30,48 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 ROOT = "sparserl_jax"  # the package itself: its __init__ imports nothing
 TREES = {REPO / "sparserl_jax": ROOT, REPO / "kernels": f"{ROOT}.kernels"}  # as setup.py installs them
-LOOP = ["sparserl_jax.rollout.source", "sparserl_jax.rollout.stats", "sparserl_jax.rl.learner",
-        "sparserl_jax.run_state", "sparserl_jax.train"]
+LOOP = [
+    "sparserl_jax.rollout.source",
+    "sparserl_jax.rollout.stats",
+    "sparserl_jax.rl.learner",
+    "sparserl_jax.run_state",
+    "sparserl_jax.train",
+]
 
 # Bottom first. A room imports rooms on lower floors only.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("validate", "config_io", "cli", "compile_clock", "metrics_log", "checkpoint", "tokenizer",
-     "mesh_axes", "registry"),                      # leaves: nothing of the package
-    ("kernels", "quant", "kvcache", "data"),        # attention kernels, quantization, KV cache, tasks
-    ("model",),                                     # the transformer, HF import/export, sharding
-    ("distributed", "fetch"),                       # multi-process helpers; checkpoint download
-    ("rollout", "rl"),                              # sampling; the update
-    ("config", "generate"),                         # the run's schema; the generation CLI
-    ("components", "run_state"),                    # what a run is built from; its directory
-    ("evaluate", "sft", "dryrun"),                  # evaluation; the warm start; the memory plan
-    ("train",),                                     # the RL loop
+    (
+        "validate",
+        "config_io",
+        "cli",
+        "compile_clock",
+        "metrics_log",
+        "checkpoint",
+        "tokenizer",
+        "mesh_axes",
+        "registry",
+    ),  # leaves: nothing of the package
+    ("kernels", "quant", "kvcache", "data"),  # attention kernels, quantization, KV cache, tasks
+    ("model",),  # the transformer, HF import/export, sharding
+    ("distributed", "fetch"),  # multi-process helpers; checkpoint download
+    ("rollout", "rl"),  # sampling; the update
+    ("config", "generate"),  # the run's schema; the generation CLI
+    ("components", "run_state"),  # what a run is built from; its directory
+    ("evaluate", "sft", "dryrun"),  # evaluation; the warm start; the memory plan
+    ("train",),  # the RL loop
 )
 ALLOWED = {  # a module (or package prefix) -> the only rooms of the package it may import
-    "sparserl_jax.rollout": ("sparserl_jax.rollout", "sparserl_jax.model", "sparserl_jax.kvcache",
-                             "sparserl_jax.kernels", "sparserl_jax.quant", "sparserl_jax.distributed",
-                             "sparserl_jax.validate", "sparserl_jax.config_io", "sparserl_jax.compile_clock"),
+    "sparserl_jax.rollout": (
+        "sparserl_jax.rollout",
+        "sparserl_jax.model",
+        "sparserl_jax.kvcache",
+        "sparserl_jax.kernels",
+        "sparserl_jax.quant",
+        "sparserl_jax.distributed",
+        "sparserl_jax.validate",
+        "sparserl_jax.config_io",
+        "sparserl_jax.compile_clock",
+    ),
 }
 FORBIDDEN = {  # a module (or package prefix) -> what it must not import (beyond the floors)
     "sparserl_jax.run_state": ("sparserl_jax.rollout", "sparserl_jax.rl"),
@@ -107,12 +129,13 @@ def floor_of(floors=FLOORS) -> dict[str, int]:
 def upward(g: dict[str, set[str]], floors=FLOORS) -> list[str]:
     """Every import of a room on the same floor or above, and every room without a floor."""
     level = floor_of(floors)
-    found = {f"{room(m)} has no floor (add it to FLOORS)" for m in g
-             if m != ROOT and room(m) not in level}
-    found |= {f"{m} imports {d} (floor {level[room(m)]} -> {level[room(d)]})"
-              for m, deps in g.items() for d in deps
-              if room(m) != room(d) and room(m) in level and room(d) in level
-              and level[room(d)] >= level[room(m)]}
+    found = {f"{room(m)} has no floor (add it to FLOORS)" for m in g if m != ROOT and room(m) not in level}
+    found |= {
+        f"{m} imports {d} (floor {level[room(m)]} -> {level[room(d)]})"
+        for m, deps in g.items()
+        for d in deps
+        if room(m) != room(d) and room(m) in level and room(d) in level and level[room(d)] >= level[room(m)]
+    }
     found |= {f"{m} imports {d}" for m, deps in g.items() for d in deps if d == ROOT or m == ROOT}
     return sorted(found)
 
@@ -123,10 +146,22 @@ def _under(mod: str, prefix: str) -> bool:
 
 def violations(g: dict[str, set[str]]) -> list[str]:
     """Every import that ALLOWED does not allow or FORBIDDEN forbids."""
-    found = {f"{m} imports {d}" for m, deps in g.items() for prefix, banned in FORBIDDEN.items()
-             if _under(m, prefix) for d in deps if any(_under(d, b) for b in banned)}
-    found |= {f"{m} imports {d}" for m, deps in g.items() for prefix, allowed in ALLOWED.items()
-              if _under(m, prefix) for d in deps if not any(_under(d, a) for a in allowed)}
+    found = {
+        f"{m} imports {d}"
+        for m, deps in g.items()
+        for prefix, banned in FORBIDDEN.items()
+        if _under(m, prefix)
+        for d in deps
+        if any(_under(d, b) for b in banned)
+    }
+    found |= {
+        f"{m} imports {d}"
+        for m, deps in g.items()
+        for prefix, allowed in ALLOWED.items()
+        if _under(m, prefix)
+        for d in deps
+        if not any(_under(d, a) for a in allowed)
+    }
     return sorted(found)
 
 
@@ -169,9 +204,15 @@ def call_time_imports(text: str, package: str = ROOT) -> list[str]:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
         return getattr(node, "level", 0) or any(_under(n, package) for n in names)
 
-    return sorted({f"line {node.lineno}: {ast.unparse(node)}"
-                   for fn in ast.walk(ast.parse(text)) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom)) and ours(node)})
+    return sorted(
+        {
+            f"line {node.lineno}: {ast.unparse(node)}"
+            for fn in ast.walk(ast.parse(text))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(fn)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and ours(node)
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- the package
@@ -195,15 +236,13 @@ def test_no_room_imports_the_experiments():
     """experiments/ (installed as sparserl_jax.experiments) stands above every floor: the package
     and the kernels never import it."""
     experiments = {"sparserl_jax.experiments", *_modules({REPO / "experiments": "sparserl_jax.experiments"})}
-    assert {m: sorted(imports(p, experiments, m)) for m, p in _modules().items()
-            if imports(p, experiments, m)} == {}
+    assert {m: sorted(imports(p, experiments, m)) for m, p in _modules().items() if imports(p, experiments, m)} == {}
 
 
 def test_no_call_time_package_imports():
     """An import of the package inside a function hides an arrow from a reader (and often a
     cycle)."""
-    found = [f"{m} {line}" for m, path in sorted(_modules().items())
-             for line in call_time_imports(path.read_text())]
+    found = [f"{m} {line}" for m, path in sorted(_modules().items()) for line in call_time_imports(path.read_text())]
     assert [f for f in found if f not in CALL_TIME_IMPORTS] == []
     assert sorted(set(CALL_TIME_IMPORTS) - set(found)) == []  # no stale exception
 
@@ -235,23 +274,30 @@ def test_the_graph_reads_both_trees():
 def test_the_checks_can_fail():
     """A toy graph with a cycle, an upward import, a sideways one and a room without a floor."""
     floors = (("validate",), ("kvcache", "data"), ("model",))
-    g = {"sparserl_jax.model.transformer": {"sparserl_jax.kvcache.cache"},
-         "sparserl_jax.kvcache.cache": {"sparserl_jax.model.config", "sparserl_jax.validate"},
-         "sparserl_jax.model.config": {"sparserl_jax.model.transformer"},
-         "sparserl_jax.data.tasks": {"sparserl_jax.kvcache", "sparserl_jax.validate"},
-         "sparserl_jax.kvcache": set(),
-         "sparserl_jax.validate": set(),
-         "sparserl_jax.newroom": {"sparserl_jax.validate"}}
-    assert cycles(g) == [["sparserl_jax.kvcache.cache", "sparserl_jax.model.config",
-                          "sparserl_jax.model.transformer"]]
+    g = {
+        "sparserl_jax.model.transformer": {"sparserl_jax.kvcache.cache"},
+        "sparserl_jax.kvcache.cache": {"sparserl_jax.model.config", "sparserl_jax.validate"},
+        "sparserl_jax.model.config": {"sparserl_jax.model.transformer"},
+        "sparserl_jax.data.tasks": {"sparserl_jax.kvcache", "sparserl_jax.validate"},
+        "sparserl_jax.kvcache": set(),
+        "sparserl_jax.validate": set(),
+        "sparserl_jax.newroom": {"sparserl_jax.validate"},
+    }
+    assert cycles(g) == [["sparserl_jax.kvcache.cache", "sparserl_jax.model.config", "sparserl_jax.model.transformer"]]
     assert upward(g, floors) == [
         "sparserl_jax.data.tasks imports sparserl_jax.kvcache (floor 2 -> 2)",
         "sparserl_jax.kvcache.cache imports sparserl_jax.model.config (floor 2 -> 3)",
-        "sparserl_jax.newroom has no floor (add it to FLOORS)"]
-    assert violations({"sparserl_jax.rollout.engine": {"sparserl_jax.config", "sparserl_jax.model"},
-                       "sparserl_jax.run_state": {"sparserl_jax.rl.update"}}) == [
+        "sparserl_jax.newroom has no floor (add it to FLOORS)",
+    ]
+    assert violations(
+        {
+            "sparserl_jax.rollout.engine": {"sparserl_jax.config", "sparserl_jax.model"},
+            "sparserl_jax.run_state": {"sparserl_jax.rl.update"},
+        }
+    ) == [
         "sparserl_jax.rollout.engine imports sparserl_jax.config",
-        "sparserl_jax.run_state imports sparserl_jax.rl.update"]
+        "sparserl_jax.run_state imports sparserl_jax.rl.update",
+    ]
 
 
 def test_a_planted_stair_in_the_real_graph_is_found():
@@ -259,10 +305,11 @@ def test_a_planted_stair_in_the_real_graph_is_found():
     import and a cycle through the model's transformer."""
     g = graph()
     g["sparserl_jax.kernels.sharded"].add("sparserl_jax.model.sharding")
-    assert upward(g) == [
-        "sparserl_jax.kernels.sharded imports sparserl_jax.model.sharding (floor 2 -> 3)"]
-    assert any({"sparserl_jax.kernels.sharded", "sparserl_jax.model.sharding",
-                "sparserl_jax.model.transformer"} <= set(c) for c in cycles(g))
+    assert upward(g) == ["sparserl_jax.kernels.sharded imports sparserl_jax.model.sharding (floor 2 -> 3)"]
+    assert any(
+        {"sparserl_jax.kernels.sharded", "sparserl_jax.model.sharding", "sparserl_jax.model.transformer"} <= set(c)
+        for c in cycles(g)
+    )
 
 
 def test_a_planted_source_tree_is_read(tmp_path):
@@ -274,37 +321,58 @@ def test_a_planted_source_tree_is_read(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "kvcache" / "__init__.py").write_text("from .config import KVConfig\n")
     (pkg / "kvcache" / "config.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sparserl_jax.model import cfg\n")
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sparserl_jax.model import cfg\n"
+    )
     (pkg / "model.py").write_text(
-        "from sparserl_jax import kernels\n\n\ndef f():\n    from sparserl_jax.kvcache import config\n")
+        "from sparserl_jax import kernels\n\n\ndef f():\n    from sparserl_jax.kvcache import config\n"
+    )
     (kern / "__init__.py").write_text("import numpy\n")
     g = graph({pkg: ROOT, kern: f"{ROOT}.kernels"})
-    assert g == {"sparserl_jax": set(), "sparserl_jax.kvcache": {"sparserl_jax.kvcache.config"},
-                 "sparserl_jax.kvcache.config": {"sparserl_jax.model"},
-                 "sparserl_jax.model": {"sparserl_jax.kernels", "sparserl_jax.kvcache.config"},
-                 "sparserl_jax.kernels": set()}
+    assert g == {
+        "sparserl_jax": set(),
+        "sparserl_jax.kvcache": {"sparserl_jax.kvcache.config"},
+        "sparserl_jax.kvcache.config": {"sparserl_jax.model"},
+        "sparserl_jax.model": {"sparserl_jax.kernels", "sparserl_jax.kvcache.config"},
+        "sparserl_jax.kernels": set(),
+    }
     assert cycles(g) == [["sparserl_jax.kvcache.config", "sparserl_jax.model"]]
     assert upward(g, (("kernels", "kvcache"), ("model",))) == [
-        "sparserl_jax.kvcache.config imports sparserl_jax.model (floor 1 -> 2)"]
-    assert call_time_imports((pkg / "model.py").read_text()) == [
-        "line 5: from sparserl_jax.kvcache import config"]
+        "sparserl_jax.kvcache.config imports sparserl_jax.model (floor 1 -> 2)"
+    ]
+    assert call_time_imports((pkg / "model.py").read_text()) == ["line 5: from sparserl_jax.kvcache import config"]
 
 
 def test_a_call_time_import_is_found():
-    text = ("import os\n\n\ndef fetch(x):\n    from sparserl_jax import distributed  # late\n\n"
-            "    def inner():\n        import numpy as np\n        from . import quant\n"
-            "    return distributed.to_host(x)\n")
-    assert call_time_imports(text) == ["line 5: from sparserl_jax import distributed",
-                                       "line 9: from . import quant"]
+    text = (
+        "import os\n\n\ndef fetch(x):\n    from sparserl_jax import distributed  # late\n\n"
+        "    def inner():\n        import numpy as np\n        from . import quant\n"
+        "    return distributed.to_host(x)\n"
+    )
+    assert call_time_imports(text) == ["line 5: from sparserl_jax import distributed", "line 9: from . import quant"]
     assert call_time_imports("import os\nfrom sparserl_jax import quant\n") == []
 
 
-@pytest.mark.parametrize("room_name", ["config", "components", "evaluate", "sft", "generate", "dryrun",
-                                       "rl.learner", "train", "run_state", "checkpoint", "tokenizer"])
+@pytest.mark.parametrize(
+    "room_name",
+    [
+        "config",
+        "components",
+        "evaluate",
+        "sft",
+        "generate",
+        "dryrun",
+        "rl.learner",
+        "train",
+        "run_state",
+        "checkpoint",
+        "tokenizer",
+    ],
+)
 def test_rollout_may_not_reach_up(room_name):
     """The whitelist refuses each room above rollout/ (and any room it does not name)."""
     assert violations({"sparserl_jax.rollout.engine": {f"sparserl_jax.{room_name}"}}) == [
-        f"sparserl_jax.rollout.engine imports sparserl_jax.{room_name}"]
+        f"sparserl_jax.rollout.engine imports sparserl_jax.{room_name}"
+    ]
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -312,8 +380,9 @@ def test_rollout_may_not_reach_up(room_name):
 
 @pytest.mark.parametrize("module", LOOP)
 def test_imports_alone(module):
-    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

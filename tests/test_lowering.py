@@ -38,9 +38,7 @@ MODELS = ("qwen2.5-1.5b", "qwen2.5-7b")
 # jax platform name -> (kernels' platform, a string the lowered module must contain)
 PLATFORMS = {"tpu": ("tpu", "tpu_custom_call"), "cuda": ("gpu", "__gpu$xla.gpu.triton")}
 DISABLED = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-needs_triton = pytest.mark.skipif(
-    not gpu.TRITON_AVAILABLE, reason=f"jax {jax.__version__} has no Pallas Triton"
-)
+needs_triton = pytest.mark.skipif(not gpu.TRITON_AVAILABLE, reason=f"jax {jax.__version__} has no Pallas Triton")
 
 
 def _platforms():
@@ -88,8 +86,7 @@ def test_shapes_the_kernel_cannot_tile_fail_with_our_message(platform):
         with pytest.raises(ValueError, match=r"impl='pallas' on gpu: head_dim=96 must be a power of two"):
             lower(fn, platform, q, kv, kv, fill)
     else:  # Mosaic bf16 tiles are 16 sublanes
-        fn = jax.jit(functools.partial(
-            kernels.decode_attention, impl="pallas", platform=kernel_platform, block_c=200))
+        fn = jax.jit(functools.partial(kernels.decode_attention, impl="pallas", platform=kernel_platform, block_c=200))
         with pytest.raises(ValueError, match=r"block_c=200 must be a multiple of 16 for bfloat16"):
             lower(fn, platform, q, kv, kv, fill)
 
@@ -103,9 +100,13 @@ def test_sampler_and_update_step_lower_at_real_shapes(name, platform):
     kernel_platform, marker = PLATFORMS[platform]
     params = shd.abstract_params(m)
     B, P = 8, 256
-    scfg = smp.SamplerConfig(max_new_tokens=cfg.rollout.max_new_tokens, kv=cfg.kv,
-                             eos_token_ids=(m.vocab_size - 1,), attn_impl="pallas",
-                             attn_platform=kernel_platform)
+    scfg = smp.SamplerConfig(
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        kv=cfg.kv,
+        eos_token_ids=(m.vocab_size - 1,),
+        attn_impl="pallas",
+        attn_platform=kernel_platform,
+    )
     gen = jax.jit(lambda params, prompts, lengths, key: smp.generate(params, m, prompts, lengths, key, scfg))
     key = jax.eval_shape(jax.random.key, 0)
     text = lower(gen, platform, params, sds((B, P), "int32"), sds((B,), "int32"), key)
@@ -135,8 +136,12 @@ def test_mixed_precision_update_programs_lower_at_real_shapes(platform):
     compute = jax.tree.map(lambda x: sds(x.shape, m.dtype), master)
     acc = jax.tree.map(lambda x: sds(x.shape, "float32"), master)
     B, T = cfg.rl.update.micro_batch_size, 256 + 128
-    mb = {"tokens": sds((B, T), "int32"), "response_mask": sds((B, T), "bool"),
-          "sampler_logp": sds((B, T), "float32"), "advantages": sds((B,), "float32")}
+    mb = {
+        "tokens": sds((B, T), "int32"),
+        "response_mask": sds((B, T), "bool"),
+        "sampler_logp": sds((B, T), "float32"),
+        "advantages": sds((B,), "float32"),
+    }
     micro = jax.jit(functools.partial(bucketed._micro_step, m, cfg.rl, fused=True))
     acc_out, num, _, logp = jax.eval_shape(micro, compute, compute, acc, mb, None)
     assert {x.dtype for x in jax.tree.leaves(acc_out)} == {jnp.dtype(jnp.float32)}
@@ -151,6 +156,5 @@ def test_mixed_precision_update_programs_lower_at_real_shapes(platform):
     assert {x.dtype for x in jax.tree.leaves(new)} == {jnp.dtype(jnp.float32)}
     lower(apply, platform, master, opt_state, acc, sds((), "float32"), sds((), "float32"))
     recast = jax.jit(functools.partial(precision.cast_floats, dtype=m.dtype))
-    assert jax.tree.map(lambda x: x.dtype, jax.eval_shape(recast, master)) == \
-        jax.tree.map(lambda x: x.dtype, compute)
+    assert jax.tree.map(lambda x: x.dtype, jax.eval_shape(recast, master)) == jax.tree.map(lambda x: x.dtype, compute)
     assert "stablehlo.convert" in lower(recast, platform, master)

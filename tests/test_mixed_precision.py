@@ -31,8 +31,9 @@ from sparserl_jax.train import Trainer
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 
 # SmolLM2-135M's MLP kernels: [576, 1536] gate and up, [1536, 576] down, N(0, 0.02) at init
-SMOL_MLP = ModelConfig.tiny("llama", vocab_size=128, d_model=576, n_layers=1, n_heads=9,
-                            n_kv_heads=3, head_dim=64, d_ff=1536)
+SMOL_MLP = ModelConfig.tiny(
+    "llama", vocab_size=128, d_model=576, n_layers=1, n_heads=9, n_kv_heads=3, head_dim=64, d_ff=1536
+)
 
 
 @functools.cache
@@ -89,9 +90,17 @@ B, T, P = 8, 24, 8  # rows, width, prompt positions
 
 
 def _learner_cfg(lr: float, *, minibatch: int, reuse_old_forward: bool = True) -> rl.RLConfig:
-    return rl.RLConfig(mode="dense", optim=rl.OptimConfig(lr=lr), update=rl.UpdateConfig(
-        minibatch_size=minibatch, micro_batch_size=4, length_bucket=0, score_batch_size=4,
-        reuse_old_forward=reuse_old_forward))
+    return rl.RLConfig(
+        mode="dense",
+        optim=rl.OptimConfig(lr=lr),
+        update=rl.UpdateConfig(
+            minibatch_size=minibatch,
+            micro_batch_size=4,
+            length_bucket=0,
+            score_batch_size=4,
+            reuse_old_forward=reuse_old_forward,
+        ),
+    )
 
 
 def _on_policy_batch(params) -> dict:
@@ -103,8 +112,12 @@ def _on_policy_batch(params) -> dict:
     pos = np.arange(T)[None]
     mask = (pos >= P - 1) & (pos < ends[:, None] - 1)
     logp, _ = jax.jit(transformer.token_logprobs, static_argnums=1)(params, MC, tokens)
-    return {"tokens": tokens, "response_mask": mask, "sampler_logp": np.asarray(logp) * mask,
-            "advantages": rng.standard_normal(B).astype(np.float32)}
+    return {
+        "tokens": tokens,
+        "response_mask": mask,
+        "sampler_logp": np.asarray(logp) * mask,
+        "advantages": rng.standard_normal(B).astype(np.float32),
+    }
 
 
 def _train(model_cfg, params, batch, cfg: rl.RLConfig, calls: int):
@@ -167,9 +180,11 @@ def test_on_policy_ratio_is_one_from_one_compute_copy(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- a run
 
+
 def _smoke(out, *overrides):
-    return load_config([SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=0",
-                                 "model.dtype=bfloat16", *overrides])
+    return load_config(
+        [SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=0", "model.dtype=bfloat16", *overrides]
+    )
 
 
 def _checkpoint_params(run, name: str, like):
@@ -186,8 +201,12 @@ def test_a_bf16_compute_run_moves_its_weights_and_resumes_exactly(tmp_path, tmp_
     rl.optim.lr=1e-6 train.iterations=2 train.save_every=1` moves the float32 master weights in
     its last checkpoint away from pi_ref's (bfloat16 weights kept 0.0% of them moving); a copy
     cut back to iteration 1 and resumed ends on the same weights, bit for bit."""
-    overrides = ("rl.optim.lr=1e-6", "train.save_every=1", "train.iterations=2",
-                 "rl.update.length_bucket=0")  # one width to compile
+    overrides = (
+        "rl.optim.lr=1e-6",
+        "train.save_every=1",
+        "train.iterations=2",
+        "rl.update.length_bucket=0",
+    )  # one width to compile
     with compile_cache_in_process(tmp_path_factory):
         trainer = Trainer(_smoke(tmp_path / "a", *overrides))
         trainer.run()

@@ -54,7 +54,11 @@ def test_two_processes_match_single_process_reference():
     procs = [
         subprocess.Popen(
             [sys.executable, str(TESTS / "multihost_worker.py"), str(i), str(n), str(port)],
-            env=env, cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            cwd=TESTS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i in range(n)
     ]

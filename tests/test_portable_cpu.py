@@ -62,8 +62,7 @@ def _python_cmd(emulated: bool) -> tuple[list[str], dict]:
 
 def _run(args: list[str], emulated: bool, timeout: int) -> str:
     cmd, env = _python_cmd(emulated)
-    proc = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=EXPERIMENTS)
+    proc = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=timeout, cwd=EXPERIMENTS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -98,8 +97,8 @@ def test_env_defaults_last_only_for_the_block(monkeypatch):
 
 
 needs_qemu = pytest.mark.skipif(
-    QEMU is None or platform.machine() != "x86_64",
-    reason="needs qemu-user (apt-get install qemu-user) on x86-64")
+    QEMU is None or platform.machine() != "x86_64", reason="needs qemu-user (apt-get install qemu-user) on x86-64"
+)
 
 
 def _probe(mode: str, size: str, emulated: bool) -> list[str]:
@@ -119,9 +118,12 @@ def test_kernels_equal_on_an_emulated_avx2_cpu():
 
 
 @needs_qemu
-@pytest.mark.xfail(HOST_AVX512, strict=True,
-                   reason="known residual on an AVX-512 host: oneDNN's AVX2 sgemm blocks larger dots "
-                   "differently there than on the emulated AVX2 CPU (docs/reproducing.md)")
+@pytest.mark.xfail(
+    HOST_AVX512,
+    strict=True,
+    reason="known residual on an AVX-512 host: oneDNN's AVX2 sgemm blocks larger dots "
+    "differently there than on the emulated AVX2 CPU (docs/reproducing.md)",
+)
 def test_large_dots_equal_on_an_emulated_avx2_cpu():
     """Larger dots: equal on an AVX2 host (Zen 3, measured) and known to differ on an AVX-512 host
     (Zen 5), where the test is an expected failure that must keep failing."""
@@ -138,13 +140,13 @@ def test_fingerprint_is_the_default_smoke_at_warm_start_0(tmp_path):
     from sparserl_jax.config import load_config
     from sparserl_jax.experiments import default, figlib, fingerprint
 
-    args = argparse.Namespace(replot=None, smoke=True, config=default.CONFIG, overrides=[],
-                              runs_dir=str(tmp_path))
+    args = argparse.Namespace(replot=None, smoke=True, config=default.CONFIG, overrides=[], runs_dir=str(tmp_path))
     smoke = figlib.study_from_args(args, [0], None, default.DEFAULT_OVERRIDES).base
     mine = load_config([fingerprint.CONFIG], fingerprint.overrides())
     assert os.path.samefile(fingerprint.CONFIG, default.CONFIG)
-    assert dataclasses.replace(mine, train=dataclasses.replace(mine.train, progress=True)) == \
-        dataclasses.replace(smoke, train=dataclasses.replace(smoke.train, progress=True))
+    assert dataclasses.replace(mine, train=dataclasses.replace(mine.train, progress=True)) == dataclasses.replace(
+        smoke, train=dataclasses.replace(smoke.train, progress=True)
+    )
 
 
 def test_fingerprint_compares_field_by_field(tmp_path, monkeypatch, capsys):

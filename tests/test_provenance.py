@@ -18,8 +18,14 @@ RESULTS = REPO / "experiments" / "results"
 MDS = sorted(RESULTS.rglob("results.md"))
 PNGS = sorted(RESULTS.rglob("*.png"))
 # each field's words in the provenance sentence (figprov._fields)
-FIELD_WORDS = {"commit": r"\bcommit\b", "tree": r"\btree\b", "CPU": r"\bCPU\b", "jax": r"\bjax\b",
-               "cores": r"\bcores\b", "wall time": r"\bwall time\b"}
+FIELD_WORDS = {
+    "commit": r"\bcommit\b",
+    "tree": r"\btree\b",
+    "CPU": r"\bCPU\b",
+    "jax": r"\bjax\b",
+    "cores": r"\bcores\b",
+    "wall time": r"\bwall time\b",
+}
 
 
 def missing_provenance(text: str) -> list[str]:
@@ -29,8 +35,14 @@ def missing_provenance(text: str) -> list[str]:
     sentences = [line for line in text.splitlines() if "Provenance:" in line]
     if not sentences:
         return missing + ["provenance"]
-    return missing + sorted({field for line in sentences for field in figprov.FIELDS
-                             if not re.search(FIELD_WORDS[field], line.split("Provenance:", 1)[1])})
+    return missing + sorted(
+        {
+            field
+            for line in sentences
+            for field in figprov.FIELDS
+            if not re.search(FIELD_WORDS[field], line.split("Provenance:", 1)[1])
+        }
+    )
 
 
 def png_width_in(path: Path) -> float:
@@ -64,16 +76,25 @@ def test_every_figure_fits_one_column_or_is_declared_two_column(path):
 
 
 def test_the_checkers_find_what_is_missing(tmp_path):
-    good = ("# T\n\nCommand: `python x.py`\n\nProvenance: commit abc at the start of the run; tree clean; "
-            "CPU X; jax 0.10.2; cores 2; wall time 3 s.\n")
+    good = (
+        "# T\n\nCommand: `python x.py`\n\nProvenance: commit abc at the start of the run; tree clean; "
+        "CPU X; jax 0.10.2; cores 2; wall time 3 s.\n"
+    )
     assert missing_provenance(good) == []
     assert missing_provenance(good.replace("jax 0.10.2; ", "")) == ["jax"]
     assert missing_provenance(good.replace("Command: `python x.py`", "")) == ["command"]
     assert missing_provenance("# T\n\nCommand: `python x.py`\n") == ["provenance"]
     # the sentence every committed result gets from figprov passes, recorded or not
     assert missing_provenance("Command: `c`\n\n" + figprov.provenance_line({}) + "\n") == []
-    prov = {"commit": "abc", "uncommitted_changes": False, "portable_cpu": True, "cpu": "X", "jax": "1",
-            "cores": 2, "wall_s": 3.0}
+    prov = {
+        "commit": "abc",
+        "uncommitted_changes": False,
+        "portable_cpu": True,
+        "cpu": "X",
+        "jax": "1",
+        "cores": 2,
+        "wall_s": 3.0,
+    }
     assert missing_provenance("Command: `c`\n\n" + figprov.provenance_line({"provenance": prov}) + "\n") == []
     wide, narrow = tmp_path / "wide.png", tmp_path / "narrow.png"
     for path, width in ((wide, 7.0), (narrow, 3.5)):

@@ -42,8 +42,15 @@ def test_weight_scales_per_output_channel_and_int8_round_trip():
     q = quant.quantize_params(PARAMS, INT8)
     layer, full = q["layers"][0], PARAMS["layers"][0]
     D, N, K, H, F = CFG.d_model, CFG.n_heads, CFG.n_kv_heads, CFG.head_dim, CFG.d_ff
-    expected = {"q": (1, N, H), "k": (1, K, H), "v": (1, K, H), "o": (1, 1, D),
-                "gate": (1, F), "up": (1, F), "down": (1, D)}
+    expected = {
+        "q": (1, N, H),
+        "k": (1, K, H),
+        "v": (1, K, H),
+        "o": (1, 1, D),
+        "gate": (1, F),
+        "up": (1, F),
+        "down": (1, D),
+    }
     for name, shape in expected.items():
         w = layer[name]
         assert isinstance(w, quant.QWeight) and w.values.dtype == jnp.int8, name
@@ -56,8 +63,9 @@ def test_weight_scales_per_output_channel_and_int8_round_trip():
     assert q["lm_head"] is PARAMS["lm_head"] and q["embed"] is PARAMS["embed"]  # shared, not copied
     assert layer["attn_norm"] is full["attn_norm"]
     assert not isinstance(layer["attn_norm"], quant.QWeight) and not isinstance(layer["q_bias"], quant.QWeight)
-    assert isinstance(quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", skip=("embed",)))
-                      ["lm_head"], quant.QWeight)
+    assert isinstance(
+        quant.quantize_params(PARAMS, quant.QuantConfig(format="int8", skip=("embed",)))["lm_head"], quant.QWeight
+    )
 
 
 def test_fp8_overflow_zeros_and_zero_channels_give_no_nan():
@@ -71,8 +79,9 @@ def test_fp8_overflow_zeros_and_zero_channels_give_no_nan():
         np.testing.assert_allclose(back[0, :2], [1e6, -1e6], rtol=1e-6)
     # values beyond +-448 with a unit scale saturate instead of overflowing to NaN
     values, _ = quant.quantize(jnp.array([[448.0]]), "fp8", (1,))
-    w = quant.QWeight(jnp.array([[1e4, -1e4]]).clip(-QMAX["fp8"], QMAX["fp8"]).astype(values.dtype),
-                      jnp.ones((1, 2)), fmt="fp8")
+    w = quant.QWeight(
+        jnp.array([[1e4, -1e4]]).clip(-QMAX["fp8"], QMAX["fp8"]).astype(values.dtype), jnp.ones((1, 2)), fmt="fp8"
+    )
     assert np.all(np.isfinite(np.asarray(w.dequantize())))
 
 
@@ -109,8 +118,9 @@ def test_dot_matches_qwix_and_numpy_oracles():
     deq = np.asarray(values, np.float64) * np.asarray(scale)
     np.testing.assert_allclose(ours, np.einsum("btd,dnh->btnh", x_np, deq), rtol=1e-5, atol=1e-5)
     qwix = pytest.importorskip("qwix")
-    theirs = qwix.einsum("btd,dnh->btnh", qwix.QArray(xv, xs, qtype=jnp.int8),
-                         qwix.QArray(values, scale, qtype=jnp.int8))
+    theirs = qwix.einsum(
+        "btd,dnh->btnh", qwix.QArray(xv, xs, qtype=jnp.int8), qwix.QArray(values, scale, qtype=jnp.int8)
+    )
     # the int32 accumulation is exact in both; the rescales by the two scales differ by at most
     # their 3 roundings each (6u = 3.6e-7 relative)
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
@@ -125,13 +135,12 @@ def test_quantized_sampler_greedy_and_logprobs_match_teacher_forcing():
     lengths = jnp.array([6, 10, 8])
     prompts = jnp.where(jnp.arange(10)[None] < lengths[:, None], TOKENS, 0)
     M = 6
-    greedy = smp.SamplerConfig(max_new_tokens=M, sampling=SamplingConfig(temperature=0.0),
-                               kv=kv.KVConfig(buffer=3))
+    greedy = smp.SamplerConfig(max_new_tokens=M, sampling=SamplingConfig(temperature=0.0), kv=kv.KVConfig(buffer=3))
     out = smp.generate_jit(qparams, CFG, prompts, lengths, jax.random.key(0), greedy)
     seq = np.zeros((3, 10 + M), np.int32)
     for b in range(3):
         P = int(lengths[b])
-        seq[b, :P], seq[b, P:P + M] = prompts[b, :P], out.tokens[b]
+        seq[b, :P], seq[b, P : P + M] = prompts[b, :P], out.tokens[b]
     fake_logits = np.asarray(tf.logits(fake, CFG, jnp.asarray(seq)))
     lp, _ = tf.token_logprobs(qparams, CFG, jnp.asarray(seq))
     # the native and the fake dot are the same integer arithmetic up to float32 rounding: the
@@ -139,17 +148,19 @@ def test_quantized_sampler_greedy_and_logprobs_match_teacher_forcing():
     logit_tol = sum_tol(forward_terms(CFG, 16), logit_magnitude(PARAMS))
     for b in range(3):
         P = int(lengths[b])
-        rows = fake_logits[b, P - 1:P - 1 + M]
+        rows = fake_logits[b, P - 1 : P - 1 + M]
         chosen = np.take_along_axis(rows, np.asarray(out.tokens[b])[:, None], -1)[:, 0]
         np.testing.assert_array_less(rows.max(-1) - chosen, 2 * logit_tol)
-        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1:P - 1 + M], atol=2e-5)
+        np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1 : P - 1 + M], atol=2e-5)
 
 
 def test_invariant_scaling_keeps_the_logits_and_exports_the_scaled_weights(tmp_path):
     from sparserl_jax.model import hf
 
     scaled = quant.invariant_scale(PARAMS, 1.5)
-    np.testing.assert_allclose(scaled["layers"][0]["attn_norm"], 1.5 * PARAMS["layers"][0]["attn_norm"])  # 1.5 * 1: exact
+    np.testing.assert_allclose(
+        scaled["layers"][0]["attn_norm"], 1.5 * PARAMS["layers"][0]["attn_norm"]
+    )  # 1.5 * 1: exact
     ref = tf.logits(PARAMS, CFG, TOKENS)
     assert float(jnp.max(jnp.abs(tf.logits(scaled, CFG, TOKENS) - ref))) <= 1e-5 * float(jnp.max(jnp.abs(ref)))
     hf.save_params(tmp_path, CFG, scaled)  # the HF export holds the scaled, equivalent weights
@@ -178,8 +189,9 @@ assert tuple(q.scale.sharding.spec)[:1] in ((None,), ()), q.scale.sharding
 assert len(q.values.sharding.device_set) == 8
 print("QUANT_SHARDED_OK")
 """
-    proc = subprocess.run([sys.executable, "-c", code], env=fake_device_env(8),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=fake_device_env(8), capture_output=True, text=True, timeout=300
+    )
     assert "QUANT_SHARDED_OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -202,8 +214,15 @@ def test_qurl_int8_run_trains_logs_mismatch_and_acr_and_resumes_exactly(tmp_path
     """Sparse (snapkv) + int8 W8A8 rollouts with QuRL's ACR and invariant scaling: nonzero
     mismatch and ACR activity; resumed from its iteration-1 checkpoint, the run repeats
     iteration 2 exactly (the resumed trainer does not scale again) and refuses another scale."""
-    common = ("train.iterations=2", "sft.steps=4", "train.save_every=1", "rl.mode=qurl",
-              "rl.acr.c=1.01", "quant.format=int8", "quant.invariant_scaling=true")
+    common = (
+        "train.iterations=2",
+        "sft.steps=4",
+        "train.save_every=1",
+        "rl.mode=qurl",
+        "rl.acr.c=1.01",
+        "quant.format=int8",
+        "quant.invariant_scaling=true",
+    )
     Trainer(_cfg(tmp_path / "a", *common)).run()
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "2")  # as if stopped after iteration 1

@@ -26,8 +26,11 @@ def figure_rows(readme: str) -> dict[str, str]:
 
 def wrong_words(cell: str) -> list[str]:
     """The verdict words of a cell that the shared rule does not give their count."""
-    return [m.group(0) for m in VERDICT.finditer(cell)
-            if not figlib.verdict_phrase(int(m.group(2)), int(m.group(3))).startswith(f"**{m.group(1)}**")]
+    return [
+        m.group(0)
+        for m in VERDICT.finditer(cell)
+        if not figlib.verdict_phrase(int(m.group(2)), int(m.group(3))).startswith(f"**{m.group(1)}**")
+    ]
 
 
 def row(rows: dict[str, str], start: str) -> str:
@@ -67,8 +70,9 @@ def test_the_default_rows_counts_are_its_results_pooled_over_machines(rows):
     assert [k for k in rows if k.startswith("default experiment")][0].count(f"each of {len(machines)} machines") == 1
 
 
-@pytest.mark.parametrize("start, config", [("a. training curves, SnapKV@48", "walk_key"),
-                                           ("a. training curves, R-KV@48", "walk_key_rkv")])
+@pytest.mark.parametrize(
+    "start, config", [("a. training curves, SnapKV@48", "walk_key"), ("a. training curves, R-KV@48", "walk_key_rkv")]
+)
 def test_figure_a_rows_counts_are_its_results(rows, start, config):
     cell = row(rows, start)
     claims = claims_of(json.loads((RESULTS / "fig_a_curves" / config / "results.json").read_text()))

@@ -32,12 +32,26 @@ def test_group_and_length_stats():
 
 
 def test_study_targets_read_the_declared_numbers():
-    base = {"dense_reward": 0.3, "dense_mixed": 0.6, "sparse_reward": 0.2, "budget": 64, "prompt_max": 57,
-            "kv_saving": 0.33, "k3": 0.05}
+    base = {
+        "dense_reward": 0.3,
+        "dense_mixed": 0.6,
+        "sparse_reward": 0.2,
+        "budget": 64,
+        "prompt_max": 57,
+        "kv_saving": 0.33,
+        "k3": 0.05,
+    }
     met = lambda c: [name for name, _, test in calibrate.STUDY_TARGETS if test(c)]  # noqa: E731
     assert len(met(base)) == len(calibrate.STUDY_TARGETS)
-    for bad in ({"dense_reward": 0.2}, {"dense_reward": 0.8, "sparse_reward": 0.5}, {"dense_mixed": 0.4},
-                {"sparse_reward": 0.1}, {"budget": 57}, {"kv_saving": 0.25}, {"k3": 0.01}):
+    for bad in (
+        {"dense_reward": 0.2},
+        {"dense_reward": 0.8, "sparse_reward": 0.5},
+        {"dense_mixed": 0.4},
+        {"sparse_reward": 0.1},
+        {"budget": 57},
+        {"kv_saving": 0.25},
+        {"k3": 0.01},
+    ):
         assert len(met({**base, **bad})) == len(calibrate.STUDY_TARGETS) - 1, bad
 
 
@@ -50,9 +64,22 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     ckpt = make_tiny_hf_checkpoint("llama", tmp_path)
     CharTokenizer().save(ckpt)
     out = tmp_path / "cal"
-    common = ["--config", CONFIG, "--prompts", "3", "--samples", "2", "--rows-per-call", "6",
-              "--out", str(out), f"model.checkpoint={ckpt}", "data.max_prompt_len=160",
-              "rollout.max_new_tokens=20", "kv.buffer=4"]
+    common = [
+        "--config",
+        CONFIG,
+        "--prompts",
+        "3",
+        "--samples",
+        "2",
+        "--rows-per-call",
+        "6",
+        "--out",
+        str(out),
+        f"model.checkpoint={ckpt}",
+        "data.max_prompt_len=160",
+        "rollout.max_new_tokens=20",
+        "kv.buffer=4",
+    ]
     data = calibrate.main([*common, "--budgets", "48", "--note", "first"])
     (run,) = data["runs"]
     names = [a["name"] for a in run["arms"]]
@@ -74,7 +101,7 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     md = (out / "results.md").read_text()
     assert "## Run 1: min_value=1, max_value=20" in md and "## Run 2:" in md and "max_value=30" in md
     assert "Command: `python experiments/real/calibrate.py --config" in md and "first" in md
-    study = md[md.index("## The collapse study's setting"):md.index("## Run 1")]
+    study = md[md.index("## The collapse study's setting") : md.index("## Run 1")]
     assert study.count("\n| 1 | ") == 1 and "| 2 | " not in study  # run 1's sampled sparse arm, not run 2
     assert md.count("Provenance: commit") == 2 and "portable CPU settings" in md  # one per run
     assert json.loads((out / "results.json").read_text()) == data

@@ -28,16 +28,21 @@ def _compile_cache(tmp_path_factory):
 
 
 def test_records_round_trip_and_identity(tmp_path):
-    rec = {"name": "naive/seed1", "config_key": "abc123", "history": [{"reward/mean": 0.25}],
-           "evals": {"10": {"accuracy": 0.5, "n": 128}}}
+    rec = {
+        "name": "naive/seed1",
+        "config_key": "abc123",
+        "history": [{"reward/mean": 0.25}],
+        "evals": {"10": {"accuracy": 0.5, "n": 128}},
+    }
     path = run_records.write(str(tmp_path), rec)
     assert os.path.basename(path) == "naive-seed1.json"
     assert run_records.read(str(tmp_path), "naive/seed1") == {"schema": run_records.SCHEMA, **rec}
     assert run_records.read(str(tmp_path), "naive/seed1", "abc123")["history"] == rec["history"]
     assert run_records.read(str(tmp_path), "naive/seed1", "another") is None  # another config: not reused
     assert run_records.read(str(tmp_path), "dense/seed1") is None
-    assert run_records.missing(str(tmp_path), [("naive/seed1", "abc123"), ("dense/seed1", "x"),
-                                               ("naive/seed1", "changed")]) == ["dense/seed1", "naive/seed1"]
+    assert run_records.missing(
+        str(tmp_path), [("naive/seed1", "abc123"), ("dense/seed1", "x"), ("naive/seed1", "changed")]
+    ) == ["dense/seed1", "naive/seed1"]
     with pytest.raises(ValueError, match="config_key"):
         run_records.write(str(tmp_path), {"name": "x"})
     stale = json.loads(open(path).read())
@@ -48,8 +53,10 @@ def test_records_round_trip_and_identity(tmp_path):
 
 
 def _untimed(results: dict) -> dict:
-    return {arm: [{k: v for k, v in r.items() if k != "seconds_per_iteration"} for r in rows]
-            for arm, rows in results.items()}
+    return {
+        arm: [{k: v for k, v in r.items() if k != "seconds_per_iteration"} for r in rows]
+        for arm, rows in results.items()
+    }
 
 
 def _run_dirs(runs) -> set[str]:

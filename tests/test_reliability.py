@@ -53,8 +53,7 @@ def _finish(proc, timeout=300):
 # ----------------------------------------------------------------------------- 1 vs 2 cores
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"),
-                    reason="needs 2 cores and taskset")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("taskset"), reason="needs 2 cores and taskset")
 @pytest.mark.slow
 def test_same_metrics_on_one_and_two_cores(tmp_path):
     """The default experiment's config (16 rows, a 5-step warm start, 2 iterations) in a
@@ -62,10 +61,21 @@ def test_same_metrics_on_one_and_two_cores(tmp_path):
     itself to core 0 there: the two run side by side). Each compiles for itself (no cache)."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     # at this size the unpinned process gives different metrics on 1 and 2 cores (measured)
-    overrides = ["sft.steps=5", "train.iterations=2", "rollout.prompts=2", "train.eval_prompts=4",
-                 "rl.update.minibatch_size=16", "rl.update.micro_batch_size=16", "train.progress=false"]
-    procs = [_worker("metrics", tmp_path / f"{n}.json", f"train.out_dir={tmp_path / str(n)}",
-                     *overrides, cores=cores[2 - n:]) for n in (1, 2)]
+    overrides = [
+        "sft.steps=5",
+        "train.iterations=2",
+        "rollout.prompts=2",
+        "train.eval_prompts=4",
+        "rl.update.minibatch_size=16",
+        "rl.update.micro_batch_size=16",
+        "train.progress=false",
+    ]
+    procs = [
+        _worker(
+            "metrics", tmp_path / f"{n}.json", f"train.out_dir={tmp_path / str(n)}", *overrides, cores=cores[2 - n :]
+        )
+        for n in (1, 2)
+    ]
     for p in procs:
         rc, _, err = _finish(p)
         assert rc == 0, err[-2000:]
@@ -78,6 +88,7 @@ def test_same_metrics_on_one_and_two_cores(tmp_path):
 
 def _params(run_dir):
     from sparserl_jax.checkpoint import Checkpointer
+
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"))
     step = ckpt.latest_step()
     path = os.path.join(ckpt.directory, str(step), "params")
@@ -87,6 +98,7 @@ def _params(run_dir):
 
 def _tree(run_dir):
     import orbax.checkpoint as ocp
+
     step, path = _params(run_dir)
     with ocp.StandardCheckpointer() as c:
         return step, c.restore(path)
@@ -99,16 +111,22 @@ def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_
     the final params equal an uninterrupted run's; then a damaged newest checkpoint is skipped.
     The first process compiles; the others load its programs from the session's compilation
     cache (the same executables: resuming is about the state, not the compiler)."""
-    base = ["train.iterations=4", "train.save_every=2", "train.keep_checkpoints=3", "sft.steps=3",
-            "train.progress=false"]
+    base = [
+        "train.iterations=4",
+        "train.save_every=2",
+        "train.keep_checkpoints=3",
+        "sft.steps=3",
+        "train.progress=false",
+    ]
     ref, run = tmp_path / "ref", tmp_path / "run"
     env = compile_cache_env(tmp_path_factory)
     for i, (point, step) in enumerate((("logged", 1), ("checkpoint", 4), ("logged", -1))):
         rc, _, err = _finish(_worker("kill", point, step, f"train.out_dir={run}", *base, env=env))
         assert rc == (0 if step < 0 else -9), err[-2000:]
         if i == 0:  # compiled: the uninterrupted run goes alongside the restarts, on the last core
-            reference = _worker("kill", "logged", -1, f"train.out_dir={ref}", *base, env=env,
-                                cores=sorted(os.sched_getaffinity(0))[-1:])
+            reference = _worker(
+                "kill", "logged", -1, f"train.out_dir={ref}", *base, env=env, cores=sorted(os.sched_getaffinity(0))[-1:]
+            )
     rc, _, err = _finish(reference)
     assert rc == 0, err[-2000:]
 
@@ -121,17 +139,24 @@ def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_
     (s1, p1), (s2, p2) = _tree(run), _tree(ref)
     assert s1 == s2 == 4
     import jax
+
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):  # same programs, same machine
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
     # TensorBoard holds each step once
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    steps = [e.step for p in sorted((run / "tensorboard").iterdir()) for e in EventFileLoader(str(p)).Load()
-             if e.HasField("summary")]
+
+    steps = [
+        e.step
+        for p in sorted((run / "tensorboard").iterdir())
+        for e in EventFileLoader(str(p)).Load()
+        if e.HasField("summary")
+    ]
     assert sorted(steps) == [1, 2, 3, 4]
 
     # a truncated params file in the newest checkpoint: the one before is restored, with a warning
     from sparserl_jax.checkpoint import Checkpointer
+
     _, path = _params(run)
     files = sorted((p for p in Path(path).rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)
     files[0].write_bytes(files[0].read_bytes()[: files[0].stat().st_size // 2])
@@ -149,12 +174,20 @@ def test_sigkill_anywhere_then_resume_equals_an_uninterrupted_run(tmp_path, tmp_
 
 
 def test_training_stops_after_too_many_skipped_iterations(tmp_path, monkeypatch):
-    cfg = load_config([SMOKE], [f"train.out_dir={tmp_path}", "sft.steps=0", "train.progress=false",
-                                "train.iterations=10", "train.save_every=1",
-                                "train.max_skipped_iterations=3", "train.keep_checkpoints=10"])
+    cfg = load_config(
+        [SMOKE],
+        [
+            f"train.out_dir={tmp_path}",
+            "sft.steps=0",
+            "train.progress=false",
+            "train.iterations=10",
+            "train.save_every=1",
+            "train.max_skipped_iterations=3",
+            "train.keep_checkpoints=10",
+        ],
+    )
     trainer = train.Trainer(cfg, log=lambda *a, **k: None)
-    good = {"update/loss": 0.1, "update/skipped": 0.0, "update/steps": 2.0, "reward/mean": 0.0,
-            "kv/saving": 0.0}
+    good = {"update/loss": 0.1, "update/skipped": 0.0, "update/steps": 2.0, "reward/mean": 0.0, "kv/saving": 0.0}
     bad = {**good, "update/loss": math.nan, "update/skipped": 2.0}
     script = iter([good, good, bad, bad, bad, good])
     monkeypatch.setattr(trainer, "step", lambda: next(script))
@@ -182,6 +215,7 @@ def run_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     from hf_fixtures import make_tiny_hf_checkpoint
+
     d = make_tiny_hf_checkpoint("qwen2", tmp_path_factory.mktemp("hf"))
     CharTokenizer().save(d)
     return d
@@ -191,6 +225,7 @@ def hf_dir(tmp_path_factory):
 def nan_hf_dir(tmp_path_factory):
     import torch
     from hf_fixtures import make_tiny_hf_model
+
     model = make_tiny_hf_model("qwen2")
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
@@ -256,8 +291,9 @@ def test_bad_input_is_one_line_naming_the_setting(row, tmp_path, capsys, run_dir
     if kind == T:  # refused before any work (the warm start writes reference/)
         assert not (tmp_path / "reference").exists()
     if row in SUBPROCESS_ROWS:
-        proc = subprocess.run([sys.executable, "-m", f"sparserl_jax.{kind}", *argv],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", f"sparserl_jax.{kind}", *argv], capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == status and message in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -265,6 +301,7 @@ def test_bad_input_is_one_line_naming_the_setting(row, tmp_path, capsys, run_dir
 def test_cache_bytes_are_estimated_before_allocating():
     from sparserl_jax import kvcache as kv
     from sparserl_jax.model.config import ModelConfig
+
     big = ModelConfig(n_layers=64, n_heads=64, n_kv_heads=64, head_dim=256, max_seq_len=1 << 30)
     with pytest.raises(ValueError, match=r"GiB \(64 rows x"):
         generate.check_cache(big, kv.KVConfig(policy="rkv", budget=1 << 24, buffer=128), 64, 16, 16)
@@ -300,14 +337,17 @@ def _value_and_text(tp, draw):
         v = draw(st.booleans())
         return v, draw(st.sampled_from([str(v).lower(), str(v), "yes" if v else "no"]))
     if tp is int:
-        v = draw(st.integers(-10**9, 10**9))
+        v = draw(st.integers(-(10**9), 10**9))
         return v, draw(st.sampled_from([str(v), f"{v}.0"]))
     if tp is float:
         v = draw(SCI)
         return v, draw(st.sampled_from([repr(v), f"{v:.17e}", f"{v:.17E}"]))
     if tp is str:
-        v = draw(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).filter(
-            lambda s: s.strip() not in ("null", "None", "~", "")))
+        v = draw(
+            st.text(st.characters(blacklist_categories=("Cs",)), min_size=1).filter(
+                lambda s: s.strip() not in ("null", "None", "~", "")
+            )
+        )
         return v, v
     if typing.get_origin(tp) is typing.Literal:
         v = draw(st.sampled_from(args))
@@ -334,7 +374,9 @@ def test_every_field_round_trips_from_its_string_form(data):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.sampled_from(["abc", "1.5x", "[1, 2]", "{a: 1}"]), st.sampled_from([n for n, t in LEAVES if t in (int, float)]))
+@given(
+    st.sampled_from(["abc", "1.5x", "[1, 2]", "{a: 1}"]), st.sampled_from([n for n, t in LEAVES if t in (int, float)])
+)
 def test_a_bad_number_names_the_setting(text, name):
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         load_config([SMOKE], [f"{name}={text}"])

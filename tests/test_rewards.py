@@ -110,6 +110,7 @@ def test_model_text_is_never_evaluated(monkeypatch, tmp_path):
     # imported here before the spy: text with letters makes latex2sympy import sympy's units on
     # first use, whose module sympifies its own prefix names ('yotta', 'Y', ...) through the parser
     import sympy.physics.units  # noqa: F401
+
     seen = []
     real = sp.parse_expr
 
@@ -122,7 +123,7 @@ def test_model_text_is_never_evaluated(monkeypatch, tmp_path):
     marker = tmp_path / "pwned"
     payload = f"__import__('os').system('touch {marker}')"
     assert R.math_reward(f"\\boxed{{{payload}}}", "1") == 0.0
-    assert R.math_reward("\\boxed{eval(\"1\")}", "1") == 0.0
+    assert R.math_reward('\\boxed{eval("1")}', "1") == 0.0
     assert R.math_reward("\\boxed{3+4*5}", "23") == 1.0  # plain expressions still parse (as LaTeX)
     assert R.math_reward("\\boxed{(2+1)/6}", "1/2") == 1.0
     assert seen, "the spy saw no call: it no longer watches the string parser"

@@ -45,29 +45,57 @@ def test_bucket_planning():
     assert [mb.width for mb in plan] == [12, 12]
 
 
-def _cfg(mode="sparse_rl", *, normalisation="micro_batch", aggregation="seq_mean", beta=0.01,
-         minibatch=8, micro=2, epochs=1, **update):
+def _cfg(
+    mode="sparse_rl",
+    *,
+    normalisation="micro_batch",
+    aggregation="seq_mean",
+    beta=0.01,
+    minibatch=8,
+    micro=2,
+    epochs=1,
+    **update,
+):
     update = {"length_bucket": 4, **update}
     return rl.RLConfig(
-        mode=mode, ibr=rl.IbrConfig(normalisation=normalisation),
+        mode=mode,
+        ibr=rl.IbrConfig(normalisation=normalisation),
         loss=rl.LossConfig(aggregation=aggregation, beta=beta),
-        update=rl.UpdateConfig(minibatch_size=minibatch, micro_batch_size=micro, epochs=epochs,
-                               temperature=0.9, chunk_tokens=16, score_batch_size=3, **update))
+        update=rl.UpdateConfig(
+            minibatch_size=minibatch,
+            micro_batch_size=micro,
+            epochs=epochs,
+            temperature=0.9,
+            chunk_tokens=16,
+            score_batch_size=3,
+            **update,
+        ),
+    )
 
 
 P = Path
 CASES = {  # name -> (config, the exact paths it allows; the test runs each)
     "sparse_rl, IBR per micro-batch: fused keeping the rows, or scored and regrouped": (
-        _cfg(), [P(True, False, True), P(False, True, True)]),
+        _cfg(),
+        [P(True, False, True), P(False, True, True)],
+    ),
     "sparse_rl fused, no pi_ref (beta 0), regrouped, token mean": (
-        _cfg(normalisation="none", beta=0.0, aggregation="token_mean"), [P(True, True, False)]),
+        _cfg(normalisation="none", beta=0.0, aggregation="token_mean"),
+        [P(True, True, False)],
+    ),
     "dense fused, regrouped": (_cfg("dense"), [P(True, True, True)]),
     "sparse_rl scored, global IBR, 2 minibatches, token mean": (
-        _cfg(normalisation="global", aggregation="token_mean", minibatch=4), [P(False, True, True)]),
+        _cfg(normalisation="global", aggregation="token_mean", minibatch=4),
+        [P(False, True, True)],
+    ),
     "qurl scored, 2 epochs (pi_ref scored), IBR per micro-batch fixed before regrouping": (
-        _cfg("qurl", epochs=2), [P(False, True, False)]),
+        _cfg("qurl", epochs=2),
+        [P(False, True, False)],
+    ),
     "sparse_rl padded widths, no regrouping": (
-        _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False), [P(False, False, True)]),
+        _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False),
+        [P(False, False, True)],
+    ),
 }
 
 
@@ -91,10 +119,12 @@ def _padded_and_bucketed(cfg: rl.RLConfig):
     score = update_lib.make_score_fn(MC, cfg.update)
     old = score(params, packed["tokens"])
     sampler = jnp.where(packed["response_mask"], old + noise, 0.0)
-    ref_batch = dict(packed, sampler_logp=sampler, old_logp=old,
-                     ref_logp=score(ref_params, packed["tokens"]), advantages=adv)
+    ref_batch = dict(
+        packed, sampler_logp=sampler, old_logp=old, ref_logp=score(ref_params, packed["tokens"]), advantages=adv
+    )
     want_params, _, want = update_lib.make_update_fn(MC, cfg, SGD_COUNTING)(
-        params, SGD_COUNTING.init(params), ref_batch)
+        params, SGD_COUNTING.init(params), ref_batch
+    )
     host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
     upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False)
     return params, ref_params, host, old, want_params, want, upd
@@ -152,9 +182,12 @@ class ToyWeightConfig:
     cap: float = 1.25
 
 
-TOY_WEIGHT = Correction(name="toy_weight", settings=ToyWeightConfig,
-                        weight=lambda m, s: jnp.minimum(m.xi, s.cap),
-                        normalise=lambda s: ("global", "valid"))
+TOY_WEIGHT = Correction(
+    name="toy_weight",
+    settings=ToyWeightConfig,
+    weight=lambda m, s: jnp.minimum(m.xi, s.cap),
+    normalise=lambda s: ("global", "valid"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,16 +240,20 @@ def test_no_compilation_after_the_first_batch():
     upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=True)
     compiles = []
     monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    )
     state = SGD_COUNTING.init(params)
     params = jax.tree.map(jnp.copy, params)  # donated below
     for i in range(3):
         mask = np.asarray(packed["response_mask"]).copy()
         if i == 1:
             mask[:, 6:] = False  # every row short: only the narrow widths run
-        host = {"tokens": np.asarray(packed["tokens"]), "response_mask": mask,
-                "sampler_logp": np.where(mask, -1.0 - 0.1 * i, 0.0).astype(np.float32),
-                "advantages": np.asarray(adv)}
+        host = {
+            "tokens": np.asarray(packed["tokens"]),
+            "response_mask": mask,
+            "sampler_logp": np.where(mask, -1.0 - 0.1 * i, 0.0).astype(np.float32),
+            "advantages": np.asarray(adv),
+        }
         n0 = len(compiles)
         params, state, out = upd(params, ref_params, state, host)
         if i == 0:

@@ -42,8 +42,14 @@ def inputs(seed, scale=0.5):
 @functools.partial(jax.jit, static_argnums=1, static_argnames="with_metrics")
 def corr(inp, cfg, weight_norm=None, with_metrics=False):
     return compose.compute_corrections(
-        inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
-        weight_norm=weight_norm, with_metrics=with_metrics,
+        inp["learner"],
+        inp["old"],
+        inp["ref"],
+        inp["sampler"],
+        inp["mask"],
+        cfg,
+        weight_norm=weight_norm,
+        with_metrics=with_metrics,
     )
 
 
@@ -51,7 +57,12 @@ def corr(inp, cfg, weight_norm=None, with_metrics=False):
 def corr_many(inp, cfgs):
     return [
         compose.compute_corrections(
-            inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], c,
+            inp["learner"],
+            inp["old"],
+            inp["ref"],
+            inp["sampler"],
+            inp["mask"],
+            c,
             with_metrics=False,
         )
         for c in cfgs
@@ -86,8 +97,16 @@ def test_sampler_equal_old_changes_nothing():
         np.testing.assert_allclose(np_(c.weight), mask.astype(np.float32), rtol=1e-6)
         np.testing.assert_array_equal(np_(c.r_acr), 1.0)
     m = {k: float(v) for k, v in corr(inp, FULL, with_metrics=True).metrics.items()}
-    for k in ("mismatch/kl_k1", "mismatch/kl_k3", "mismatch/abs_dlogp_max", "weights/trunc_frac",
-              "sars/token_reject_rate", "sars/seq_reject_rate", "sars/veto_rate", "acr/active_frac"):
+    for k in (
+        "mismatch/kl_k1",
+        "mismatch/kl_k3",
+        "mismatch/abs_dlogp_max",
+        "weights/trunc_frac",
+        "sars/token_reject_rate",
+        "sars/seq_reject_rate",
+        "sars/veto_rate",
+        "acr/active_frac",
+    ):
         assert m[k] == 0.0, k
     assert m["xi/p5"] == m["xi/p50"] == m["xi/p95"] == 1.0
 
@@ -153,8 +172,11 @@ def test_veto_fires_exactly_below_threshold(level):
         want = np.zeros(B, bool)
         for i in range(B):
             idx = np.nonzero(mask[i])[0]
-            v = {"token": np.exp(lx[i, idx]).min(), "sequence": np.exp(lx[i, idx].sum()),
-                 "geometric": np.exp(lx[i, idx].mean())}[level]
+            v = {
+                "token": np.exp(lx[i, idx]).min(),
+                "sequence": np.exp(lx[i, idx].sum()),
+                "geometric": np.exp(lx[i, idx].mean()),
+            }[level]
             want[i] = v < thr
         assert want.any() and not want.all()
         np.testing.assert_array_equal(np_(c.veto), want)
@@ -189,8 +211,7 @@ def test_ibr_weights_and_normalisation(ibr_mode):
     in_range = (xi >= 0.5) & (xi <= 1.5)
     raw = {"truncate": np.minimum(xi, 1.5), "clip": np.clip(xi, 0.5, 1.5), "mask": xi}[ibr_mode]
     cfgs = tuple(
-        C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode=ibr_mode, normalisation=n))
-        for n in ("micro_batch", "none")
+        C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode=ibr_mode, normalisation=n)) for n in ("micro_batch", "none")
     )
     normed, unnormed = corr_many(inp, cfgs)
     # "mask" mode (mask_rejects, the authors'): out-of-range tokens leave the loss altogether
@@ -211,19 +232,18 @@ def test_ibr_mask_mode_without_rejection_keeps_tokens_at_weight_zero():
     mask = np_(inp["mask"])
     xi = np.exp(np_(inp["old"] - inp["sampler"]).astype(np.float64))
     raw = np.where((xi >= 0.5) & (xi <= 1.5), xi, 0.0)
-    cfg = C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode="mask", mask_rejects=False,
-                                                      normalise_over="accepted"))
+    cfg = C.RLConfig(mode="ibr_only", ibr=C.IbrConfig(mode="mask", mask_rejects=False, normalise_over="accepted"))
     c = corr(inp, cfg)
     np.testing.assert_array_equal(np_(c.accept), mask)
-    np.testing.assert_allclose(np_(c.weight), np.where(mask, raw / raw[mask].mean(), 0.0),
-                               rtol=1e-5)
+    np.testing.assert_allclose(np_(c.weight), np.where(mask, raw / raw[mask].mean(), 0.0), rtol=1e-5)
     assert 0 < (raw[mask] == 0).sum() < mask.sum()
 
 
 def test_normaliser_over_valid_or_accepted_tokens_with_sars():
     cfg = C.RLConfig(mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"))
-    cfg_acc = C.RLConfig(mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"),
-                         ibr=C.IbrConfig(normalise_over="accepted"))
+    cfg_acc = C.RLConfig(
+        mode="sparse_rl", sars=C.SarsConfig(token_level="geometric"), ibr=C.IbrConfig(normalise_over="accepted")
+    )
     inp = inputs(5, scale=0.6)
     c, c_acc = corr_many(inp, (cfg, cfg_acc))
     acc, mask = np_(c.accept), np_(inp["mask"])
@@ -231,8 +251,7 @@ def test_normaliser_over_valid_or_accepted_tokens_with_sars():
     xi = np_(c.xi).astype(np.float64)
     w_raw = np.minimum(xi, 1.5)
     # authors: the mean over every valid token, rejected ones included
-    np.testing.assert_allclose(np_(c.weight), np.where(acc, w_raw / w_raw[mask].mean(), 0),
-                               rtol=1e-5)
+    np.testing.assert_allclose(np_(c.weight), np.where(acc, w_raw / w_raw[mask].mean(), 0), rtol=1e-5)
     # "accepted": the accepted weights average exactly 1
     # two float32 means over <= B T = 80 weights (the normaliser's, this one): 80 EPS32 = 9.5e-6
     assert np_(c_acc.weight)[acc].mean() == pytest.approx(1.0, rel=1e-5)
@@ -242,9 +261,16 @@ def test_normaliser_over_valid_or_accepted_tokens_with_sars():
     )
     assert float(norm) == pytest.approx(w_raw[mask].mean(), rel=1e-5)
     # the weights are constants for autodiff
-    g = jax.jit(jax.grad(lambda old, s: jnp.sum(compose.compute_corrections(
-        inp["learner"], old, inp["ref"], s, inp["mask"], cfg, with_metrics=False).weight),
-        argnums=(0, 1)))
+    g = jax.jit(
+        jax.grad(
+            lambda old, s: jnp.sum(
+                compose.compute_corrections(
+                    inp["learner"], old, inp["ref"], s, inp["mask"], cfg, with_metrics=False
+                ).weight
+            ),
+            argnums=(0, 1),
+        )
+    )
     for gi in g(inp["old"], inp["sampler"]):
         assert np.all(np_(gi) == 0)
 
@@ -287,6 +313,7 @@ def test_acr_moves_only_the_upper_bound_where_rho_exceeds_c():
                 lp, inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg_, with_metrics=False
             )
             return loss_lib.policy_loss(cc, adv, None, cfg_.loss)[0]
+
         return jax.grad(f)(learner_)
 
     def grads(cfg_, adv, learner_):
@@ -308,9 +335,7 @@ def test_metrics_match_numpy():
     t0 = int(np.argmax(np_(inp["mask"])[2]))
     inp = dict(inp, sampler=inp["sampler"].at[2, t0].add(12.0))  # one vetoed response
     m = {k: float(v) for k, v in corr(inp, FULL, with_metrics=True).metrics.items()}
-    m_direct = jax.jit(compose.mismatch_metrics, static_argnums=3)(
-        inp["old"], inp["sampler"], inp["mask"], FULL
-    )
+    m_direct = jax.jit(compose.mismatch_metrics, static_argnums=3)(inp["old"], inp["sampler"], inp["mask"], FULL)
     mask = np_(inp["mask"])
     lx = np.where(mask, np_(inp["old"]) - np_(inp["sampler"]), 0.0).astype(np.float64)
     d, xi = lx[mask], np.exp(lx[mask])
@@ -354,8 +379,7 @@ BAD_SETTINGS = (
     (C.RLConfig, dict(ratio_against="dense"), r"rl\.ratio_against='dense'.*sampler"),
     (C.LossConfig, dict(aggregation="sum"), r"loss\.aggregation.*seq_mean"),
     (C.AcrConfig, dict(c=0.0), r"acr\.c"),
-    (C.UpdateConfig, dict(minibatch_size=10, micro_batch_size=4),
-     r"update\.minibatch_size.*micro_batch_size"),
+    (C.UpdateConfig, dict(minibatch_size=10, micro_batch_size=4), r"update\.minibatch_size.*micro_batch_size"),
     (C.OptimConfig, dict(schedule="linear"), r"optim\.schedule"),
     (C.OptimConfig, dict(schedule="cosine", warmup_steps=10, total_steps=5), r"optim\.total_steps"),
 )
@@ -365,9 +389,7 @@ def test_config_validation_names_the_setting():
     for factory, kwargs, pattern in BAD_SETTINGS:
         with pytest.raises(ValueError, match=pattern):
             factory(**kwargs)
-    cfg = from_dict(
-        C.RLConfig, {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}, "rl"
-    )
+    cfg = from_dict(C.RLConfig, {"mode": "qurl", "acr": {"c": 3.0}, "loss": {"aggregation": "token_mean"}}, "rl")
     assert cfg.acr.c == 3.0 and cfg.loss.aggregation == "token_mean" and cfg.sars == C.SarsConfig()
     assert cfg.corrections == ("tis", "acr")
     assert "acr" in C.RLConfig(mode="sparse_rl", acr=C.AcrConfig(enabled=True)).corrections
@@ -417,7 +439,7 @@ def _docstring_mode_table() -> dict[str, tuple[str, ...]]:
     columns = header[1:-3]
     assert columns == list(CORRECTIONS), (columns, list(CORRECTIONS))
     table = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             break
         mode, *marks = line.split()[: 1 + len(columns)]
@@ -443,8 +465,11 @@ def test_composition_rules(monkeypatch):
     with pytest.raises(ValueError, match=r"rl\.mode='ibr_and_tis' weights tokens by ibr and tis"):
         C.RLConfig(mode="ibr_and_tis")
     monkeypatch.setitem(C.RL_MODES, "typo", ("sars", "ibrr"))
-    with pytest.raises(ValueError, match=r"rl\.mode='typo' names unregistered correction\(s\) "
-                                         r"ibrr"):
+    with pytest.raises(
+        ValueError,
+        match=r"rl\.mode='typo' names unregistered correction\(s\) "
+        r"ibrr",
+    ):
         C.RLConfig(mode="typo")
     with pytest.raises(ValueError, match=r"correction 'noop' contributes nothing"):
         Correction(name="noop", settings=C.TisConfig)

@@ -135,7 +135,11 @@ def _random_inputs(key, mismatch):
     lengths = jax.random.randint(k[5], (B,), 2, T - 3)
     mask = (jnp.arange(T)[None] >= 2) & (jnp.arange(T)[None] < 2 + lengths[:, None])
     return dict(
-        learner=learner, old=old, ref=ref, sampler=sampler, mask=mask,
+        learner=learner,
+        old=old,
+        ref=ref,
+        sampler=sampler,
+        mask=mask,
         adv=jax.random.normal(k[6], (B,)),
         entropy=jax.random.uniform(k[7], (B, T), minval=0.1, maxval=3.0),
     )
@@ -147,7 +151,12 @@ def random_inputs(seed: int, *, mismatch: float = 0.45) -> dict:
 
 def jax_loss(inp, cfg):
     corr = compose.compute_corrections(
-        inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
+        inp["learner"],
+        inp["old"],
+        inp["ref"],
+        inp["sampler"],
+        inp["mask"],
+        cfg,
         with_metrics=False,
     )
     a = adv_lib.token_advantages(inp["adv"], inp["mask"])
@@ -155,17 +164,13 @@ def jax_loss(inp, cfg):
 
 
 jloss = jax.jit(jax_loss, static_argnums=1)
-jcorr = jax.jit(
-    functools.partial(compose.compute_corrections, with_metrics=False), static_argnums=5
-)
+jcorr = jax.jit(functools.partial(compose.compute_corrections, with_metrics=False), static_argnums=5)
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def corr_metrics(inp, cfgs):
     """The correction metrics of several configs on one input, in one compiled call."""
-    return [
-        compose.mismatch_metrics(inp["old"], inp["sampler"], inp["mask"], c) for c in cfgs
-    ]
+    return [compose.mismatch_metrics(inp["old"], inp["sampler"], inp["mask"], c) for c in cfgs]
 
 
 def many_losses(inp, cfgs):
@@ -220,9 +225,11 @@ CASES = (
 def _case_id(cfg):
     s = cfg.sars
     ib = cfg.ibr
-    return (f"{cfg.mode}-{cfg.loss.aggregation}-{s.token_level}-{s.veto_level}-{ib.mode}-"
-            f"{ib.normalisation}-{ib.normalise_over}-{ib.mask_rejects}-{cfg.ratio_against}-"
-            f"acr{int('acr' in cfg.corrections)}")
+    return (
+        f"{cfg.mode}-{cfg.loss.aggregation}-{s.token_level}-{s.veto_level}-{ib.mode}-"
+        f"{ib.normalisation}-{ib.normalise_over}-{ib.mask_rejects}-{cfg.ratio_against}-"
+        f"acr{int('acr' in cfg.corrections)}"
+    )
 
 
 SEEDS = (0, 1, 2)
@@ -271,10 +278,7 @@ def test_sampler_equal_old_gives_plain_grpo():
     """With pi_sparse == pi_old every mode reduces to plain GRPO (no weights, no rejections)."""
     inp = random_inputs(1)
     inp["sampler"] = inp["old"]
-    cfgs = [
-        _cfg(mode, C.AGGREGATIONS[i % 2], acr=C.AcrConfig(enabled=True))
-        for i, mode in enumerate(C.RL_MODES)
-    ] + [
+    cfgs = [_cfg(mode, C.AGGREGATIONS[i % 2], acr=C.AcrConfig(enabled=True)) for i, mode in enumerate(C.RL_MODES)] + [
         _cfg("sparse_rl", agg, sars=C.SarsConfig(token_level=lvl, veto_level=lvl))
         for agg, lvl in zip(C.AGGREGATIONS, ("sequence", "geometric"))
     ]
@@ -301,9 +305,7 @@ def test_rejected_tokens_leave_the_denominator():
     for agg in C.AGGREGATIONS:
         cfg = _cfg("sars_only", agg, loss=C.LossConfig(aggregation=agg, beta=0.0))
         dense = _cfg("dense", agg, loss=cfg.loss)
-        got, kept, want, got_moved = pair_losses(
-            [(inp, cfg), (inp, dense), (masked, dense), (moved, cfg)]
-        )
+        got, kept, want, got_moved = pair_losses([(inp, cfg), (inp, dense), (masked, dense), (moved, cfg)])
         # the same loss as dense training on the batch with that token masked out (another
         # program: loss_tol) ...
         tol = loss_tol(inp, cfg)
@@ -352,17 +354,15 @@ def test_entropy_bonus_and_kl():
     inp = random_inputs(5)
     base = _cfg("dense", "token_mean", loss=C.LossConfig(aggregation="token_mean", beta=0.0))
     _, m = jloss(inp, base)
-    with_ent = dataclasses.replace(
-        base, loss=C.LossConfig(aggregation="token_mean", beta=0.0, entropy_coef=0.1)
-    )
+    with_ent = dataclasses.replace(base, loss=C.LossConfig(aggregation="token_mean", beta=0.0, entropy_coef=0.1))
     l0, l1 = many_losses(inp, [base, with_ent])
     # three programs' token means (loss_tol of the larger loss bounds each)
-    np.testing.assert_allclose(float(l1), float(l0) - 0.1 * float(m["loss/entropy"]),
-                               atol=3 * loss_tol(inp, with_ent))
+    np.testing.assert_allclose(float(l1), float(l0) - 0.1 * float(m["loss/entropy"]), atol=3 * loss_tol(inp, with_ent))
     q = np.asarray(inp["ref"] - inp["learner"], np.float64)
     # a mean of <= B T = 72 positive terms: 72 EPS32 = 8.6e-6 relative, plus exp's rounding
     np.testing.assert_allclose(
-        float(m["loss/kl_ref"]), np.clip(np.exp(q) - q - 1, -10, 10)[np.asarray(inp["mask"])].mean(),
+        float(m["loss/kl_ref"]),
+        np.clip(np.exp(q) - q - 1, -10, 10)[np.asarray(inp["mask"])].mean(),
         rtol=1e-5,
     )
     k3 = np.asarray(loss.k3_kl(jnp.linspace(-30, 30, 61), 10.0))
@@ -375,9 +375,7 @@ def test_explicit_denominator_rescales():
 
     @jax.jit
     def both(inp):
-        corr = compose.compute_corrections(
-            inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg
-        )
+        corr = compose.compute_corrections(inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg)
         a = adv_lib.token_advantages(inp["adv"], inp["mask"])
         l_default, m = loss.policy_loss(corr, a, inp["entropy"], cfg.loss)
         l_explicit, _ = loss.policy_loss(corr, a, inp["entropy"], cfg.loss, denominator=2 * m["tokens"])
@@ -417,11 +415,16 @@ def test_micro_batch_losses_add_up_to_the_batch_loss():
 
     @functools.partial(jax.jit, static_argnums=1)
     def split_vs_whole(inp, cfg):
-        norm = compose.weight_normaliser(
-            compose.behaviour(inp["old"], inp["sampler"], inp["mask"], cfg), cfg)
+        norm = compose.weight_normaliser(compose.behaviour(inp["old"], inp["sampler"], inp["mask"], cfg), cfg)
         whole_corr = compose.compute_corrections(
-            inp["learner"], inp["old"], inp["ref"], inp["sampler"], inp["mask"], cfg,
-            weight_norm=norm, with_metrics=False,
+            inp["learner"],
+            inp["old"],
+            inp["ref"],
+            inp["sampler"],
+            inp["mask"],
+            cfg,
+            weight_norm=norm,
+            with_metrics=False,
         )
         adv = adv_lib.token_advantages(inp["adv"], inp["mask"])
         whole, _ = loss.policy_loss(whole_corr, adv, inp["entropy"], cfg.loss)
@@ -430,8 +433,14 @@ def test_micro_batch_losses_add_up_to_the_batch_loss():
         for s in (slice(0, 2), slice(2, 3), slice(3, B)):
             part = {k: v[s] for k, v in inp.items()}
             c = compose.compute_corrections(
-                part["learner"], part["old"], part["ref"], part["sampler"], part["mask"], cfg,
-                weight_norm=norm, with_metrics=False,
+                part["learner"],
+                part["old"],
+                part["ref"],
+                part["sampler"],
+                part["mask"],
+                cfg,
+                weight_norm=norm,
+                with_metrics=False,
             )
             a = adv_lib.token_advantages(part["adv"], part["mask"])
             parts.append(loss.policy_loss(c, a, part["entropy"], cfg.loss, denominator=denom)[0])

@@ -27,7 +27,11 @@ CFG = rl.RLConfig(
     ibr=rl.IbrConfig(normalisation="global"),
     loss=rl.LossConfig(aggregation="token_mean", beta=0.01),
     update=rl.UpdateConfig(
-        minibatch_size=4, micro_batch_size=2, temperature=0.9, remat=True, chunk_tokens=16,
+        minibatch_size=4,
+        micro_batch_size=2,
+        temperature=0.9,
+        remat=True,
+        chunk_tokens=16,
         score_batch_size=3,
     ),
 )
@@ -67,13 +71,11 @@ def _random_rollout(key):
 def random_params(cfg, key):
     """Params with init_params' structure and scale (normal, std 0.02; norms near 1), drawn in
     one RNG call: init_params' many draws take seconds to compile on CPU."""
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(
-        jax.eval_shape(transformer.init_params, cfg, key)
-    )
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(jax.eval_shape(transformer.init_params, cfg, key))
     z = jax.random.normal(key, (sum(leaf.size for _, leaf in paths_leaves),))
     out, i = [], 0
     for path, leaf in paths_leaves:
-        x = z[i:i + leaf.size].reshape(leaf.shape)
+        x = z[i : i + leaf.size].reshape(leaf.shape)
         i += leaf.size
         is_norm = "norm" in jax.tree_util.keystr(path)
         out.append((1.0 + 0.1 * x if is_norm else 0.02 * x).astype(leaf.dtype))
@@ -90,7 +92,10 @@ def setup():
     # the sampler log-probs: the scored dense ones plus a sparsity mismatch
     sampler = jnp.where(packed["response_mask"], old + noise, 0.0)
     batch = dict(
-        packed, sampler_logp=sampler, old_logp=old, ref_logp=score(ref_params, packed["tokens"]),
+        packed,
+        sampler_logp=sampler,
+        old_logp=old,
+        ref_logp=score(ref_params, packed["tokens"]),
         advantages=adv,
     )
     upd = update_lib.make_update_fn(MC, CFG, SGD_COUNTING)
@@ -142,16 +147,16 @@ def test_micro_batch_accumulation_equals_big_batch_gradient():
     delta = jax.tree.map(lambda a, b: a - b, params, new_params)
 
     mb1 = {k: v[:4] for k, v in batch.items()}
-    norm = compose.weight_normaliser(compose.behaviour(
-        batch["old_logp"], batch["sampler_logp"], batch["response_mask"], CFG), CFG
+    norm = compose.weight_normaliser(
+        compose.behaviour(batch["old_logp"], batch["sampler_logp"], batch["response_mask"], CFG), CFG
     )  # global: over all 8 responses
     big_cfg = rl.RLConfig(
-        mode=CFG.mode, ibr=CFG.ibr, loss=CFG.loss,
+        mode=CFG.mode,
+        ibr=CFG.ibr,
+        loss=CFG.loss,
         update=rl.UpdateConfig(minibatch_size=4, micro_batch_size=4, temperature=0.9),
     )
-    grad = jax.jit(jax.grad(
-        lambda p: update_lib.micro_batch_loss(p, mb1, MC, big_cfg, weight_norm=norm)[0]
-    ))(params)
+    grad = jax.jit(jax.grad(lambda p: update_lib.micro_batch_loss(p, mb1, MC, big_cfg, weight_norm=norm)[0]))(params)
     for d, g in zip(jax.tree.leaves(delta), jax.tree.leaves(grad)):
         np.testing.assert_allclose(np.asarray(d), np.asarray(g), rtol=2e-4, atol=2e-7)
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grad)) > 1e-4
@@ -160,9 +165,7 @@ def test_micro_batch_accumulation_equals_big_batch_gradient():
 def test_score_matches_token_logprobs():
     params, batch, _, score = setup()
     got = score(params, batch["tokens"][:7])  # 7 rows in chunks of 3
-    want, _ = jax.jit(
-        lambda p, t: transformer.token_logprobs(p, MC, t, temperature=0.9)
-    )(params, batch["tokens"][:7])
+    want, _ = jax.jit(lambda p, t: transformer.token_logprobs(p, MC, t, temperature=0.9))(params, batch["tokens"][:7])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     assert got.shape == (7, T)
 
@@ -178,18 +181,17 @@ def test_batch_layout():
     for b in range(B):
         p, n = plens[b], rlens[b]
         np.testing.assert_array_equal(tok[b, :p], prompts[b, :p])
-        np.testing.assert_array_equal(tok[b, p:p + n], resp[b, :n])
-        assert np.all(tok[b, p + n:] == 0)
+        np.testing.assert_array_equal(tok[b, p : p + n], resp[b, :n])
+        assert np.all(tok[b, p + n :] == 0)
         want_mask = np.zeros(T, bool)
-        want_mask[p - 1:p + n - 1] = True
+        want_mask[p - 1 : p + n - 1] = True
         np.testing.assert_array_equal(mask[b], want_mask)
         for j in range(n):
             t = p - 1 + j
             assert tok[b, t + 1] == resp[b, j] and slp[b, t] == rlogp[b, j]
         assert np.all(slp[b, ~want_mask] == 0)
     np.testing.assert_array_equal(
-        np.asarray(batch_lib.response_mask_from_lengths(jnp.asarray(plens),
-                                                        jnp.asarray(plens + rlens), T)),
+        np.asarray(batch_lib.response_mask_from_lengths(jnp.asarray(plens), jnp.asarray(plens + rlens), T)),
         mask,
     )
 
@@ -225,8 +227,9 @@ def test_optimizer_and_schedules():
     warm = rl.make_schedule(rl.OptimConfig(lr=1e-3, schedule="warmup", warmup_steps=10))
     assert float(warm(0)) == 0.0 and float(warm(5)) == pytest.approx(5e-4)
     assert float(warm(10)) == float(warm(500)) == pytest.approx(1e-3)
-    cos = rl.make_schedule(rl.OptimConfig(
-        lr=1e-3, schedule="cosine", warmup_steps=10, total_steps=110, min_lr_ratio=0.1))
+    cos = rl.make_schedule(
+        rl.OptimConfig(lr=1e-3, schedule="cosine", warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
+    )
     assert float(cos(5)) == pytest.approx(5e-4)
     assert float(cos(10)) == pytest.approx(1e-3)
     assert float(cos(60)) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4), rel=1e-4)

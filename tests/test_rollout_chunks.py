@@ -27,8 +27,9 @@ def _compile_cache(tmp_path_factory):
 
 
 def _cfg(out, *overrides):  # smoke: 4 prompts x 4 samples = 16 rows
-    return load_config([SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=8",
-                                 "train.iterations=1", *overrides])
+    return load_config(
+        [SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=8", "train.iterations=1", *overrides]
+    )
 
 
 def _untimed(metrics: dict) -> dict:
@@ -83,8 +84,7 @@ def test_chunked_rollout_batch_shapes_and_keys(rollouts):
     # boundary between two tokens (a probability of the noise's size per token, ~1e-6 measured)
     np.testing.assert_array_equal(np.asarray(batch_c["tokens"]), np.asarray(batch_w["tokens"]))
     tol = logprob_tol(whole.model_cfg, whole.params, keys=batch_w["tokens"].shape[1])
-    np.testing.assert_allclose(np.asarray(batch_c["sampler_logp"]), np.asarray(batch_w["sampler_logp"]),
-                               atol=tol)
+    np.testing.assert_allclose(np.asarray(batch_c["sampler_logp"]), np.asarray(batch_w["sampler_logp"]), atol=tol)
     assert texts_c == texts_w
     tokens = np.arange(16 * 6, dtype=np.int32).reshape(16, 6) % 50 + 3
     lengths = np.array([6, 5, 4, 3] * 4, np.int32)
@@ -92,10 +92,17 @@ def test_chunked_rollout_batch_shapes_and_keys(rollouts):
     assert out.tokens.shape == (16, chunked.sampler_cfg.max_new_tokens)
     assert out.lengths.shape == out.n_compressions.shape == out.evicted_fraction.shape == (16,)
     for i in range(4):
-        ref = jax.device_get(generate_jit(
-            chunked.params, chunked.model_cfg, tokens[4 * i : 4 * i + 4], lengths[4 * i : 4 * i + 4],
-            key, chunked.sampler_cfg, np.arange(4 * i, 4 * i + 4),
-        ))
+        ref = jax.device_get(
+            generate_jit(
+                chunked.params,
+                chunked.model_cfg,
+                tokens[4 * i : 4 * i + 4],
+                lengths[4 * i : 4 * i + 4],
+                key,
+                chunked.sampler_cfg,
+                np.arange(4 * i, 4 * i + 4),
+            )
+        )
         rows = slice(4 * i, 4 * i + 4)  # the same compiled program on the same rows: bit-exact
         np.testing.assert_array_equal(out.tokens[rows], ref.tokens)
         np.testing.assert_array_equal(out.logprobs[rows], ref.logprobs)
@@ -126,9 +133,13 @@ def test_concat_rollouts_joins_along_the_batch_axis():
     def part(b, start):
         r = np.arange(start, start + b)
         return Rollout(
-            tokens=np.tile(r[:, None], (1, 3)), logprobs=np.zeros((b, 3), np.float32),
-            mask=np.ones((b, 3), bool), lengths=r, kept=np.tile(r[:, None], (1, 3)),
-            n_compressions=r, evicted_fraction=r.astype(np.float32),
+            tokens=np.tile(r[:, None], (1, 3)),
+            logprobs=np.zeros((b, 3), np.float32),
+            mask=np.ones((b, 3), bool),
+            lengths=r,
+            kept=np.tile(r[:, None], (1, 3)),
+            n_compressions=r,
+            evicted_fraction=r.astype(np.float32),
             kept_positions=np.tile(r[None, None, :, None, None], (2, 5, 1, 1, 4)),
         )
 

@@ -41,19 +41,33 @@ def _args(scheduler="batch"):
     """components.rollout_source's arguments for the smoke config."""
     cfg = load_config([SMOKE], [f"rollout.scheduler={scheduler}"])
     r = cfg.rollout
-    sampler_cfg = S.SamplerConfig(max_new_tokens=r.max_new_tokens,
-                                  sampling=SamplingConfig(r.temperature, r.top_p, r.top_k), kv=cfg.kv)
-    return dict(cfg=cfg, prompts=Prompts(), model_cfg=cfg.model.arch, sampler_cfg=sampler_cfg,
-                mesh=sharding.make_mesh(cfg.mesh), pad_token_id=0)
+    sampler_cfg = S.SamplerConfig(
+        max_new_tokens=r.max_new_tokens, sampling=SamplingConfig(r.temperature, r.top_p, r.top_k), kv=cfg.kv
+    )
+    return dict(
+        cfg=cfg,
+        prompts=Prompts(),
+        model_cfg=cfg.model.arch,
+        sampler_cfg=sampler_cfg,
+        mesh=sharding.make_mesh(cfg.mesh),
+        pad_token_id=0,
+    )
 
 
 def _source_args(scheduler="batch"):
     """The source class and its own (narrow) arguments, as components.rollout_source hands them."""
     a = _args(scheduler)
     cfg = a["cfg"]
-    args = dict(rollout_cfg=cfg.rollout, sampler_cfg=a["sampler_cfg"], quant_cfg=cfg.quant,
-                prompts=a["prompts"], model_cfg=a["model_cfg"], mesh=a["mesh"],
-                max_prompt_len=cfg.data.max_prompt_len, pad_token_id=0)
+    args = dict(
+        rollout_cfg=cfg.rollout,
+        sampler_cfg=a["sampler_cfg"],
+        quant_cfg=cfg.quant,
+        prompts=a["prompts"],
+        model_cfg=a["model_cfg"],
+        mesh=a["mesh"],
+        max_prompt_len=cfg.data.max_prompt_len,
+        pad_token_id=0,
+    )
     if scheduler == "sorted":
         args.update(sorted_cfg=cfg.sorted, seed=cfg.train.seed)
     return source.SOURCES[scheduler], args
@@ -73,8 +87,10 @@ BAD_SOURCE_ARGS = [  # (a change to good arguments, the start of the one-line me
 ]
 BAD_SORTED_ARGS = [  # SortedSource's own
     (lambda a: dict(a, sorted_cfg={"mode": "partial"}), "sorted_cfg: expected a SortedConfig"),
-    (lambda a: dict(a, rollout_cfg=dataclasses.replace(a["rollout_cfg"], rows_per_call=4)),
-     "rollout.rows_per_call=4 is for rollout.scheduler='batch'"),
+    (
+        lambda a: dict(a, rollout_cfg=dataclasses.replace(a["rollout_cfg"], rows_per_call=4)),
+        "rollout.rows_per_call=4 is for rollout.scheduler='batch'",
+    ),
     (lambda a: dict(a, seed=0.5), "train.seed (seed)=0.5 must be an integer"),
 ]
 
@@ -86,8 +102,9 @@ def _refuses(build, message):
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
-@pytest.mark.parametrize("change, message", BAD_SOURCE_ARGS, ids=[m.split(":")[0].split("=")[0]
-                                                                  for _, m in BAD_SOURCE_ARGS])
+@pytest.mark.parametrize(
+    "change, message", BAD_SOURCE_ARGS, ids=[m.split(":")[0].split("=")[0] for _, m in BAD_SOURCE_ARGS]
+)
 def test_a_source_refuses_a_bad_argument_when_built(scheduler, change, message):
     cls, args = _source_args(scheduler)
     _refuses(lambda: cls(**change(args)), message)
@@ -100,8 +117,9 @@ def test_the_sorted_source_refuses_a_bad_argument_when_built(change, message):
 
 
 def test_rollout_source_wants_a_train_config():
-    _refuses(lambda: components.rollout_source(**dict(_args(), cfg=_args()["cfg"].rollout)),
-             "cfg: expected a TrainConfig")
+    _refuses(
+        lambda: components.rollout_source(**dict(_args(), cfg=_args()["cfg"].rollout)), "cfg: expected a TrainConfig"
+    )
 
 
 def test_sorted_source_checks_its_engine_when_built():
@@ -129,14 +147,21 @@ def test_rollout_metrics_read_the_sampler_config():
     """One road for the KV settings: the kv/* and truncation metrics follow the SamplerConfig the
     rollout was sampled with (a dense one and a sparse one over the same rollout differ)."""
     B, M, P = 2, 8, 6
-    out = S.Rollout(tokens=np.zeros((B, M), np.int32), logprobs=np.zeros((B, M), np.float32),
-                    mask=np.ones((B, M), bool), lengths=np.array([M, 3]), kept=np.full((B, M), 4),
-                    n_compressions=np.ones(B), evicted_fraction=np.zeros(B, np.float32))
+    out = S.Rollout(
+        tokens=np.zeros((B, M), np.int32),
+        logprobs=np.zeros((B, M), np.float32),
+        mask=np.ones((B, M), bool),
+        lengths=np.array([M, 3]),
+        kept=np.full((B, M), 4),
+        n_compressions=np.ones(B),
+        evicted_fraction=np.zeros(B, np.float32),
+    )
     model_cfg = load_config([SMOKE]).model.arch
     sparse = S.SamplerConfig(max_new_tokens=M, kv=KVConfig(policy="snapkv", budget=4, buffer=4, window=2))
-    metrics = {name: rollout_metrics(out, np.zeros((B, P), np.int32), np.full(B, P), 1.0, cfg, model_cfg)
-               for name, cfg in [("sparse", sparse), ("dense", S.SamplerConfig(max_new_tokens=2 * M)),
-                                 ("same", sparse)]}
+    metrics = {
+        name: rollout_metrics(out, np.zeros((B, P), np.int32), np.full(B, P), 1.0, cfg, model_cfg)
+        for name, cfg in [("sparse", sparse), ("dense", S.SamplerConfig(max_new_tokens=2 * M)), ("same", sparse)]
+    }
     assert metrics["sparse"] == metrics["same"]
     assert metrics["sparse"]["response/truncated_fraction"] == 0.5  # one row of two reached M
     assert metrics["dense"]["response/truncated_fraction"] == 0.0  # none reached 2M
@@ -186,15 +211,27 @@ BAD_BATCHES = [
 ]
 
 
-@pytest.mark.parametrize("change, message", BAD_BATCHES, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(BAD_BATCHES)])
+@pytest.mark.parametrize(
+    "change, message", BAD_BATCHES, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(BAD_BATCHES)]
+)
 def test_generate_refuses_a_bad_batch_when_traced(change, message):
     """Checked in the jitted sampler's Python body, so before anything is compiled or run."""
     mc = load_config([SMOKE]).model.arch
     params = jax.eval_shape(lambda: transformer.init_params(mc, jax.random.key(0)))
     args = {**GOOD, **change}
     with pytest.raises(ValueError) as e:
-        jax.eval_shape(lambda p: S.generate(p, mc, args["prompts"], args["prompt_lengths"], jax.random.key(0),
-                                            S.SamplerConfig(max_new_tokens=4), args.get("request_ids"),
-                                            args.get("max_lengths")), params)
+        jax.eval_shape(
+            lambda p: S.generate(
+                p,
+                mc,
+                args["prompts"],
+                args["prompt_lengths"],
+                jax.random.key(0),
+                S.SamplerConfig(max_new_tokens=4),
+                args.get("request_ids"),
+                args.get("max_lengths"),
+            ),
+            params,
+        )
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
     assert S.check_batch(GOOD["prompts"], GOOD["prompt_lengths"], jnp.arange(B), None) is None

@@ -51,8 +51,7 @@ def _joined(prompt_tokens, lengths, out):
 
 
 def test_greedy_equals_full_recompute_argmax():
-    cfg = smp.SamplerConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0.0),
-                            kv=kv.KVConfig(buffer=5))
+    cfg = smp.SamplerConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0.0), kv=kv.KVConfig(buffer=5))
     out, prompts, lengths = _run(cfg)
     # independent reference: one teacher-forced forward (no cache); causality makes position
     # P - 1 + i see exactly the prompt and the first i generated tokens
@@ -68,8 +67,7 @@ def test_greedy_equals_full_recompute_argmax():
 
 
 def test_dense_logprobs_equal_teacher_forced_recompute():
-    cfg = smp.SamplerConfig(max_new_tokens=9, sampling=SamplingConfig(temperature=0.8),
-                            kv=kv.KVConfig(buffer=4))
+    cfg = smp.SamplerConfig(max_new_tokens=9, sampling=SamplingConfig(temperature=0.8), kv=kv.KVConfig(buffer=4))
     out, prompts, lengths = _run(cfg, key=3)
     seq = _joined(prompts, lengths, out)
     lp, _ = tf.token_logprobs(PARAMS, CFG, seq, temperature=0.8)
@@ -79,8 +77,13 @@ def test_dense_logprobs_equal_teacher_forced_recompute():
 
 
 def test_eos_stops_and_masks():
-    cfg = smp.SamplerConfig(max_new_tokens=30, sampling=SamplingConfig(temperature=1.0),
-                            kv=kv.KVConfig(buffer=8), eos_token_ids=(5, 9), pad_token_id=0)
+    cfg = smp.SamplerConfig(
+        max_new_tokens=30,
+        sampling=SamplingConfig(temperature=1.0),
+        kv=kv.KVConfig(buffer=8),
+        eos_token_ids=(5, 9),
+        pad_token_id=0,
+    )
     out, _, _ = _run(cfg, key=11)
     for b in range(3):
         n = int(out.lengths[b])
@@ -136,13 +139,13 @@ def _replay_masks(out, lengths, U, T):
     return [jnp.asarray(np.repeat(m, G, axis=1)) for m in masks]
 
 
-@pytest.mark.parametrize("policy,selection", [("snapkv", "per_head"), ("h2o", "per_head"),
-                                              ("rkv", "shared"), ("streaming", "per_head")])
+@pytest.mark.parametrize(
+    "policy,selection", [("snapkv", "per_head"), ("h2o", "per_head"), ("rkv", "shared"), ("streaming", "per_head")]
+)
 def test_sparse_logprobs_equal_masked_teacher_forced_recompute(policy, selection):
     U = 4
     kv_cfg = kv.KVConfig(policy=policy, budget=8, buffer=U, window=2, n_sinks=1, selection=selection)
-    cfg = smp.SamplerConfig(max_new_tokens=18, sampling=SamplingConfig(temperature=1.0), kv=kv_cfg,
-                            record_kept=True)
+    cfg = smp.SamplerConfig(max_new_tokens=18, sampling=SamplingConfig(temperature=1.0), kv=kv_cfg, record_kept=True)
     out, prompts, lengths = _run(cfg, key=31)
     assert int(out.n_compressions.min()) >= 3
     seq = _joined(prompts, lengths, out)
@@ -155,14 +158,15 @@ def test_sparse_logprobs_equal_masked_teacher_forced_recompute(policy, selection
         P = int(lengths[b])
         np.testing.assert_allclose(out.logprobs[b], lp[b, P - 1 : P - 1 + 18], atol=3e-5)
     # eviction really changed something: the dense recompute differs somewhere
-    diffs = [np.abs(np.array(out.logprobs[b]) - np.array(dense_lp[b, int(lengths[b]) - 1 :][:18])).max()
-             for b in range(3)]
+    diffs = [
+        np.abs(np.array(out.logprobs[b]) - np.array(dense_lp[b, int(lengths[b]) - 1 :][:18])).max() for b in range(3)
+    ]
     assert max(diffs) > 1e-3
     # entries behind each token: at most budget + buffer, or prompt + buffer before the first
     # compression (compress_prompt=false keeps a prompt longer than the budget whole until then)
     for b in range(3):
         assert int(out.kept[b].max()) <= max(8, int(lengths[b])) + U
-        assert int(out.kept[b, U + 1:].max()) <= 8 + U  # token U: the last logits of chunk 0
+        assert int(out.kept[b, U + 1 :].max()) <= 8 + U  # token U: the last logits of chunk 0
 
 
 def test_compress_prompt_false_keeps_long_prompts_whole_until_step_buffer():
@@ -180,8 +184,7 @@ def test_compress_prompt_false_keeps_long_prompts_whole_until_step_buffer():
     # entries behind each token's logits (row 1: the 10-token prompt)
     np.testing.assert_array_equal(np.asarray(keep.kept[1]), [10, 11, 12, 13, 14, 7])
     np.testing.assert_array_equal(np.asarray(squeeze.kept[1]), [10, 7, 8, 9, 10, 7])
-    np.testing.assert_array_equal(np.asarray(keep.kept[:, :4]),
-                                  np.array([6, 10, 8])[:, None] + np.arange(4))
+    np.testing.assert_array_equal(np.asarray(keep.kept[:, :4]), np.array([6, 10, 8])[:, None] + np.arange(4))
     # until the first decode-time compression the sparse sampler is the dense policy
     dense_lp, _ = tf.token_logprobs(PARAMS, CFG, _joined(prompts, lengths, keep))
     for b, P in enumerate((6, 10, 8)):
@@ -193,8 +196,9 @@ def test_compress_prompt_false_keeps_long_prompts_whole_until_step_buffer():
 
 
 def test_newline_trigger_compresses_on_newline_tokens():
-    kv_cfg = kv.KVConfig(policy="snapkv", budget=8, buffer=6, window=2, trigger="newline",
-                         newline_token_ids=tuple(range(1, 40)))
+    kv_cfg = kv.KVConfig(
+        policy="snapkv", budget=8, buffer=6, window=2, trigger="newline", newline_token_ids=tuple(range(1, 40))
+    )
     cfg = smp.SamplerConfig(max_new_tokens=16, kv=kv_cfg)
     out, _, _ = _run(cfg, key=43)
     assert int(out.n_compressions.min()) >= 2
@@ -247,23 +251,26 @@ def test_config_errors_name_the_setting():
         SamplingConfig(top_p=0.0)
 
 
-@pytest.mark.parametrize("policy,trigger", [("none", "interval"), ("random", "interval"),
-                                            ("snapkv", "newline")])
+@pytest.mark.parametrize("policy,trigger", [("none", "interval"), ("random", "interval"), ("snapkv", "newline")])
 def test_a_request_depends_on_its_own_key_not_on_its_row_or_neighbours(policy, trigger):
     """Per-request keys: request r sampled alone (same id) or in another row of another batch gives
     the same tokens and log-probs (random eviction included)."""
-    cfg = smp.SamplerConfig(max_new_tokens=14, eos_token_ids=(5,), kv=kv.KVConfig(
-        policy=policy, budget=8, buffer=4, window=2, trigger=trigger, newline_token_ids=(3,)))
+    cfg = smp.SamplerConfig(
+        max_new_tokens=14,
+        eos_token_ids=(5,),
+        kv=kv.KVConfig(policy=policy, budget=8, buffer=4, window=2, trigger=trigger, newline_token_ids=(3,)),
+    )
     tokens, lengths = _prompts(jax.random.key(11))
     ids = jnp.array([40, 7, 123])
     batch = smp.generate_jit(PARAMS, CFG, tokens, lengths, jax.random.key(5), cfg, ids)
     perm = jnp.array([2, 0, 1])
     shuffled = smp.generate_jit(PARAMS, CFG, tokens[perm], lengths[perm], jax.random.key(5), cfg, ids[perm])
     for b in range(3):
-        alone = smp.generate_jit(PARAMS, CFG, tokens[b:b + 1], lengths[b:b + 1], jax.random.key(5), cfg,
-                                 ids[b:b + 1])
+        alone = smp.generate_jit(
+            PARAMS, CFG, tokens[b : b + 1], lengths[b : b + 1], jax.random.key(5), cfg, ids[b : b + 1]
+        )
         j = int(jnp.argmax(perm == b))
-        for other in (alone, jax.tree.map(lambda x: x[j:j + 1], shuffled.replace(kept_positions=None))):  # noqa: B023 (called within the iteration)
+        for other in (alone, jax.tree.map(lambda x: x[j : j + 1], shuffled.replace(kept_positions=None))):  # noqa: B023 (called within the iteration)
             np.testing.assert_array_equal(other.tokens[0], batch.tokens[b])
             # another batch shape is another program: float noise (measured <= 9.5e-7), while
             # a request drawn with another key differs by ~1

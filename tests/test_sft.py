@@ -12,10 +12,16 @@ from sparserl_jax.config import load_config
 from sparserl_jax.train import Trainer
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
-WALK = ("data.task=cycle_walk", "data.task_options={min_steps: 8, max_steps: 12, numbering: down, memo: true}",
-        "rollout.max_new_tokens=72")
-CURRICULUM = ("sft.curriculum.steps=3", "sft.curriculum.task_options={min_steps: 2, max_steps: 3}",
-              "sft.curriculum.max_new_tokens=24")
+WALK = (
+    "data.task=cycle_walk",
+    "data.task_options={min_steps: 8, max_steps: 12, numbering: down, memo: true}",
+    "rollout.max_new_tokens=72",
+)
+CURRICULUM = (
+    "sft.curriculum.steps=3",
+    "sft.curriculum.task_options={min_steps: 2, max_steps: 3}",
+    "sft.curriculum.max_new_tokens=24",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,9 +78,21 @@ def test_curriculum_sft_is_deterministic(tmp_path):
     cfg = _cfg(tmp_path, "sft.steps=1", *CURRICULUM)
     parts = components.build_model(cfg)
     task, easy = parts.task, components.curriculum_task(cfg)
-    runs = [sft.sft_warm_start(parts.params, parts.model_cfg, task, parts.tokenizer, cfg.sft, seed=0,
-                               width=104, curriculum_task=easy, curriculum_width=56, log=lambda *_: None)
-            for _ in range(2)]
+    runs = [
+        sft.sft_warm_start(
+            parts.params,
+            parts.model_cfg,
+            task,
+            parts.tokenizer,
+            cfg.sft,
+            seed=0,
+            width=104,
+            curriculum_task=easy,
+            curriculum_width=56,
+            log=lambda *_: None,
+        )
+        for _ in range(2)
+    ]
     for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0])):  # same programs
         np.testing.assert_array_equal(a, b)
     assert runs[0][1] == runs[1][1]
@@ -86,10 +104,14 @@ def test_curriculum_sft_is_deterministic(tmp_path):
         (("sft.curriculum.steps=-1",), r"sft\.curriculum\.steps=-1"),
         (("sft.curriculum.max_new_tokens=-4",), r"sft\.curriculum\.max_new_tokens=-4"),
         (("sft.curriculum.colour=red",), r"sft\.curriculum\.colour: unknown setting"),
-        ((*CURRICULUM[:2], "sft.curriculum.max_new_tokens=80"),
-         r"sft\.curriculum\.max_new_tokens=80 exceeds rollout\.max_new_tokens=72"),
-        (("sft.curriculum.steps=3", "sft.curriculum.task_options={min_steps: 9, max_steps: 3}"),
-         r"cycle_walk \(min_steps, max_steps\)"),
+        (
+            (*CURRICULUM[:2], "sft.curriculum.max_new_tokens=80"),
+            r"sft\.curriculum\.max_new_tokens=80 exceeds rollout\.max_new_tokens=72",
+        ),
+        (
+            ("sft.curriculum.steps=3", "sft.curriculum.task_options={min_steps: 9, max_steps: 3}"),
+            r"cycle_walk \(min_steps, max_steps\)",
+        ),
     ],
 )
 def test_bad_curriculum_settings_are_named(tmp_path, overrides, match):

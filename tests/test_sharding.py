@@ -22,8 +22,17 @@ from sparserl_jax.model.config import ModelConfig
 
 TESTS = pathlib.Path(__file__).parent
 QWEN25_7B = ModelConfig(
-    family="qwen2", vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4,
-    head_dim=128, d_ff=18944, tie_embeddings=False, qkv_bias=True, rope_theta=1e6,
+    family="qwen2",
+    vocab_size=152064,
+    d_model=3584,
+    n_layers=28,
+    n_heads=28,
+    n_kv_heads=4,
+    head_dim=128,
+    d_ff=18944,
+    tie_embeddings=False,
+    qkv_bias=True,
+    rope_theta=1e6,
 )
 
 
@@ -41,7 +50,11 @@ def test_sharded_forward_prefill_decode_match_single_device_on_8_devices():
     fall back to replication and still match; bad mesh and batch sizes raise."""
     proc = subprocess.run(
         [sys.executable, str(TESTS / "sharding_worker.py")],
-        env=fake_device_env(8), cwd=TESTS, capture_output=True, text=True, timeout=300,
+        env=fake_device_env(8),
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "SHARDING_WORKER_OK" in proc.stdout
@@ -100,9 +113,7 @@ def test_qwen25_7b_layout_planned_from_eval_shape():
 def test_unknown_param_and_cache_specs():
     with pytest.raises(ValueError, match="no partition rule matches param 'value_head'"):
         shd.param_specs({"value_head": jax.ShapeDtypeStruct((4, 1), "float32")}, {"tensor": 1})
-    cache = jax.eval_shape(
-        lambda: kvc.init_cache(8, 2, 2, 16, 8, n_heads=4, track_mass=True, window=4)
-    )
+    cache = jax.eval_shape(lambda: kvc.init_cache(8, 2, 2, 16, 8, n_heads=4, track_mass=True, window=4))
     specs = shd.cache_specs(cache, {"data": 2, "fsdp": 2, "tensor": 2})
     batch_tensor = P(("data", "fsdp"), "tensor")
     assert specs.k[1] == specs.v[0] == specs.pos[0] == specs.mass[1] == batch_tensor
@@ -121,7 +132,10 @@ def test_sharded_decode_attention_and_sampler_match_one_device_without_gathering
     interpreted kernel's does); 8-way batch sharding leaves ~1/8 of the cache per device."""
     proc = subprocess.run(
         [sys.executable, str(TESTS / "sampler_sharded_worker.py")],
-        env=fake_device_env(8), capture_output=True, text=True, timeout=600,
+        env=fake_device_env(8),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "SAMPLER SHARDED OK" in proc.stdout
@@ -143,7 +157,8 @@ def test_trainer_runs_on_an_8_device_mesh(tmp_path):
         "assert all(jax.numpy.isfinite(h['update/loss']) for h in hist)\n"
         "print('TRAINER SHARDED OK', json.dumps(hist[-1]['reward/mean']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=fake_device_env(8),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=fake_device_env(8), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "TRAINER SHARDED OK" in proc.stdout

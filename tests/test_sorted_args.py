@@ -25,6 +25,7 @@ P = 6
 @pytest.fixture(autouse=True)
 def fail_fast():
     """Each case must raise within seconds: an alarm turns a hang into a failure."""
+
     def hung(*_):
         raise TimeoutError("did not fail fast")
 
@@ -44,8 +45,7 @@ def _raises_one_line(make, match):
 def _engine(**kw):
     args = dict(model_cfg=CFG, cfg=SAMPLER, slots=4, prompt_len=P, segment_chunks=1, mesh=None)
     args.update(kw)
-    return SlotEngine(args.pop("model_cfg"), args.pop("cfg"), args.pop("slots"),
-                      args.pop("prompt_len"), **args)
+    return SlotEngine(args.pop("model_cfg"), args.pop("cfg"), args.pop("slots"), args.pop("prompt_len"), **args)
 
 
 MESH_8 = types.SimpleNamespace(size=8, shape={"data": 4, "fsdp": 2})
@@ -120,10 +120,19 @@ G = 4  # sorted.group_batches 2 x rollout.prompts 2
 TOKENS = np.ones((G, P), np.int32)
 LENGTHS = np.full((G,), 3, np.int32)
 GROUP_CASES = {
-    "too few prompts": (dict(examples=[0, 1, 2]), r"a group of 3 prompts: a group holds sorted\.group_batches x rollout\.prompts = 2 x 2 = 4"),
+    "too few prompts": (
+        dict(examples=[0, 1, 2]),
+        r"a group of 3 prompts: a group holds sorted\.group_batches x rollout\.prompts = 2 x 2 = 4",
+    ),
     "too many prompts": (dict(examples=list(range(6))), r"a group of 6 prompts"),
-    "prompt width": (dict(prompt_tokens=np.ones((G, P + 2), np.int32)), r"prompt_tokens of shape \(4, 8\): \[4 prompts, the engine's prompt width 6\]"),
-    "zero-length prompt": (dict(prompt_lengths=np.array([3, 0, 3, 3])), r"prompt_lengths \[3, 0, 3, 3\]: 4 lengths in \[1, 6\]"),
+    "prompt width": (
+        dict(prompt_tokens=np.ones((G, P + 2), np.int32)),
+        r"prompt_tokens of shape \(4, 8\): \[4 prompts, the engine's prompt width 6\]",
+    ),
+    "zero-length prompt": (
+        dict(prompt_lengths=np.array([3, 0, 3, 3])),
+        r"prompt_lengths \[3, 0, 3, 3\]: 4 lengths in \[1, 6\]",
+    ),
     "prompt too long": (dict(prompt_lengths=np.array([3, 7, 3, 3])), r"prompt_lengths .*in \[1, 6\]"),
     "limits shape": (dict(limits=np.ones((G, 3), np.int32)), r"limits of shape \(4, 3\).*\[4 prompts, 2 samples\]"),
     "zero limit": (dict(limits=np.zeros((G, 2), np.int32)), r"limits of shape \(4, 2\) \(min 0\)"),
@@ -136,7 +145,10 @@ def test_load_group_rejects(case):
     args = dict(examples=list(range(G)), prompt_tokens=TOKENS, prompt_lengths=LENGTHS, limits=None)
     args.update(kw)
     sched = _scheduler()
-    _raises_one_line(lambda: sched.load_group(args["examples"], args["prompt_tokens"],
-                                              args["prompt_lengths"], jax.random.key(0),
-                                              args["limits"]), match)
+    _raises_one_line(
+        lambda: sched.load_group(
+            args["examples"], args["prompt_tokens"], args["prompt_lengths"], jax.random.key(0), args["limits"]
+        ),
+        match,
+    )
     assert sched.at_group_boundary and sched.group == -1  # nothing was loaded

@@ -17,27 +17,55 @@ from sparserl_jax.train import Trainer
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "smoke.yaml")
 ARMS = {  # smoke.yaml: 4 prompts x 4 samples; one minibatch = the whole update batch
     "batch": ("rollout.prompts=8", "rl.update.minibatch_size=32"),
-    "sorted_on_policy": ("rollout.scheduler=sorted", "sorted.mode=on_policy",
-                         "rl.update.minibatch_size=16"),
-    "sorted_partial_prefill": ("rollout.scheduler=sorted", "sorted.mode=partial",
-                               "sorted.resume=prefill", "rl.update.minibatch_size=16"),
+    "sorted_on_policy": ("rollout.scheduler=sorted", "sorted.mode=on_policy", "rl.update.minibatch_size=16"),
+    "sorted_partial_prefill": (
+        "rollout.scheduler=sorted",
+        "sorted.mode=partial",
+        "sorted.resume=prefill",
+        "rl.update.minibatch_size=16",
+    ),
 }
+
+
 @pytest.fixture(scope="module")
 def warm_start(tmp_path_factory):
     out = tmp_path_factory.mktemp("warm")
-    Trainer(load_config([SMOKE], [f"train.out_dir={out}", "train.progress=false", "sft.steps=4",
-                                  "train.iterations=0", "rl.mode=dense", "kv.policy=none"]),
-            log=lambda *a, **k: None).run()
+    Trainer(
+        load_config(
+            [SMOKE],
+            [
+                f"train.out_dir={out}",
+                "train.progress=false",
+                "sft.steps=4",
+                "train.iterations=0",
+                "rl.mode=dense",
+                "kv.policy=none",
+            ],
+        ),
+        log=lambda *a, **k: None,
+    ).run()
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_no_compilation_after_the_first_iteration(arm, warm_start, tmp_path):
-    cfg = load_config([SMOKE], [
-        f"train.out_dir={tmp_path}", "train.progress=false", f"model.init_from={warm_start}",
-        "sft.steps=0", "sft.curriculum.steps=0", "sorted.group_batches=2", "sorted.slots=8",
-        "rl.update.micro_batch_size=4", "train.iterations=4", "rl.update.compile_ahead=true", *ARMS[arm]])
+    cfg = load_config(
+        [SMOKE],
+        [
+            f"train.out_dir={tmp_path}",
+            "train.progress=false",
+            f"model.init_from={warm_start}",
+            "sft.steps=0",
+            "sft.curriculum.steps=0",
+            "sorted.group_batches=2",
+            "sorted.slots=8",
+            "rl.update.micro_batch_size=4",
+            "train.iterations=4",
+            "rl.update.compile_ahead=true",
+            *ARMS[arm],
+        ],
+    )
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     trainer.start()
     source, rollout_compiles = trainer.source, []

@@ -90,8 +90,12 @@ def _write(folder, tok, config, generation=None, jinja=None):
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 1+2?"}],
-    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi\nthere"},
-     {"role": "assistant", "content": "  \\boxed{3}  "}, {"role": "user", "content": "Again?"}],
+    [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hi\nthere"},
+        {"role": "assistant", "content": "  \\boxed{3}  "},
+        {"role": "user", "content": "Again?"},
+    ],
 ]
 
 
@@ -99,9 +103,15 @@ CONVERSATIONS = [
 def qwen_like(tmp_path_factory):
     tok = _build_bpe(np.random.default_rng(1))
     folder = _write(
-        tmp_path_factory.mktemp("qwen_like"), tok,
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-         "bos_token": None, "chat_template": CHATML},
+        tmp_path_factory.mktemp("qwen_like"),
+        tok,
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "bos_token": None,
+            "chat_template": CHATML,
+        },
         generation={"eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]},
     )
     return folder, tok
@@ -145,9 +155,14 @@ def test_template_features_and_jinja_file_priority(qwen_like, tmp_path):
 
     _, tok = qwen_like
     folder = _write(
-        tmp_path / "llama_like", tok,
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eot|>", "bos_token": "<|begin|>",
-         "chat_template": "ignored: chat_template.jinja takes priority"},
+        tmp_path / "llama_like",
+        tok,
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": "<|eot|>",
+            "bos_token": "<|begin|>",
+            "chat_template": "ignored: chat_template.jinja takes priority",
+        },
         jinja=LLAMA_LIKE,
     )
     t = HFTokenizer.from_dir(folder)
@@ -223,7 +238,10 @@ def test_char_tokenizer(tmp_path):
     assert c.pad_token_id == 0 and c.bos_token_id == 1
     assert c.newline_token_ids == frozenset({c.token_to_id("\n")})
     chat = c.apply_chat_template(CONVERSATIONS[1])
-    assert chat == "<bos><|system|>Be terse.\n<|user|>Hi\nthere\n<|assistant|>  \\boxed{3}  <eos><|user|>Again?\n<|assistant|>"
+    assert (
+        chat
+        == "<bos><|system|>Be terse.\n<|user|>Hi\nthere\n<|assistant|>  \\boxed{3}  <eos><|user|>Again?\n<|assistant|>"
+    )
     assert c.decode(c.encode(chat), skip_special=False) == chat
     c.save(tmp_path)
     loaded = HFTokenizer.from_dir(tmp_path)

@@ -106,8 +106,9 @@ def test_resume_continues_the_same_run(tmp_path, tmp_path_factory):
 @pytest.mark.slow
 def test_training_raises_the_reward_on_an_easy_task(tmp_path):
     """Sparse-RL (snapkv rollouts) on sums of 0..1: a short warm start, then 10 RL iterations."""
-    cfg = load_config([SMOKE, SMOKE.replace("smoke.yaml", "learns.yaml")],
-                      [f"train.out_dir={tmp_path}", "train.progress=false"])  # the shipped overlay
+    cfg = load_config(
+        [SMOKE, SMOKE.replace("smoke.yaml", "learns.yaml")], [f"train.out_dir={tmp_path}", "train.progress=false"]
+    )  # the shipped overlay
     trainer = Trainer(cfg)
     trainer.start()
     before = trainer.evaluate(n=64)["accuracy"]
@@ -134,8 +135,10 @@ def test_donated_update_keeps_the_reference_params(tmp_path):
     ref_after = jax.device_get(trainer.ref_params)
     for a, b in zip(jax.tree.leaves(ref_before), jax.tree.leaves(ref_after)):
         np.testing.assert_array_equal(a, b)
-    moved = [not np.array_equal(a, b) for a, b in
-             zip(jax.tree.leaves(ref_before), jax.tree.leaves(jax.device_get(trainer.params)))]
+    moved = [
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(ref_before), jax.tree.leaves(jax.device_get(trainer.params)))
+    ]
     assert any(moved)  # the policy took a step away from pi_ref
     trainer.save()  # the new params and optimizer state are live buffers
 
@@ -149,10 +152,23 @@ def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path)
 
     compiles = []
     monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None)
-    trainer = Trainer(_cfg(tmp_path, "sft.steps=2", "train.iterations=3", "train.eval_every=1",
-                           "train.eval_kv=dense", "train.eval_prompts=4", "train.eval_batch_size=4",
-                           "kv.policy=rkv", "kv.budget=8", "kv.buffer=4", "rl.update.compile_ahead=true"))
+        lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    )
+    trainer = Trainer(
+        _cfg(
+            tmp_path,
+            "sft.steps=2",
+            "train.iterations=3",
+            "train.eval_every=1",
+            "train.eval_kv=dense",
+            "train.eval_prompts=4",
+            "train.eval_batch_size=4",
+            "kv.policy=rkv",
+            "kv.budget=8",
+            "kv.buffer=4",
+            "rl.update.compile_ahead=true",
+        )
+    )
     seen = []
     log = trainer.state.log_metrics
     trainer.state.log_metrics = lambda it, m: (seen.append((it, len(compiles), dict(m))), log(it, m))
@@ -162,7 +178,6 @@ def test_no_compilation_after_the_first_iteration_and_dense_evaluation(tmp_path)
     assert seen[-1][2]["kv/saving"] > 0  # sparse rollouts, dense evaluation
     dense = dataclasses.replace(trainer.cfg.kv, policy="none")
     assert seen[-1][2]["eval/accuracy"] == trainer.evaluate(kv_cfg=dense)["accuracy"]
-
 
 
 def test_eval_temperature_zero_evaluates_greedily(tmp_path):
@@ -177,7 +192,15 @@ def test_eval_temperature_zero_evaluates_greedily(tmp_path):
     examples = components.eval_examples(trainer.cfg, trainer.tokenizer, n=8)
     greedy = components.sampler_config(trainer.cfg, trainer.tokenizer, sampling=SamplingConfig(0.0))
     for seed in (1, 2):
-        res = evaluate_examples(trainer.params, trainer.model_cfg, trainer.tokenizer, examples,
-                                trainer.parts.reward, greedy, seed=seed, batch_size=4,
-                                max_prompt_len=trainer.cfg.data.max_prompt_len)
+        res = evaluate_examples(
+            trainer.params,
+            trainer.model_cfg,
+            trainer.tokenizer,
+            examples,
+            trainer.parts.reward,
+            greedy,
+            seed=seed,
+            batch_size=4,
+            max_prompt_len=trainer.cfg.data.max_prompt_len,
+        )
         assert (res["accuracy"], res["mean_length"]) == (got["accuracy"], got["mean_length"])

@@ -22,14 +22,34 @@ TIMING = ("time/", "throughput/")
 # smoke.yaml, smaller: 8 rows, one prompt width (one compile per function), an entropy bonus so
 # the update moves the weights although the 2-step warm start earns no reward yet
 OVERRIDES = [
-    "train.progress=false", "train.iterations=2", "train.save_every=2", "mesh.data=2",
-    "mesh.fsdp=2", "rollout.prompts=2", "data.max_prompt_len=16", "sft.steps=2",
-    "data.task_options.max_value=1", "rl.loss.entropy_coef=0.01", "train.eval_every=2",
+    "train.progress=false",
+    "train.iterations=2",
+    "train.save_every=2",
+    "mesh.data=2",
+    "mesh.fsdp=2",
+    "rollout.prompts=2",
+    "data.max_prompt_len=16",
+    "sft.steps=2",
+    "data.task_options.max_value=1",
+    "rl.loss.entropy_coef=0.01",
+    "train.eval_every=2",
     "train.eval_prompts=6",
 ]
 # 5 prompts x 2 samples: 10 rows, padded to a multiple of data x fsdp = 4 on the mesh
-EVALUATE = ["--task", "arithmetic", "--n", "5", "--k", "2", "--max-new-tokens", "8",
-            "--batch-size", "10", "--temperature", "1.0"]
+EVALUATE = [
+    "--task",
+    "arithmetic",
+    "--n",
+    "5",
+    "--k",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--batch-size",
+    "10",
+    "--temperature",
+    "1.0",
+]
 
 
 def _env(devices: int, **extra: str) -> dict:
@@ -41,17 +61,30 @@ def _env(devices: int, **extra: str) -> dict:
 
 
 def _train(out_dir: pathlib.Path, env: dict) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "sparserl_jax.train", "--config",
-            str(ROOT / "experiments/configs/smoke.yaml"), f"train.out_dir={out_dir}", *OVERRIDES]
-    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "sparserl_jax.train",
+        "--config",
+        str(ROOT / "experiments/configs/smoke.yaml"),
+        f"train.out_dir={out_dir}",
+        *OVERRIDES,
+    ]
+    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _evaluate(run_dir: pathlib.Path, out_json: pathlib.Path, env: dict) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "sparserl_jax.evaluate", "--checkpoint", str(run_dir), *EVALUATE,
-            "--output-json", str(out_json)]
-    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "sparserl_jax.evaluate",
+        "--checkpoint",
+        str(run_dir),
+        *EVALUATE,
+        "--output-json",
+        str(out_json),
+    ]
+    return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _metrics(out_dir: pathlib.Path) -> list[dict]:
@@ -66,9 +99,13 @@ def test_two_process_training_matches_one_process(tmp_path):
     port = free_port()
     procs = [
         _train(tmp_path / "one", _env(4)),  # the single-process reference, alongside
-        *(_train(tmp_path / "two", _env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                         JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
-          for i in range(2)),
+        *(
+            _train(
+                tmp_path / "two",
+                _env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
+            )
+            for i in range(2)
+        ),
     ]
     outputs = wait_all(procs, TIMEOUT_S)
     failed = [(i, e) for i, (p, (_, e)) in enumerate(zip(procs, outputs)) if p.returncode]
@@ -90,10 +127,14 @@ def test_two_process_training_matches_one_process(tmp_path):
     port = free_port()
     procs = [
         _evaluate(tmp_path / "two", tmp_path / "one.json", _env(4)),
-        *(_evaluate(tmp_path / "two", tmp_path / "two.json",
-                    _env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                         JAX_PROCESS_ID=str(i)))
-          for i in range(2)),
+        *(
+            _evaluate(
+                tmp_path / "two",
+                tmp_path / "two.json",
+                _env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
+            )
+            for i in range(2)
+        ),
     ]
     outputs = wait_all(procs, TIMEOUT_S)
     failed = [(i, e) for i, (p, (_, e)) in enumerate(zip(procs, outputs)) if p.returncode]

@@ -25,10 +25,21 @@ def _compile_cache(tmp_path_factory):
 
 
 def _cfg(out, *overrides):
-    return load_config([SMOKE], [
-        f"train.out_dir={out}", "train.progress=false", "rollout.scheduler=sorted",
-        "sorted.mode=partial", "sorted.group_batches=2", "sorted.slots=8", "sft.steps=4",
-        "train.save_every=1", "train.eval_prompts=4", *overrides])
+    return load_config(
+        [SMOKE],
+        [
+            f"train.out_dir={out}",
+            "train.progress=false",
+            "rollout.scheduler=sorted",
+            "sorted.mode=partial",
+            "sorted.group_batches=2",
+            "sorted.slots=8",
+            "sft.steps=4",
+            "train.save_every=1",
+            "train.eval_prompts=4",
+            *overrides,
+        ],
+    )
 
 
 def _strip(rows):
@@ -50,8 +61,7 @@ def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "3")
     logged = []
-    Trainer(_cfg(tmp_path / "b", "train.iterations=3"),
-            log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
+    Trainer(_cfg(tmp_path / "b", "train.iterations=3"), log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
     assert any("at iteration 2" in line for line in logged), logged
     a, b = _strip(read_metrics(tmp_path / "a")), _strip(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2, 3]

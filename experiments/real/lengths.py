@@ -29,8 +29,16 @@ from sparserl_jax.rollout.stats import rollout_bubble
 def _static(params, model_cfg, ids, lengths, cfg, key, Q, limits):
     outs = []
     for i in range(0, len(ids), Q):
-        out = generate_jit(params, model_cfg, jnp.asarray(ids[i:i + Q]), jnp.asarray(lengths[i:i + Q]),
-                           key, cfg, jnp.arange(i, i + Q, dtype=jnp.int32), jnp.asarray(limits[i:i + Q]))
+        out = generate_jit(
+            params,
+            model_cfg,
+            jnp.asarray(ids[i : i + Q]),
+            jnp.asarray(lengths[i : i + Q]),
+            key,
+            cfg,
+            jnp.arange(i, i + Q, dtype=jnp.int32),
+            jnp.asarray(limits[i : i + Q]),
+        )
         outs.append(jax.device_get(out))
     return outs
 
@@ -65,15 +73,25 @@ def lengths_arm(arm: measure.Arm, slots: int = 16, segment_chunks: int = 2, repe
     n_tok = int(lens.sum())
     t_static, t_engine = statistics.median(static_s), statistics.median(engine_s)
     st, drain = stats[-1]
-    static_bubble = float(np.mean([rollout_bubble(lens[i:i + Q], M, arm.buffer)["rollout/bubble_slots"]
-                                   for i in range(0, N, Q)]))
+    static_bubble = float(
+        np.mean([rollout_bubble(lens[i : i + Q], M, arm.buffer)["rollout/bubble_slots"] for i in range(0, N, Q)])
+    )
     return {
-        "arm": dataclasses.asdict(arm), "slots": Q, "segment_chunks": segment_chunks, "repeats": repeats,
-        "lengths": [int(x) for x in lens], "tokens": n_tok, "same_responses": float(np.mean(same)),
-        "static_s": static_s, "engine_s": engine_s,
-        "static_tokens_per_s": n_tok / t_static, "engine_tokens_per_s": n_tok / t_engine,
-        "engine_over_static": t_static / t_engine, "static_bubble": static_bubble,
-        "engine_bubble_slots": st.bubble_slots(), "engine_bubble_wall": st.bubble_wall(Q),
+        "arm": dataclasses.asdict(arm),
+        "slots": Q,
+        "segment_chunks": segment_chunks,
+        "repeats": repeats,
+        "lengths": [int(x) for x in lens],
+        "tokens": n_tok,
+        "same_responses": float(np.mean(same)),
+        "static_s": static_s,
+        "engine_s": engine_s,
+        "static_tokens_per_s": n_tok / t_static,
+        "engine_tokens_per_s": n_tok / t_engine,
+        "engine_over_static": t_static / t_engine,
+        "static_bubble": static_bubble,
+        "engine_bubble_slots": st.bubble_slots(),
+        "engine_bubble_wall": st.bubble_wall(Q),
         "engine_bubble_slots_until_drain": drain.bubble_slots() if drain else float("nan"),
         "engine_bubble_wall_until_drain": drain.bubble_wall(Q) if drain else float("nan"),
     }

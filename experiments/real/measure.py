@@ -75,8 +75,12 @@ def load(arm: Arm):
 
 def sampler_config(arm: Arm, tok, max_new: int | None = None) -> SamplerConfig:
     return SamplerConfig(
-        max_new_tokens=max_new or arm.max_new, sampling=SamplingConfig(TEMPERATURE), kv=arm.kv_config,
-        eos_token_ids=tuple(tok.eos_token_ids), pad_token_id=tok.pad_token_id)
+        max_new_tokens=max_new or arm.max_new,
+        sampling=SamplingConfig(TEMPERATURE),
+        kv=arm.kv_config,
+        eos_token_ids=tuple(tok.eos_token_ids),
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 def behaviour_params(arm: Arm, params):
@@ -92,8 +96,15 @@ def sample(params, model_cfg, ids, lengths, cfg: SamplerConfig, seed: int, rows:
     outs = []
     for i in range(0, len(ids), rows):
         j = min(i + rows, len(ids))
-        out = generate_jit(params, model_cfg, jnp.asarray(ids[i:j]), jnp.asarray(lengths[i:j]), key,
-                           cfg, jnp.arange(i, j, dtype=jnp.int32))
+        out = generate_jit(
+            params,
+            model_cfg,
+            jnp.asarray(ids[i:j]),
+            jnp.asarray(lengths[i:j]),
+            key,
+            cfg,
+            jnp.arange(i, j, dtype=jnp.int32),
+        )
         outs.append(jax.device_get(out))
     return concat_rollouts(outs)
 
@@ -101,8 +112,14 @@ def sample(params, model_cfg, ids, lengths, cfg: SamplerConfig, seed: int, rows:
 def rollout_batch(model_cfg, dense_params, ids, lengths, out, tok) -> dict:
     """Prompt + response tokens, response mask, sampler log-probs and the dense teacher-forced
     log-probs of the same tokens (host arrays, [B, P + M])."""
-    batch = assemble(jnp.asarray(ids), jnp.asarray(lengths), jnp.asarray(out.tokens),
-                     jnp.asarray(out.logprobs), jnp.asarray(out.mask), pad_token_id=tok.pad_token_id)
+    batch = assemble(
+        jnp.asarray(ids),
+        jnp.asarray(lengths),
+        jnp.asarray(out.tokens),
+        jnp.asarray(out.logprobs),
+        jnp.asarray(out.mask),
+        pad_token_id=tok.pad_token_id,
+    )
     score = make_score_fn(model_cfg, UpdateConfig(temperature=TEMPERATURE, score_batch_size=16))
     batch["old_logp"] = score(dense_params, batch["tokens"])
     return jax.device_get(batch)
@@ -117,12 +134,18 @@ def mismatch_numbers(old_logp, sampler_logp, mask) -> dict:
     xi = np.exp(np.clip(log_xi, -SARS.log_ratio_clamp, SARS.log_ratio_clamp))
     min_log_xi = np.where(mask, raw, np.inf).min(axis=1)
     return {
-        "kl_k1": m["mismatch/kl_k1"], "kl_k3": m["mismatch/kl_k3"],
+        "kl_k1": m["mismatch/kl_k1"],
+        "kl_k3": m["mismatch/kl_k3"],
         "kl_dense_sparse": float(np.mean(xi * log_xi)) if log_xi.size else 0.0,
-        "abs_dlogp_mean": m["mismatch/abs_dlogp_mean"], "abs_dlogp_max": m["mismatch/abs_dlogp_max"],
-        "token_reject": m["sars/token_reject_rate"], "veto": m["sars/veto_rate"],
-        "seq_reject": m["sars/seq_reject_rate"], "xi_p5": m["xi/p5"], "xi_p95": m["xi/p95"],
-        "tokens": int(mask.sum()), "min_log_xi": [float(x) for x in min_log_xi],
+        "abs_dlogp_mean": m["mismatch/abs_dlogp_mean"],
+        "abs_dlogp_max": m["mismatch/abs_dlogp_max"],
+        "token_reject": m["sars/token_reject_rate"],
+        "veto": m["sars/veto_rate"],
+        "seq_reject": m["sars/seq_reject_rate"],
+        "xi_p5": m["xi/p5"],
+        "xi_p95": m["xi/p95"],
+        "tokens": int(mask.sum()),
+        "min_log_xi": [float(x) for x in min_log_xi],
     }
 
 
@@ -131,16 +154,19 @@ def mismatch_arm(arm: Arm) -> dict:
     t0 = time.perf_counter()
     model_cfg, params, tok, ids, lengths = load(arm)
     cfg = sampler_config(arm, tok)
-    out = sample(behaviour_params(arm, params), model_cfg, ids, lengths, cfg, arm.seed,
-                 arm.rows_per_call)
+    out = sample(behaviour_params(arm, params), model_cfg, ids, lengths, cfg, arm.seed, arm.rows_per_call)
     t_sample = time.perf_counter() - t0
     batch = rollout_batch(model_cfg, params, ids, lengths, out, tok)
     kv_stats = kv_statistics(out, np.asarray(lengths), arm.kv_config, ids.shape[1], model_cfg, arm.max_new)
     res = mismatch_numbers(batch["old_logp"], batch["sampler_logp"], batch["response_mask"])
     res.update(
-        arm=dataclasses.asdict(arm), kv_saving=kv_stats["kv/saving"], kv_kept_mean=kv_stats["kv/kept_mean"],
-        kv_dense_mean=kv_stats["kv/dense_mean"], lengths=[int(x) for x in out.lengths],
+        arm=dataclasses.asdict(arm),
+        kv_saving=kv_stats["kv/saving"],
+        kv_kept_mean=kv_stats["kv/kept_mean"],
+        kv_dense_mean=kv_stats["kv/dense_mean"],
+        lengths=[int(x) for x in out.lengths],
         truncated=float(np.mean(np.asarray(out.lengths) >= arm.max_new)),
-        sample_s=t_sample, total_s=time.perf_counter() - t0,
+        sample_s=t_sample,
+        total_s=time.perf_counter() - t0,
     )
     return res

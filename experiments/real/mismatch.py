@@ -30,13 +30,13 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CHECKPOINT = os.path.join(REPO, "checkpoints", "smollm2-135m")
 # the registry's eviction policies but random (a control, not a policy the papers measure)
 POLICIES = tuple(p for p in REGISTRY if p not in ("none", "random"))
-QUANT_ARMS = tuple((fmt, mode, s) for s in (0.0, 1.5) for fmt in ("int8", "fp8")
-                   for mode in ("w8a8", "w8a16"))
+QUANT_ARMS = tuple((fmt, mode, s) for s in (0.0, 1.5) for fmt in ("int8", "fp8") for mode in ("w8a8", "w8a16"))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("measurement", choices=("eviction", "quantization", "lengths"))
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="HF directory of the model")
     p.add_argument("--prompts", type=int, default=64, help="chat prompts (experiments/real/prompts.py)")
@@ -53,8 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", help="default experiments/results/real/<measurement>")
     args = p.parse_args(argv)
     if not os.path.isdir(args.checkpoint):
-        p.error(f"--checkpoint={args.checkpoint} is not a directory; fetch it with "
-                "python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m")
+        p.error(
+            f"--checkpoint={args.checkpoint} is not a directory; fetch it with "
+            "python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m"
+        )
     for name in ("prompts", "max_new", "buffer", "rows_per_call", "update_rows", "slots", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
@@ -65,9 +67,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _arm(args, name: str, **kw):
     from sparserl_jax.experiments.real import measure
 
-    return measure.Arm(name=name, checkpoint=args.checkpoint, prompts=args.prompts,
-                       max_new=args.max_new, seed=args.seed, buffer=args.buffer,
-                       rows_per_call=args.rows_per_call, **kw)
+    return measure.Arm(
+        name=name,
+        checkpoint=args.checkpoint,
+        prompts=args.prompts,
+        max_new=args.max_new,
+        seed=args.seed,
+        buffer=args.buffer,
+        rows_per_call=args.rows_per_call,
+        **kw,
+    )
 
 
 def _run_mismatch(arm):
@@ -88,7 +97,8 @@ def _run_job(job):
 
 def eviction(args) -> dict:
     arms = [_arm(args, "dense")] + [
-        _arm(args, f"{pol}@{b}", policy=pol, budget=b) for b in args.budgets for pol in args.policies]
+        _arm(args, f"{pol}@{b}", policy=pol, budget=b) for b in args.budgets for pol in args.policies
+    ]
     rows = workers.parallel_map(_run_job, [("mismatch", a) for a in arms])
     return {"rows": rows}
 
@@ -96,10 +106,19 @@ def eviction(args) -> dict:
 def quantization(args) -> dict:
     s = args.invariant_s
     arms = [_arm(args, "full precision")] + [
-        _arm(args, f"{fmt} {mode}" + (f" s={inv:g}" if inv else ""), quant=fmt, quant_mode=mode,
-             invariant_s=s if inv else 0.0) for fmt, mode, inv in QUANT_ARMS]
-    upd = [dataclasses.replace(_arm(args, f"update s={inv:g}", invariant_s=inv),
-                               prompts=args.update_rows) for inv in (0.0, s)]
+        _arm(
+            args,
+            f"{fmt} {mode}" + (f" s={inv:g}" if inv else ""),
+            quant=fmt,
+            quant_mode=mode,
+            invariant_s=s if inv else 0.0,
+        )
+        for fmt, mode, inv in QUANT_ARMS
+    ]
+    upd = [
+        dataclasses.replace(_arm(args, f"update s={inv:g}", invariant_s=inv), prompts=args.update_rows)
+        for inv in (0.0, s)
+    ]
     jobs = [("update", a) for a in upd] + [("mismatch", a) for a in arms]
     out = workers.parallel_map(_run_job, jobs)
     return {"updates": out[:2], "rows": out[2:]}

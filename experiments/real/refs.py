@@ -9,12 +9,16 @@ import os
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
 # docs/methods.md gives no per-token mismatch figure for either paper; these are what it reports.
-PAPER_SPARSE_RL = ("Sparse-RL (docs/methods.md#what-sparse-rl-reports): 35-53% fewer KV entries "
-                   "in rollouts (R-KV / SnapKV, budget 512 + buffer 128 on 4096-token responses); "
-                   "no per-token KL or SARS rejection rate is stated")
-PAPER_QURL = ("QuRL (docs/methods.md#what-qurl-reports): GSM8K, Qwen2.5-0.5B-Instruct, PPO: BF16 "
-              "55.35 / naive INT8 48.78 / TIS 51.40 / QuRL 53.55; no per-token mismatch figure is "
-              "stated in docs/methods.md")
+PAPER_SPARSE_RL = (
+    "Sparse-RL (docs/methods.md#what-sparse-rl-reports): 35-53% fewer KV entries "
+    "in rollouts (R-KV / SnapKV, budget 512 + buffer 128 on 4096-token responses); "
+    "no per-token KL or SARS rejection rate is stated"
+)
+PAPER_QURL = (
+    "QuRL (docs/methods.md#what-qurl-reports): GSM8K, Qwen2.5-0.5B-Instruct, PPO: BF16 "
+    "55.35 / naive INT8 48.78 / TIS 51.40 / QuRL 53.55; no per-token mismatch figure is "
+    "stated in docs/methods.md"
+)
 
 
 def _load(rel: str) -> dict | None:
@@ -47,12 +51,16 @@ def tiny_policies() -> dict[str, dict]:
     default = _load("default/results.json")
     if default:
         # the default experiment's layout before figlib (results/arm means), or figlib's (per_seed rows)
-        res = default.get("results") or {arm: {k: _mean(rows, k) for k in rows[0] if isinstance(rows[0][k], float)}
-                                          for arm, rows in default["per_seed"].items()}
+        res = default.get("results") or {
+            arm: {k: _mean(rows, k) for k in rows[0] if isinstance(rows[0][k], float)}
+            for arm, rows in default["per_seed"].items()
+        }
         out["rkv (default)"] = {
             "source": "default (cycle_walk memo key, R-KV 48 + 16)",
-            "kl_k3": res["naive_sparse"]["mismatch_kl_k3"], "kv_saving": res["naive_sparse"]["train_kv_saving"],
-            "token_reject": res["sparse_rl"]["token_reject_rate"], "seq_reject": res["sparse_rl"]["seq_reject_rate"],
+            "kl_k3": res["naive_sparse"]["mismatch_kl_k3"],
+            "kv_saving": res["naive_sparse"]["train_kv_saving"],
+            "token_reject": res["sparse_rl"]["token_reject_rate"],
+            "seq_reject": res["sparse_rl"]["seq_reject_rate"],
         }
     calib = _load("calibration/walk_key/results.json")
     if calib:
@@ -70,12 +78,17 @@ def tiny_quant() -> dict[str, float]:
     if not d:
         return {}
     res = d["results"]
-    return {name: _mean(res[name], "mismatch_kl_k3")
-            for name in ("fp", "int8_naive", "int8_acr_invariant_scaling") if name in res}
+    return {
+        name: _mean(res[name], "mismatch_kl_k3")
+        for name in ("fp", "int8_naive", "int8_acr_invariant_scaling")
+        if name in res
+    }
 
 
-PAPER_SORTED_RL = ("SortedRL (docs/methods.md#bubble-ratio): bubble ratio 74% -> 5.8% (on-policy) / "
-                   "3.4% (partial); rollout throughput +7.6% / +39.5%")
+PAPER_SORTED_RL = (
+    "SortedRL (docs/methods.md#bubble-ratio): bubble ratio 74% -> 5.8% (on-policy) / "
+    "3.4% (partial); rollout throughput +7.6% / +39.5%"
+)
 
 
 def tiny_sorted() -> dict | None:

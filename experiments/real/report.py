@@ -25,8 +25,7 @@ plt.rcParams.update({"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 7})
 
 
 def command(argv) -> str:
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if argv is None else \
-        "experiments/real/mismatch.py"
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if argv is None else "experiments/real/mismatch.py"
     args = sys.argv[1:] if argv is None else list(argv)
     return shlex.join(["python", script, *args])
 
@@ -41,20 +40,27 @@ def _sci(x: float) -> str:
 
 def _header(data: dict) -> str:
     s = data["settings"]
-    return (f"Model: `{os.path.basename(os.path.normpath(s['checkpoint']))}` (float32). {s['prompts']} "
-            f"chat prompts (experiments/real/prompts.py, the checkpoint's chat template), responses "
-            f"sampled at temperature 1.0 up to {s['max_new']} tokens, seed {s['seed']}. Wall time "
-            f"{data['wall_s']:.0f} s on {data['cores']} single-core worker process(es).")
+    return (
+        f"Model: `{os.path.basename(os.path.normpath(s['checkpoint']))}` (float32). {s['prompts']} "
+        f"chat prompts (experiments/real/prompts.py, the checkpoint's chat template), responses "
+        f"sampled at temperature 1.0 up to {s['max_new']} tokens, seed {s['seed']}. Wall time "
+        f"{data['wall_s']:.0f} s on {data['cores']} single-core worker process(es)."
+    )
 
 
-MISMATCH_COLS = ("| rollouts | KV saving | k1 KL | k3 KL | KL(dense ‖ sampler) | SARS token reject | "
-                 "SARS veto | mean length | at cap |", "|---|---|---|---|---|---|---|---|---|")
+MISMATCH_COLS = (
+    "| rollouts | KV saving | k1 KL | k3 KL | KL(dense ‖ sampler) | SARS token reject | "
+    "SARS veto | mean length | at cap |",
+    "|---|---|---|---|---|---|---|---|---|",
+)
 
 
 def _mismatch_row(r: dict) -> str:
-    return (f"| {r['arm']['name']} | {_pct(r['kv_saving'])} | {_sci(r['kl_k1'])} | {_sci(r['kl_k3'])} | "
-            f"{_sci(r['kl_dense_sparse'])} | {_pct(r['token_reject'])} | {_pct(r['veto'])} | "
-            f"{np.mean(r['lengths']):.1f} | {_pct(r['truncated'])} |")
+    return (
+        f"| {r['arm']['name']} | {_pct(r['kv_saving'])} | {_sci(r['kl_k1'])} | {_sci(r['kl_k3'])} | "
+        f"{_sci(r['kl_dense_sparse'])} | {_pct(r['token_reject'])} | {_pct(r['veto'])} | "
+        f"{np.mean(r['lengths']):.1f} | {_pct(r['truncated'])} |"
+    )
 
 
 ESTIMATORS = (
@@ -63,38 +69,59 @@ ESTIMATORS = (
     "log-probs recorded while sampling): both estimate KL(pi_sampler ‖ pi_dense), what the update "
     "logs as mismatch/kl_k1, kl_k3. KL(dense ‖ sampler) = mean(xi log xi), the importance-weighted "
     "estimate of the other direction. SARS at the project's defaults (rl.corrections): a token is "
-    "rejected when xi is outside [0.5, 1.5], a response vetoed when min xi < 1e-4.")
+    "rejected when xi is outside [0.5, 1.5], a response vetoed when min xi < 1e-4."
+)
 
 
 def eviction_markdown(data: dict) -> str:
     s = data["settings"]
     rows = data["rows"]
-    lines = [_header(data), "",
-             f"KV eviction: budget B in {s['budgets']}, buffer {s['buffer']} (a compression every "
-             f"{s['buffer']} decode steps keeps the top B entries per layer and KV head), window 8, "
-             "per-head selection, prompt kept whole until the first compression "
-             "(kv.compress_prompt=false, the authors'). KV saving = 1 - kept entries / dense "
-             "entries behind each generated token's logits.", "", ESTIMATORS, "", *MISMATCH_COLS]
+    lines = [
+        _header(data),
+        "",
+        f"KV eviction: budget B in {s['budgets']}, buffer {s['buffer']} (a compression every "
+        f"{s['buffer']} decode steps keeps the top B entries per layer and KV head), window 8, "
+        "per-head selection, prompt kept whole until the first compression "
+        "(kv.compress_prompt=false, the authors'). KV saving = 1 - kept entries / dense "
+        "entries behind each generated token's logits.",
+        "",
+        ESTIMATORS,
+        "",
+        *MISMATCH_COLS,
+    ]
     lines += [_mismatch_row(r) for r in rows]
     by = {r["arm"]["name"]: r for r in rows}
     tiny = refs.tiny_policies()
-    lines += ["", "Side by side with the tiny model (its numbers are training-time means over seeds "
-              "from the committed results named in the source column; k3 KL from the naive-sparse "
-              "arm, SARS rejections from the Sparse-RL arm):", "",
-              "| policy | real k3 KL at B = " + " / ".join(map(str, s["budgets"])) +
-              " | real token reject | real veto | real KV saving | tiny k3 KL | tiny token reject | "
-              "tiny response reject | tiny KV saving | tiny source |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Side by side with the tiny model (its numbers are training-time means over seeds "
+        "from the committed results named in the source column; k3 KL from the naive-sparse "
+        "arm, SARS rejections from the Sparse-RL arm):",
+        "",
+        "| policy | real k3 KL at B = "
+        + " / ".join(map(str, s["budgets"]))
+        + " | real token reject | real veto | real KV saving | tiny k3 KL | tiny token reject | "
+        "tiny response reject | tiny KV saving | tiny source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for pol in s["policies"]:
         cells = [by.get(f"{pol}@{b}") for b in s["budgets"]]
-        real = [" / ".join(f(c) if c else "-" for c in cells) for f in (
-            lambda c: _sci(c["kl_k3"]), lambda c: _pct(c["token_reject"]), lambda c: _pct(c["veto"]),
-            lambda c: _pct(c["kv_saving"]))]
+        real = [
+            " / ".join(f(c) if c else "-" for c in cells)
+            for f in (
+                lambda c: _sci(c["kl_k3"]),
+                lambda c: _pct(c["token_reject"]),
+                lambda c: _pct(c["veto"]),
+                lambda c: _pct(c["kv_saving"]),
+            )
+        ]
         for name, t in [(k, v) for k, v in tiny.items() if k.split(" ")[0] == pol] or [(pol, {})]:
             g = lambda k, f: f(t[k]) if k in t else "-"  # noqa: E731, B023
-            lines.append(f"| {name} | {' | '.join(real)} | {g('kl_k3', _sci)} | "
-                         f"{g('token_reject', _pct)} | {g('seq_reject', _pct)} | {g('kv_saving', _pct)} | "
-                         f"{t.get('source', '-')} |")
+            lines.append(
+                f"| {name} | {' | '.join(real)} | {g('kl_k3', _sci)} | "
+                f"{g('token_reject', _pct)} | {g('seq_reject', _pct)} | {g('kv_saving', _pct)} | "
+                f"{t.get('source', '-')} |"
+            )
     lines += ["", f"Papers: {refs.PAPER_SPARSE_RL}."]
     return "\n".join(lines)
 
@@ -103,8 +130,11 @@ def eviction_figure(data: dict):
     s, rows = data["settings"], data["rows"]
     by = {r["arm"]["name"]: r for r in rows}
     fig, axes = plt.subplots(3, 1, figsize=(3.4, 6.0), sharex=True)
-    panels = (("kl_k3", "mismatch k3 KL per token (nats)", 1.0),
-              ("token_reject", "SARS token reject (%)", 100.0), ("kv_saving", "KV saving (%)", 100.0))
+    panels = (
+        ("kl_k3", "mismatch k3 KL per token (nats)", 1.0),
+        ("token_reject", "SARS token reject (%)", 100.0),
+        ("kv_saving", "KV saving (%)", 100.0),
+    )
     for ax, (key, label, scale) in zip(axes, panels):
         for pol in s["policies"]:
             pts = [(b, by[f"{pol}@{b}"][key] * scale) for b in s["budgets"] if f"{pol}@{b}" in by]
@@ -113,8 +143,9 @@ def eviction_figure(data: dict):
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(ncol=2)
-    axes[0].set_title(f"Eviction mismatch vs dense, SmolLM2-135M\n{s['prompts']} prompts, "
-                      f"up to {s['max_new']} tokens (dense: k3 = 0)")
+    axes[0].set_title(
+        f"Eviction mismatch vs dense, SmolLM2-135M\n{s['prompts']} prompts, up to {s['max_new']} tokens (dense: k3 = 0)"
+    )
     axes[-1].set_xscale("log", base=2)
     axes[-1].set_xticks(s["budgets"], [str(b) for b in s["budgets"]])
     axes[-1].set_xlabel(f"KV budget B (entries per layer, head)\nbuffer {s['buffer']}")
@@ -123,41 +154,59 @@ def eviction_figure(data: dict):
 
 def quantization_markdown(data: dict) -> str:
     s = data["settings"]
-    lines = [_header(data), "",
-             "Quantized rollouts through sparserl_jax.quant (impl native: W8A8 runs an int8 dot with "
-             "int32 accumulation or a float8 e4m3 dot, activations per token; W8A16 upcasts the "
-             "weights inside the dot; weights per output channel; embedding and lm_head full "
-             f"precision). s = {s['invariant_s']:g}: QuRL's invariant scaling (attention RMSNorm x s, "
-             "q/k/v / s) applied to the dense weights first, so pi_dense is the scaled full-precision "
-             "model, as in training.", "", ESTIMATORS, "", *MISMATCH_COLS]
+    lines = [
+        _header(data),
+        "",
+        "Quantized rollouts through sparserl_jax.quant (impl native: W8A8 runs an int8 dot with "
+        "int32 accumulation or a float8 e4m3 dot, activations per token; W8A16 upcasts the "
+        "weights inside the dot; weights per output channel; embedding and lm_head full "
+        f"precision). s = {s['invariant_s']:g}: QuRL's invariant scaling (attention RMSNorm x s, "
+        "q/k/v / s) applied to the dense weights first, so pi_dense is the scaled full-precision "
+        "model, as in training.",
+        "",
+        ESTIMATORS,
+        "",
+        *MISMATCH_COLS,
+    ]
     lines += [_mismatch_row(r) for r in data["rows"]]
     tiny = refs.tiny_quant()
     if tiny:
         by = {r["arm"]["name"]: r for r in data["rows"]}
         real = lambda n: _sci(by[n]["kl_k3"]) if n in by else "-"  # noqa: E731
-        lines += ["", "Side by side (k3 KL per token; tiny: fig_qurl, int8 W8A8, mean over its 50 "
-                  "training iterations and 3 seeds):", "",
-                  "| rollouts | real model | tiny model |", "|---|---|---|",
-                  f"| full precision | {real('full precision')} | {_sci(tiny.get('fp', float('nan')))} |",
-                  f"| int8 W8A8 | {real('int8 w8a8')} | {_sci(tiny.get('int8_naive', float('nan')))} |",
-                  f"| int8 W8A8, s = 1.5 | {real('int8 w8a8 s=1.5')} | "
-                  f"{_sci(tiny.get('int8_acr_invariant_scaling', float('nan')))} |"]
+        lines += [
+            "",
+            "Side by side (k3 KL per token; tiny: fig_qurl, int8 W8A8, mean over its 50 "
+            "training iterations and 3 seeds):",
+            "",
+            "| rollouts | real model | tiny model |",
+            "|---|---|---|",
+            f"| full precision | {real('full precision')} | {_sci(tiny.get('fp', float('nan')))} |",
+            f"| int8 W8A8 | {real('int8 w8a8')} | {_sci(tiny.get('int8_naive', float('nan')))} |",
+            f"| int8 W8A8, s = 1.5 | {real('int8 w8a8 s=1.5')} | "
+            f"{_sci(tiny.get('int8_acr_invariant_scaling', float('nan')))} |",
+        ]
     u0 = data["updates"][0]
-    lines += ["", f"Update masking (QuRL Eq. 10-12): one optimizer step of the project's update "
-              f"(rl.mode=qurl: TIS weights min(rho, 2) + ACR, clipped GRPO surrogate, k3 KL 1e-4; "
-              f"AdamW lr {u0['lr']:g}, betas (0.9, 0.98), weight decay 0.1, grad-norm clip 1) on "
-              f"{u0['rows']} int8 W8A8 rollouts of the first {u0['rows']} prompts, advantage = "
-              "batch-standardised negative response length (brevity reward). Fraction of the "
-              "quantized codes (per-output-channel absmax) that differ before vs after the step:", "",
-              "| invariant scaling | fp32 weights changed | int8 codes: q/k/v | int8: o, gate/up/down | "
-              "int8: all | fp8 codes: q/k/v | fp8: o, gate/up/down | fp8: all | grad norm |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Update masking (QuRL Eq. 10-12): one optimizer step of the project's update "
+        f"(rl.mode=qurl: TIS weights min(rho, 2) + ACR, clipped GRPO surrogate, k3 KL 1e-4; "
+        f"AdamW lr {u0['lr']:g}, betas (0.9, 0.98), weight decay 0.1, grad-norm clip 1) on "
+        f"{u0['rows']} int8 W8A8 rollouts of the first {u0['rows']} prompts, advantage = "
+        "batch-standardised negative response length (brevity reward). Fraction of the "
+        "quantized codes (per-output-channel absmax) that differ before vs after the step:",
+        "",
+        "| invariant scaling | fp32 weights changed | int8 codes: q/k/v | int8: o, gate/up/down | "
+        "int8: all | fp8 codes: q/k/v | fp8: o, gate/up/down | fp8: all | grad norm |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for u in data["updates"]:
         c = u["codes_changed"]
         inv = u["arm"]["invariant_s"]
-        lines.append(f"| {f's = {inv:g}' if inv else 'off'} | {_pct(u['weights_changed'])} | " +
-                     " | ".join(f"{100 * c[f][g]:.3f}%" for f in ("int8", "fp8")
-                                for g in ("qkv", "o_mlp", "all")) + f" | {u['grad_norm']:.3g} |")
+        lines.append(
+            f"| {f's = {inv:g}' if inv else 'off'} | {_pct(u['weights_changed'])} | "
+            + " | ".join(f"{100 * c[f][g]:.3f}%" for f in ("int8", "fp8") for g in ("qkv", "o_mlp", "all"))
+            + f" | {u['grad_norm']:.3g} |"
+        )
     lines += ["", f"Papers: {refs.PAPER_QURL}."]
     return "\n".join(lines)
 
@@ -193,33 +242,43 @@ def lengths_markdown(data: dict) -> str:
     s, r = data["settings"], data["run"]
     lens = np.asarray(r["lengths"])
     q = np.percentile(lens, PERCENTILES)
-    lines = [_header(data), "",
-             "Response lengths of the dense sampler (tokens, EOS included):", "",
-             "| mean | " + " | ".join(f"p{p}" for p in PERCENTILES) + " | max | at cap | p95 / p50 |",
-             "|---" * (len(PERCENTILES) + 4) + "|",
-             f"| {lens.mean():.1f} | " + " | ".join(f"{v:.0f}" for v in q) +
-             f" | {lens.max()} | {_pct(np.mean(lens >= s['max_new']))} | {q[5] / max(q[2], 1):.2f} |",
-             "",
-             f"Static sampler (batches of Q = {r['slots']} prompts, each decoded until its longest "
-             f"response ends) vs the slot engine (Q = {r['slots']} slots refilled as responses end, "
-             f"segments of {r['segment_chunks']} x {s['buffer']} steps), one pinned process, "
-             f"median of {r['repeats']} timed call(s) each after a warm-up; "
-             f"{_pct(r['same_responses'])} of the responses are token-identical between the two. "
-             "Relative numbers (ratios of one interleaved run):", "",
-             "| | static sampler | slot engine |", "|---|---|---|",
-             f"| tokens/s relative to static | 1.00 | {r['engine_over_static']:.2f} |",
-             f"| bubble (slot-steps idle) | {_pct(r['static_bubble'])} | {_pct(r['engine_bubble_slots'])} "
-             f"({_pct(r['engine_bubble_slots_until_drain'])} until the queue empties) |",
-             f"| bubble (wall, SortedRL Eq. 4) | {_pct(r['static_bubble'])} (equal step times) | "
-             f"{_pct(r['engine_bubble_wall'])} ({_pct(r['engine_bubble_wall_until_drain'])} until the "
-             "queue empties) |"]
+    lines = [
+        _header(data),
+        "",
+        "Response lengths of the dense sampler (tokens, EOS included):",
+        "",
+        "| mean | " + " | ".join(f"p{p}" for p in PERCENTILES) + " | max | at cap | p95 / p50 |",
+        "|---" * (len(PERCENTILES) + 4) + "|",
+        f"| {lens.mean():.1f} | "
+        + " | ".join(f"{v:.0f}" for v in q)
+        + f" | {lens.max()} | {_pct(np.mean(lens >= s['max_new']))} | {q[5] / max(q[2], 1):.2f} |",
+        "",
+        f"Static sampler (batches of Q = {r['slots']} prompts, each decoded until its longest "
+        f"response ends) vs the slot engine (Q = {r['slots']} slots refilled as responses end, "
+        f"segments of {r['segment_chunks']} x {s['buffer']} steps), one pinned process, "
+        f"median of {r['repeats']} timed call(s) each after a warm-up; "
+        f"{_pct(r['same_responses'])} of the responses are token-identical between the two. "
+        "Relative numbers (ratios of one interleaved run):",
+        "",
+        "| | static sampler | slot engine |",
+        "|---|---|---|",
+        f"| tokens/s relative to static | 1.00 | {r['engine_over_static']:.2f} |",
+        f"| bubble (slot-steps idle) | {_pct(r['static_bubble'])} | {_pct(r['engine_bubble_slots'])} "
+        f"({_pct(r['engine_bubble_slots_until_drain'])} until the queue empties) |",
+        f"| bubble (wall, SortedRL Eq. 4) | {_pct(r['static_bubble'])} (equal step times) | "
+        f"{_pct(r['engine_bubble_wall'])} ({_pct(r['engine_bubble_wall_until_drain'])} until the "
+        "queue empties) |",
+    ]
     tiny = refs.tiny_sorted()
     if tiny:
-        lines += ["", f"Tiny model (`{tiny['command']}`, experiments/results/bench_sorted.md: forced "
-                  "long-tailed lengths, 256 requests on 16 slots): static bubble "
-                  f"{_pct(tiny['static_bubble'])}, engine {_pct(tiny['engine_bubble_slots'])} "
-                  f"({_pct(tiny['engine_bubble_slots_until_drain'])} until the queue empties), engine "
-                  f"{tiny['speedup']:.2f}x static tokens/s."]
+        lines += [
+            "",
+            f"Tiny model (`{tiny['command']}`, experiments/results/bench_sorted.md: forced "
+            "long-tailed lengths, 256 requests on 16 slots): static bubble "
+            f"{_pct(tiny['static_bubble'])}, engine {_pct(tiny['engine_bubble_slots'])} "
+            f"({_pct(tiny['engine_bubble_slots_until_drain'])} until the queue empties), engine "
+            f"{tiny['speedup']:.2f}x static tokens/s.",
+        ]
     lines += ["", f"Paper: {refs.PAPER_SORTED_RL}."]
     return "\n".join(lines)
 
@@ -236,11 +295,23 @@ def lengths_figure(data: dict):
     ax = fig.add_subplot(grid[0, :])
     edges = np.linspace(0, cap, 17)
     counts, _ = np.histogram(lens[lens < cap], bins=edges)
-    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="C0", edgecolor="white",
-           label="responses that ended (EOS)")
+    ax.bar(
+        edges[:-1],
+        counts,
+        width=np.diff(edges),
+        align="edge",
+        color="C0",
+        edgecolor="white",
+        label="responses that ended (EOS)",
+    )
     at_cap = int(np.sum(lens >= cap))
-    ax.bar([cap], [at_cap], width=np.diff(edges)[0] * 0.6, color="C3",
-           label=f"at the cap ({cap} tokens): {at_cap} of {len(lens)}")
+    ax.bar(
+        [cap],
+        [at_cap],
+        width=np.diff(edges)[0] * 0.6,
+        color="C3",
+        label=f"at the cap ({cap} tokens): {at_cap} of {len(lens)}",
+    )
     pct = {p: float(np.percentile(lens, p)) for p in (50, 90, 99)}
     for (p, v), ls in zip(pct.items(), ("--", ":", "-.")):
         if v < cap:
@@ -254,11 +325,18 @@ def lengths_figure(data: dict):
     ax.set_title(f"Response lengths: {len(lens)} chat prompts, temperature 1.0, cap {cap}", fontsize=9)
     ax.legend(loc="upper left", frameon=False)
     ax = fig.add_subplot(grid[1, 0])
-    kinds = [("slot-steps", "static_bubble", "engine_bubble_slots", "engine_bubble_slots_until_drain"),
-             ("wall (Eq. 4)", "static_bubble", "engine_bubble_wall", "engine_bubble_wall_until_drain")]
+    kinds = [
+        ("slot-steps", "static_bubble", "engine_bubble_slots", "engine_bubble_slots_until_drain"),
+        ("wall (Eq. 4)", "static_bubble", "engine_bubble_wall", "engine_bubble_wall_until_drain"),
+    ]
     x = np.arange(len(kinds))
-    for i, (label, colour, idx) in enumerate((("static sampler", "0.55", 1), ("slot engine, whole run", "C1", 2),
-                                              ("slot engine, until the queue empties", "C2", 3))):
+    for i, (label, colour, idx) in enumerate(
+        (
+            ("static sampler", "0.55", 1),
+            ("slot engine, whole run", "C1", 2),
+            ("slot engine, until the queue empties", "C2", 3),
+        )
+    ):
         ax.bar(x + (i - 1) * 0.27, [100 * r[k[idx]] for k in kinds], 0.27, color=colour, label=label)
     ax.set_xticks(x, [k[0] for k in kinds])
     ax.set_ylim(0, 100)
@@ -268,52 +346,69 @@ def lengths_figure(data: dict):
     ax = fig.add_subplot(grid[1, 1])
     ratios = np.asarray(r["static_s"]) / np.asarray(r["engine_s"])  # same tokens: time ratio = throughput ratio
     ax.bar([0, 1], [1.0, r["engine_over_static"]], 0.5, color=["0.55", "C1"])
-    ax.plot(np.ones_like(ratios) + np.linspace(-0.08, 0.08, len(ratios)), ratios, "k.", ms=4,
-            label=f"each of {len(ratios)} timed repeats")
+    ax.plot(
+        np.ones_like(ratios) + np.linspace(-0.08, 0.08, len(ratios)),
+        ratios,
+        "k.",
+        ms=4,
+        label=f"each of {len(ratios)} timed repeats",
+    )
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_xticks([0, 1], ["static sampler", "slot engine"])
     ax.set_ylim(0, max(1.5, 1.15 * float(ratios.max())))
     ax.set_ylabel("tokens / s relative to static (x)")
     ax.set_title(f"Throughput (median of {r['repeats']} repeats)", fontsize=9)
     ax.legend(loc="upper left", frameon=False, fontsize=7)
-    fig.suptitle(f"SmolLM2-135M rollouts: length tail, and the slot engine vs static batches "
-                 f"(Q = {r['slots']})", fontsize=10)
+    fig.suptitle(
+        f"SmolLM2-135M rollouts: length tail, and the slot engine vs static batches (Q = {r['slots']})", fontsize=10
+    )
     return fig
 
 
 def lengths_caption(data: dict) -> str:
     r = data["run"]
-    return (f"Figure: top, the dense sampler's response lengths (16 bins up to the cap; red: the "
-            f"responses cut at the cap; lines: percentiles below the cap). Bottom left: the share of "
-            f"slot-steps (or of wall time, SortedRL Eq. 4) in which a slot decodes nothing, for the "
-            f"static sampler (batches of Q = {r['slots']}) and the slot engine, over the whole run and "
-            f"until its request queue empties. Bottom right: the engine's tokens per second relative "
-            f"to the static sampler's on the same responses: bar, the ratio of the medians of "
-            f"{r['repeats']} interleaved timed calls each; dots, the ratio within each repeat.")
+    return (
+        f"Figure: top, the dense sampler's response lengths (16 bins up to the cap; red: the "
+        f"responses cut at the cap; lines: percentiles below the cap). Bottom left: the share of "
+        f"slot-steps (or of wall time, SortedRL Eq. 4) in which a slot decodes nothing, for the "
+        f"static sampler (batches of Q = {r['slots']}) and the slot engine, over the whole run and "
+        f"until its request queue empties. Bottom right: the engine's tokens per second relative "
+        f"to the static sampler's on the same responses: bar, the ratio of the medians of "
+        f"{r['repeats']} interleaved timed calls each; dots, the ratio within each repeat."
+    )
 
 
 def eviction_caption(data: dict) -> str:
     s = data["settings"]
-    return (f"Figure: for each eviction policy (a line, in its colour of every figure) at each KV budget B "
-            f"(log2 axis; buffer {s['buffer']}): top, the mismatch k3 KL per response token between the "
-            "sparse sampler and the dense model (log axis; the dense cache's is 0, not drawn); middle, the "
-            "share of response tokens SARS rejects; bottom, the KV saving. One evaluation of "
-            f"{s['prompts']} prompts with one sampling seed per point: no spread, no error bars.")
+    return (
+        f"Figure: for each eviction policy (a line, in its colour of every figure) at each KV budget B "
+        f"(log2 axis; buffer {s['buffer']}): top, the mismatch k3 KL per response token between the "
+        "sparse sampler and the dense model (log axis; the dense cache's is 0, not drawn); middle, the "
+        "share of response tokens SARS rejects; bottom, the KV saving. One evaluation of "
+        f"{s['prompts']} prompts with one sampling seed per point: no spread, no error bars."
+    )
 
 
 def quantization_caption(data: dict) -> str:
-    return ("Figure: top, the mismatch k3 KL per response token of each quantized rollout setting against "
-            "full precision (full precision: 0, not drawn); bottom, the share of quantized weight codes "
-            "(int8 and fp8; q/k/v projections, then o and the MLP) that one AdamW step at lr "
-            f"{data['updates'][0]['lr']:g} moves, without invariant scaling and with it (one bar each). One "
-            "measurement each (one sampling seed, one step): no error bars.")
+    return (
+        "Figure: top, the mismatch k3 KL per response token of each quantized rollout setting against "
+        "full precision (full precision: 0, not drawn); bottom, the share of quantized weight codes "
+        "(int8 and fp8; q/k/v projections, then o and the MLP) that one AdamW step at lr "
+        f"{data['updates'][0]['lr']:g} moves, without invariant scaling and with it (one bar each). One "
+        "measurement each (one sampling seed, one step): no error bars."
+    )
 
 
-CAPTIONS = {"lengths": lengths_caption, "eviction": eviction_caption,  # every figure's marks defined
-            "quantization": quantization_caption}
-RENDER = {"eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (Sparse-RL)"),
-          "quantization": (quantization_markdown, quantization_figure, "Quantization mismatch (QuRL)"),
-          "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)")}
+CAPTIONS = {
+    "lengths": lengths_caption,
+    "eviction": eviction_caption,  # every figure's marks defined
+    "quantization": quantization_caption,
+}
+RENDER = {
+    "eviction": (eviction_markdown, eviction_figure, "Eviction mismatch (Sparse-RL)"),
+    "quantization": (quantization_markdown, quantization_figure, "Quantization mismatch (QuRL)"),
+    "lengths": (lengths_markdown, lengths_figure, "Response lengths and the slot engine (SortedRL)"),
+}
 
 
 def write(name: str, out_dir: str, data: dict, argv=None, cmd: str | None = None) -> None:

@@ -64,22 +64,31 @@ def update_arm(arm: measure.Arm, lr: float = 1e-6, micro_batch: int = 4) -> dict
     model_cfg, params, tok, ids, lengths = measure.load(arm)
     arm = dataclasses.replace(arm, quant="int8", quant_mode="w8a8")
     cfg = measure.sampler_config(arm, tok)
-    out = measure.sample(measure.behaviour_params(arm, params), model_cfg, ids, lengths, cfg,
-                         arm.seed, arm.rows_per_call)
+    out = measure.sample(
+        measure.behaviour_params(arm, params), model_cfg, ids, lengths, cfg, arm.seed, arm.rows_per_call
+    )
     batch = measure.rollout_batch(model_cfg, params, ids, lengths, out, tok)
     B = len(ids)
     batch["ref_logp"] = batch["old_logp"]
     batch["advantages"] = grpo_advantages(-jnp.asarray(out.lengths, jnp.float32), group_size=B)
-    rl = RLConfig(mode="qurl", optim=OptimConfig(lr=lr),
-                  update=UpdateConfig(minibatch_size=B, micro_batch_size=min(micro_batch, B),
-                                      temperature=measure.TEMPERATURE, donate=False))
+    rl = RLConfig(
+        mode="qurl",
+        optim=OptimConfig(lr=lr),
+        update=UpdateConfig(
+            minibatch_size=B, micro_batch_size=min(micro_batch, B), temperature=measure.TEMPERATURE, donate=False
+        ),
+    )
     optimizer = make_optimizer(rl.optim)
     update = make_update_fn(model_cfg, rl, optimizer)
     new_params, _, metrics = update(params, optimizer.init(params), batch)
     new_params = jax.device_get(new_params)
     return {
-        "arm": dataclasses.asdict(arm), "lr": lr, "rows": B, "loss": "qurl (TIS + ACR), brevity reward",
-        "skipped": float(metrics["skipped"]), "grad_norm": float(metrics["grad_norm"]),
+        "arm": dataclasses.asdict(arm),
+        "lr": lr,
+        "rows": B,
+        "loss": "qurl (TIS + ACR), brevity reward",
+        "skipped": float(metrics["skipped"]),
+        "grad_norm": float(metrics["grad_norm"]),
         "weights_changed": weight_change_fraction(params, new_params),
         "codes_changed": {fmt: code_change_fractions(params, new_params, fmt) for fmt in FORMATS},
     }

@@ -21,9 +21,7 @@ import numpy as np
 from sparserl_jax.data.rewards import label_answer
 from sparserl_jax.tokenizer import Tokenizer
 
-DEFAULT_PROMPT_TEMPLATE: str = (
-    "{question} Please reason step by step, and put your final answer within \\boxed{}."
-)
+DEFAULT_PROMPT_TEMPLATE: str = "{question} Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION_FIELDS: tuple[str, ...] = ("prompt", "question", "problem", "messages")
 LABEL_FIELDS: tuple[str, ...] = ("label", "gt_answer", "answer", "ground_truth", "reward_model.ground_truth")
 
@@ -72,7 +70,9 @@ def render_prompt(question: str | list[dict], tokenizer: Tokenizer | None, cfg: 
         messages = [{"role": "system", "content": cfg.system_prompt}] + messages
     if not cfg.chat_template:
         if not isinstance(question, str) or cfg.system_prompt is not None:
-            raise ValueError("chat rows ('messages' or a 'prompt' list) and data.system_prompt need data.chat_template=true")
+            raise ValueError(
+                "chat rows ('messages' or a 'prompt' list) and data.system_prompt need data.chat_template=true"
+            )
         return messages[0]["content"]
     if tokenizer is None:
         raise ValueError("data.chat_template=true needs a tokenizer")
@@ -204,8 +204,9 @@ class TaskPromptIterator:
     The state is the step k, so a resumed run draws exactly the prompts it would have drawn.
     """
 
-    def __init__(self, task, batch_size: int, seed: int = 0, tokenizer: Tokenizer | None = None,
-                 cfg: DatasetConfig | None = None):
+    def __init__(
+        self, task, batch_size: int, seed: int = 0, tokenizer: Tokenizer | None = None, cfg: DatasetConfig | None = None
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.task = task
@@ -218,7 +219,9 @@ class TaskPromptIterator:
     def next_batch(self) -> list[PromptExample]:
         rng = np.random.default_rng([self.seed, self.step])
         pairs = self.task.sample(rng, self.batch_size)
-        rows = [(p, label, f"{self.task.name}[seed={self.seed},step={self.step},{i}]") for i, (p, label) in enumerate(pairs)]
+        rows = [
+            (p, label, f"{self.task.name}[seed={self.seed},step={self.step},{i}]") for i, (p, label) in enumerate(pairs)
+        ]
         self.step += 1
         return make_examples(rows, self.tokenizer, self.cfg)
 

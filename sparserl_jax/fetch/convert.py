@@ -55,16 +55,22 @@ def check_gguf(path: Path):
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
-        raise FetchError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
-                         "it is damaged or truncated: delete it and fetch it again") from None
+        raise FetchError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); "
+            "it is damaged or truncated: delete it and fetch it again"
+        ) from None
 
 
 def _tokenizer_config(tok, max_len: int) -> dict:
     """tokenizer_config.json: special tokens and the chat template inline (read by our
     HFTokenizer and by transformers 4.x and 5.x alike)."""
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,
-           "add_eos_token": False, "clean_up_tokenization_spaces": False,
-           "model_max_length": max_len}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+    }
     for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
         value = getattr(tok, name, None)
         if value is not None:
@@ -89,8 +95,9 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> dict:
         tok = transformers.AutoTokenizer.from_pretrained(**src)
         model = transformers.AutoModelForCausalLM.from_pretrained(**src, **{dtype_kw: torch.float32})
     except Exception as e:
-        raise FetchError(f"transformers {transformers.__version__} could not read {gguf_path} "
-                         f"({type(e).__name__}: {e})") from None
+        raise FetchError(
+            f"transformers {transformers.__version__} could not read {gguf_path} ({type(e).__name__}: {e})"
+        ) from None
     model.eval()
     hf_cfg = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
     cfg = config_from_hf(hf_cfg, model.generation_config.to_dict(), dtype)
@@ -100,18 +107,23 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> dict:
         state.pop("lm_head.weight", None)  # the embedding, shared; transformers re-ties it
     expected = {spec.name for spec in hf.hf_tensors(cfg)}
     if set(state) != expected:
-        raise FetchError(f"{gguf_path}: transformers gave tensors {sorted(set(state) - expected)[:4]} "
-                         f"and lacks {sorted(expected - set(state))[:4]} for a {cfg.family} model")
+        raise FetchError(
+            f"{gguf_path}: transformers gave tensors {sorted(set(state) - expected)[:4]} "
+            f"and lacks {sorted(expected - set(state))[:4]} for a {cfg.family} model"
+        )
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
     out.mkdir(parents=True)
-    save_file({k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in state.items()},
-              out / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: np.ascontiguousarray(v.astype(np_dtype)) for k, v in state.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     (out / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2) + "\n")
-    (out / "generation_config.json").write_text(
-        json.dumps(generation_config_to_hf(cfg), indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation_config_to_hf(cfg), indent=2) + "\n")
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
-        json.dumps(_tokenizer_config(tok, cfg.max_seq_len), indent=2, ensure_ascii=False) + "\n")
+        json.dumps(_tokenizer_config(tok, cfg.max_seq_len), indent=2, ensure_ascii=False) + "\n"
+    )
 
     ids = tok(CHECK_TEXT, add_special_tokens=False).input_ids
     with torch.no_grad():
@@ -119,8 +131,10 @@ def convert_gguf(gguf_path: Path, out: Path, dtype: str = "float32") -> dict:
     rel = _logits_error(out, np.asarray(ids), ref)
     tol = CHECK_RTOL if dtype == "float32" else 5e-2
     if not rel <= tol:
-        raise FetchError(f"the converted checkpoint in {out} disagrees with transformers on the "
-                         f"GGUF (logits relative error {rel:.2e} > {tol:g}); report this")
+        raise FetchError(
+            f"the converted checkpoint in {out} disagrees with transformers on the "
+            f"GGUF (logits relative error {rel:.2e} > {tol:g}); report this"
+        )
     types = sorted({t.tensor_type.name for t in reader.tensors})
     return {"gguf_tensor_types": types, "logits_rel_err": rel}
 

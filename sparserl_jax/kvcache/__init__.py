@@ -51,9 +51,7 @@ def cache_for(
     `capacity` (the maximum total length). `dtype` defaults to the model's dtype."""
     if capacity is None:
         if kv_cfg.is_dense:
-            raise ValueError(
-                "kv.policy='none' (dense): cache_for needs capacity= (prompt + response length)"
-            )
+            raise ValueError("kv.policy='none' (dense): cache_for needs capacity= (prompt + response length)")
         capacity = kv_cfg.capacity(prompt_len)
     if capacity < prompt_len:
         raise ValueError(f"cache capacity={capacity} is smaller than prompt_len={prompt_len}")

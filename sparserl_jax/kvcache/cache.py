@@ -59,9 +59,7 @@ def init_cache(
     # Keys and values get buffers of their own, so the cache can be donated (no buffer twice).
     k, v = (tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)) for _ in range(2))
     pos = tuple(jnp.full(shape[:3], -1, jnp.int32) for _ in range(n_layers))
-    mass = (
-        tuple(jnp.zeros(shape[:3], jnp.float32) for _ in range(n_layers)) if track_mass else None
-    )
+    mass = tuple(jnp.zeros(shape[:3], jnp.float32) for _ in range(n_layers)) if track_mass else None
     window_q = None
     if window:
         if n_heads is None:
@@ -92,21 +90,15 @@ def write_prefill(
             f"prompt length {T} exceeds the cache capacity {cache.capacity}; "
             "compress the prompt (eviction policy) or raise the capacity"
         )
-    k = tuple(
-        c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.k, k_layers)
-    )
-    v = tuple(
-        c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.v, v_layers)
-    )
+    k = tuple(c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.k, k_layers))
+    v = tuple(c.at[:, :, :T].set(jnp.swapaxes(x, 1, 2).astype(c.dtype)) for c, x in zip(cache.v, v_layers))
     pos_BxC = jnp.where(jnp.arange(T)[None, :] < lengths[:, None], jnp.arange(T)[None, :], -1)
     pos = tuple(p.at[:, :, :T].set(pos_BxC[:, None, :]) for p in cache.pos)
     lengths = lengths.astype(jnp.int32)
     return cache.replace(k=k, v=v, pos=pos, fill=lengths, length=lengths)
 
 
-def write_token(
-    cache: KVCache, layer: int, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]
-) -> KVCache:
+def write_token(cache: KVCache, layer: int, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]) -> KVCache:
     """Write one token's key/value for `layer` into slot `fill` of every sequence, in place: one
     scatter on the carried buffer (a sequence with no free slot left is unchanged: mode="drop").
 
@@ -139,7 +131,6 @@ def advance(cache: KVCache) -> KVCache:
 def gather_slots(x, idx):
     """x[b, k, idx[b, k, j], ...] for every b, k, j: the kept slots, in order."""
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=2)
-
 
 
 def resize(cache: KVCache, capacity: int) -> KVCache:

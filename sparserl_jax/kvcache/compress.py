@@ -34,9 +34,7 @@ def select_slots(
     return jnp.sort(idx, axis=-1)
 
 
-def _compact_layer(
-    cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, " B"]
-) -> tuple:
+def _compact_layer(cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, " B"]) -> tuple:
     """Gather the kept k, v, pos (and mass) of one layer into slots [0, budget) where `do`;
     slots [budget, C) of compacted rows become empty (pos -1, mass 0; k, v left as garbage)."""
     budget = idx.shape[-1]
@@ -90,13 +88,8 @@ def compress(
         K = cache.k[0].shape[1]
         idx_per_layer = [jnp.broadcast_to(idx, (B, K, budget))] * cache.n_layers
     else:
-        idx_per_layer = [
-            select_slots(layer_score(i), valid_BxC, forced_BxC, budget)
-            for i in range(cache.n_layers)
-        ]
-    k, v, pos, mass = zip(
-        *(_compact_layer(cache, i, idx, do_B) for i, idx in enumerate(idx_per_layer))
-    )
+        idx_per_layer = [select_slots(layer_score(i), valid_BxC, forced_BxC, budget) for i in range(cache.n_layers)]
+    k, v, pos, mass = zip(*(_compact_layer(cache, i, idx, do_B) for i, idx in enumerate(idx_per_layer)))
     return cache.replace(
         k=tuple(k),
         v=tuple(v),
@@ -110,4 +103,3 @@ def kept_positions(cache: KVCache) -> tuple[Int[Array, "B K C"], ...]:
     """Per layer, the original position held by each slot, -1 for empty slots."""
     valid_Bx1xC = scoring.valid_slots(cache.fill, cache.capacity)[:, None, :]
     return tuple(jnp.where(valid_Bx1xC, p, -1) for p in cache.pos)
-

@@ -73,8 +73,7 @@ class KVConfig:
         try:
             ids = tuple(int(t) for t in self.newline_token_ids)
         except (TypeError, ValueError):
-            raise ValueError(f"kv.newline_token_ids={self.newline_token_ids!r} must be a list of "
-                             "token ids") from None
+            raise ValueError(f"kv.newline_token_ids={self.newline_token_ids!r} must be a list of token ids") from None
         object.__setattr__(self, "newline_token_ids", ids)
         check_in("kv.policy", self.policy, POLICIES)
         for name in ("budget", "buffer", "window", "pool_kernel"):
@@ -91,8 +90,7 @@ class KVConfig:
         check_at_least("kv.n_sinks", self.n_sinks, 0)
         if self.policy == "streaming" and self.n_sinks + self.window > self.budget:
             raise ValueError(
-                f"kv.n_sinks={self.n_sinks} + kv.window={self.window} must not exceed "
-                f"kv.budget={self.budget}"
+                f"kv.n_sinks={self.n_sinks} + kv.window={self.window} must not exceed kv.budget={self.budget}"
             )
         check_in("kv.selection", self.selection, SELECTIONS)
         check_in("kv.gqa_reduce", self.gqa_reduce, GQA_REDUCTIONS)

@@ -32,9 +32,7 @@ def _set_layer(xs: tuple, layer: int, x) -> tuple:
 # ----------------------------------------------------------------------------- decode
 
 
-def accumulate_mass(
-    cache: KVCache, layer: int, q: Float[Array, "B N H"], lse: Float[Array, "B N"]
-) -> KVCache:
+def accumulate_mass(cache: KVCache, layer: int, q: Float[Array, "B N H"], lse: Float[Array, "B N"]) -> KVCache:
     """H2O: add this step's attention probs exp(q.k / sqrt(H) - lse) over slots [0, fill + 1)
     (the new token is in slot fill), summed over the G query heads of each KV head. The new
     slot starts from zero whatever it held before."""
@@ -108,17 +106,13 @@ def prompt_window_queries(
 
 def init_mass_from_prompt(cache: KVCache, qs, ks, lengths) -> KVCache:
     T, C = ks[0].shape[1], cache.capacity
-    mass = tuple(
-        jnp.pad(prompt_mass(q, k, lengths), ((0, 0), (0, 0), (0, C - T))) for q, k in zip(qs, ks)
-    )
+    mass = tuple(jnp.pad(prompt_mass(q, k, lengths), ((0, 0), (0, 0), (0, C - T))) for q, k in zip(qs, ks))
     return cache.replace(mass=mass)
 
 
 def init_window_from_prompt(cache: KVCache, qs, ks, lengths) -> KVCache:
     W = cache.window_q[0].shape[2]
-    window_q = tuple(
-        prompt_window_queries(q, lengths, W).astype(old.dtype) for q, old in zip(qs, cache.window_q)
-    )
+    window_q = tuple(prompt_window_queries(q, lengths, W).astype(old.dtype) for q, old in zip(qs, cache.window_q))
     return cache.replace(window_q=window_q)
 
 

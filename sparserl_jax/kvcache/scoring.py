@@ -34,16 +34,12 @@ def candidate_slots(fill: Int[Array, " B"], capacity: int, window: int) -> Bool[
     return slots(capacity)[None, :] < (fill - window)[:, None]
 
 
-def attention_logits(
-    q: Float[Array, "B N T H"], k: Float[Array, "B K S H"]
-) -> Float[Array, "B K G T S"]:
+def attention_logits(q: Float[Array, "B N T H"], k: Float[Array, "B K S H"]) -> Float[Array, "B K G T S"]:
     """Scaled scores q.k / sqrt(H) in float32; query head n reads KV head n // G."""
     B, N, T, H = q.shape
     K = k.shape[1]
     q_BxKxGxTxH = q.reshape(B, K, N // K, T, H)
-    return jnp.einsum(
-        "bkgth,bksh->bkgts", q_BxKxGxTxH, k, preferred_element_type=jnp.float32
-    ) * (H**-0.5)
+    return jnp.einsum("bkgth,bksh->bkgts", q_BxKxGxTxH, k, preferred_element_type=jnp.float32) * (H**-0.5)
 
 
 def masked_softmax(x: Float[Array, ...], mask: Bool[Array, ...], axis: int = -1):
@@ -61,9 +57,7 @@ def group_max(x: Float[Array, "B K G ..."]) -> Float[Array, "B K ..."]:
     return jnp.max(x, axis=2)
 
 
-def max_pool(
-    x: Float[Array, "B K C"], mask: Bool[Array, "B C"], kernel: int
-) -> Float[Array, "B K C"]:
+def max_pool(x: Float[Array, "B K C"], mask: Bool[Array, "B C"], kernel: int) -> Float[Array, "B K C"]:
     """1-D max-pool over the slot axis (stride 1, same padding) among the `mask` slots only.
 
     Slots outside the mask neither contribute nor receive a value (they read 0), so pooling the
@@ -71,7 +65,5 @@ def max_pool(
     """
     x = jnp.where(mask[:, None, :], x, -jnp.inf)
     half = kernel // 2
-    pooled = jax.lax.reduce_window(
-        x, -jnp.inf, jax.lax.max, (1, 1, kernel), (1, 1, 1), ((0, 0), (0, 0), (half, half))
-    )
+    pooled = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, kernel), (1, 1, 1), ((0, 0), (0, 0), (half, half)))
     return jnp.where(mask[:, None, :], pooled, 0.0)

@@ -30,8 +30,7 @@ class RopeScaling:
     def __post_init__(self):
         for name in ("factor", "low_freq_factor", "high_freq_factor"):
             check_positive(f"model.rope_scaling.{name}", getattr(self, name))
-        check_at_least("model.rope_scaling.original_max_position_embeddings",
-                       self.original_max_position_embeddings, 1)
+        check_at_least("model.rope_scaling.original_max_position_embeddings", self.original_max_position_embeddings, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +60,7 @@ class ModelConfig:
 
     def __post_init__(self):
         check_in("model.family", self.family, FAMILIES)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                     "d_ff", "max_seq_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
             check_at_least(f"model.{name}", getattr(self, name), 1)
         check_multiple("model.n_heads", self.n_heads, "model.n_kv_heads", self.n_kv_heads)
         check_at_least("model.pad_token_id", self.pad_token_id, 0)
@@ -86,9 +84,7 @@ class ModelConfig:
             family=family,
             qkv_bias=family == "qwen2",
             qk_norm=family == "qwen3",
-            rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64)
-            if family == "llama"
-            else None,
+            rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64) if family == "llama" else None,
         )
         base.update(overrides)
         return cls(**base)

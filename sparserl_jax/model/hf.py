@@ -172,8 +172,7 @@ def _safetensors_files(directory: Path) -> list[Path]:
     if not found:
         present = sorted(p.name for p in directory.iterdir())[:20]
         raise FileNotFoundError(
-            f"{directory} has no model.safetensors, {INDEX_FILE} or other *.safetensors file "
-            f"(it holds {present})"
+            f"{directory} has no model.safetensors, {INDEX_FILE} or other *.safetensors file (it holds {present})"
         )
     return found
 
@@ -206,14 +205,10 @@ def _check(cfg: ModelConfig, specs: list[HFTensor], tensors: _Tensors, directory
         file, tensor = tensors[spec.name]
         shape = tuple(tensor.get_shape())
         if shape != spec.hf_shape:
-            raise ValueError(
-                f"{file}: tensor {spec.name!r} has shape {shape}, "
-                f"but config.json implies {spec.hf_shape}"
-            )
+            raise ValueError(f"{file}: tensor {spec.name!r} has shape {shape}, but config.json implies {spec.hf_shape}")
         if tensor.get_dtype() not in ST_DTYPES:
             raise ValueError(
-                f"{file}: tensor {spec.name!r} has dtype {tensor.get_dtype()}: "
-                f"expected one of {tuple(ST_DTYPES)}"
+                f"{file}: tensor {spec.name!r} has dtype {tensor.get_dtype()}: expected one of {tuple(ST_DTYPES)}"
             )
     expected = {spec.name for spec in specs}
     # Ignored, as transformers ignores them: RoPE buffers of old exports, and a stored
@@ -312,14 +307,9 @@ def _named_leaves(cfg: ModelConfig, params: Params, specs: list[HFTensor]) -> li
             raise ValueError(f"params lack {show(spec.path)!r} ({spec.name}), which cfg requires")
         leaf = found[spec.path]
         if tuple(leaf.shape) != spec.shape:
-            raise ValueError(
-                f"params {show(spec.path)!r} has shape {tuple(leaf.shape)}, "
-                f"but cfg implies {spec.shape}"
-            )
+            raise ValueError(f"params {show(spec.path)!r} has shape {tuple(leaf.shape)}, but cfg implies {spec.shape}")
         if np.dtype(leaf.dtype) not in ST_DTYPES.values():
-            raise ValueError(
-                f"params {show(spec.path)!r} has dtype {leaf.dtype}: expected a float dtype"
-            )
+            raise ValueError(f"params {show(spec.path)!r} has dtype {leaf.dtype}: expected a float dtype")
         leaves.append(leaf)
     return leaves
 
@@ -333,8 +323,7 @@ def _host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def _write_safetensors(file: Path, specs: list[HFTensor], leaves: list, write: bool,
-                       dtype: np.dtype) -> None:
+def _write_safetensors(file: Path, specs: list[HFTensor], leaves: list, write: bool, dtype: np.dtype) -> None:
     """One safetensors file of `dtype` tensors (at most max_shard_bytes on the host at once). With
     write=False (processes other than 0) it only joins the cross-process gathers."""
     if not write:
@@ -386,11 +375,7 @@ def save_params(
         shards[-1].append(i)
         size += nbytes(leaf)
     n = len(shards)
-    names = (
-        ["model.safetensors"]
-        if n == 1
-        else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    )
+    names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
     hf_cfg = config_to_hf(cfg, dtype=dtype if dtype in DTYPES else None)
     if write:
@@ -398,19 +383,13 @@ def save_params(
         for stale in [*directory.glob("model*.safetensors"), directory / INDEX_FILE]:
             stale.unlink(missing_ok=True)
         (directory / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
-        (directory / "generation_config.json").write_text(
-            json.dumps(generation_config_to_hf(cfg), indent=2) + "\n"
-        )
+        (directory / "generation_config.json").write_text(json.dumps(generation_config_to_hf(cfg), indent=2) + "\n")
     for name, idx in zip(names, shards, strict=True):
-        _write_safetensors(
-            directory / name, [specs[i] for i in idx], [leaves[i] for i in idx], write, np_dtype
-        )
+        _write_safetensors(directory / name, [specs[i] for i in idx], [leaves[i] for i in idx], write, np_dtype)
     if not write:
         return
     if n > 1:
-        weight_map = {
-            specs[i].name: name for name, idx in zip(names, shards, strict=True) for i in idx
-        }
+        weight_map = {specs[i].name: name for name, idx in zip(names, shards, strict=True) for i in idx}
         total = sum(nbytes(leaf) for leaf in leaves)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
@@ -428,7 +407,5 @@ def _tokenizer_files(tokenizer_dir: str | os.PathLike | None) -> list[Path]:
         raise FileNotFoundError(f"tokenizer_dir={src} does not exist")
     files = [src / name for name in TOKENIZER_FILES if (src / name).is_file()]
     if not files:
-        raise FileNotFoundError(
-            f"tokenizer_dir={src} holds none of the tokenizer files {TOKENIZER_FILES}"
-        )
+        raise FileNotFoundError(f"tokenizer_dir={src} holds none of the tokenizer files {TOKENIZER_FILES}")
     return files

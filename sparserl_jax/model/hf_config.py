@@ -43,20 +43,14 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     if params and all(isinstance(v, dict) for v in params.values()):  # nested per layer type
         variants = list(params.values())
         if any(v != variants[0] for v in variants):
-            raise ValueError(
-                f"config.json rope_parameters differ per layer type ({params}); expected one RoPE"
-            )
+            raise ValueError(f"config.json rope_parameters differ per layer type ({params}); expected one RoPE")
         params = variants[0]
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"config.json rope_type={rope_type!r} is not supported: expected one of {ROPE_TYPES}"
-        )
+        raise ValueError(f"config.json rope_type={rope_type!r} is not supported: expected one of {ROPE_TYPES}")
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
-        raise ValueError(
-            f"config.json partial_rotary_factor={partial} is not supported: expected 1.0"
-        )
+        raise ValueError(f"config.json partial_rotary_factor={partial} is not supported: expected 1.0")
     other = hf.get("rope_parameters") or {}
     theta = params.get("rope_theta", hf.get("rope_theta", other.get("rope_theta", 10000.0)))
     if rope_type == "default":
@@ -84,24 +78,16 @@ def _check_supported(hf: dict[str, Any], family: str) -> None:
     if act not in ("silu", "swish"):
         raise ValueError(f"config.json hidden_act={act!r} is not supported: expected 'silu'")
     if hf.get("mlp_bias"):
-        raise ValueError(
-            "config.json mlp_bias=true is not supported: expected false (no MLP biases)"
-        )
+        raise ValueError("config.json mlp_bias=true is not supported: expected false (no MLP biases)")
     if family != "qwen2" and hf.get("attention_bias"):
         raise ValueError(
-            f"config.json attention_bias=true ({family}) is not supported: it adds an o_proj "
-            "bias; expected false"
+            f"config.json attention_bias=true ({family}) is not supported: it adds an o_proj bias; expected false"
         )
     if hf.get("use_sliding_window"):
-        raise ValueError(
-            "config.json use_sliding_window=true is not supported: expected false (full attention)"
-        )
+        raise ValueError("config.json use_sliding_window=true is not supported: expected false (full attention)")
     layer_types = hf.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
-        raise ValueError(
-            f"config.json layer_types={layer_types} is not supported: "
-            "expected only 'full_attention'"
-        )
+        raise ValueError(f"config.json layer_types={layer_types} is not supported: expected only 'full_attention'")
 
 
 def config_from_hf(

@@ -68,9 +68,7 @@ class MeshConfig:
                 raise ValueError(f"mesh.{name}={size!r} must be a positive int or -1 (the rest)")
         rest = [name for name, size in sizes.items() if size == -1]
         if len(rest) > 1:
-            raise ValueError(
-                f"mesh.{rest[0]} and mesh.{rest[1]} are both -1: at most one axis may take the rest"
-            )
+            raise ValueError(f"mesh.{rest[0]} and mesh.{rest[1]} are both -1: at most one axis may take the rest")
 
     def resolve(self, n_devices: int) -> tuple[int, int, int]:
         """Axis sizes for `n_devices` devices, with -1 replaced by what is left."""
@@ -79,9 +77,7 @@ class MeshConfig:
         setting = " x ".join(f"mesh.{name}={size}" for name, size in sizes.items())
         if -1 in sizes.values():
             if n_devices % fixed:
-                raise ValueError(
-                    f"{setting}: the fixed axes ({fixed}) must divide the {n_devices} devices"
-                )
+                raise ValueError(f"{setting}: the fixed axes ({fixed}) must divide the {n_devices} devices")
             sizes = {k: (n_devices // fixed if s == -1 else s) for k, s in sizes.items()}
         elif fixed != n_devices:
             raise ValueError(
@@ -141,21 +137,15 @@ def param_specs(
                         f"param {name!r} has dims {tuple(leaf.shape)}"
                     )
                 return fit_spec(spec, leaf.shape, axis_sizes, what=f"param {name!r}")
-        raise ValueError(
-            f"no partition rule matches param {name!r}; add one to sharding.PARTITION_RULES"
-        )
+        raise ValueError(f"no partition rule matches param {name!r}; add one to sharding.PARTITION_RULES")
 
     return jax.tree_util.tree_map_with_path(spec_for, params_or_shapes)
 
 
-def param_shardings(
-    params_or_shapes: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARTITION_RULES
-) -> Any:
+def param_shardings(params_or_shapes: Any, mesh: Mesh, rules: Sequence[tuple[str, P]] = PARTITION_RULES) -> Any:
     """NamedSharding per parameter (same pytree); accepts jax.eval_shape output."""
     specs = param_specs(params_or_shapes, dict(mesh.shape), rules)
-    return jax.tree_util.tree_map(
-        lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
-    )
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def place(tree: Any, shardings: Any) -> Any:
@@ -201,9 +191,7 @@ def shard_batch(x: Any, mesh: Mesh) -> Any:
     n = entry_size(BATCH, dict(mesh.shape))
     for leaf in jax.tree_util.tree_leaves(x):
         if leaf.shape[0] % n:
-            raise ValueError(
-                f"batch size {leaf.shape[0]} must be a multiple of mesh data x fsdp = {n}"
-            )
+            raise ValueError(f"batch size {leaf.shape[0]} must be a multiple of mesh data x fsdp = {n}")
     sharding = data_sharding(mesh)
     return place(x, jax.tree_util.tree_map(lambda _: sharding, x))
 
@@ -231,21 +219,24 @@ def cache_specs(cache: kvc.KVCache, axis_sizes: Mapping[str, int]) -> kvc.KVCach
 def cache_shardings(cache: kvc.KVCache, mesh: Mesh) -> kvc.KVCache:
     """A KVCache of NamedShardings (accepts jax.eval_shape output)."""
     specs = cache_specs(cache, dict(mesh.shape))
-    return jax.tree_util.tree_map(
-        lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P)
-    )
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def _cache_factory(cfg: ModelConfig, batch: int, capacity: int, **cache_kw) -> Callable:
     return functools.partial(
-        kvc.init_cache, batch, cfg.n_layers, cfg.n_kv_heads, capacity, cfg.head_dim,
-        jnp.dtype(cfg.dtype), n_heads=cfg.n_heads, **cache_kw,
+        kvc.init_cache,
+        batch,
+        cfg.n_layers,
+        cfg.n_kv_heads,
+        capacity,
+        cfg.head_dim,
+        jnp.dtype(cfg.dtype),
+        n_heads=cfg.n_heads,
+        **cache_kw,
     )
 
 
-def init_sharded_cache(
-    mesh: Mesh, cfg: ModelConfig, batch: int, capacity: int, **cache_kw
-) -> kvc.KVCache:
+def init_sharded_cache(mesh: Mesh, cfg: ModelConfig, batch: int, capacity: int, **cache_kw) -> kvc.KVCache:
     """An empty KVCache created directly in its shards (`cache_kw`: track_mass, window)."""
     make = _cache_factory(cfg, batch, capacity, **cache_kw)
     shardings = cache_shardings(jax.eval_shape(make), mesh)
@@ -279,9 +270,7 @@ def sharded_prefill(
         return transformer.prefill(params, cfg, tokens, lengths, cache, observe_prefill=observe_prefill)
 
     p_sh = param_shardings(abstract_params(cfg), mesh)
-    return jax.jit(
-        fn, in_shardings=(p_sh, batch, batch, c_sh), out_shardings=(batch, c_sh), donate_argnums=3
-    )
+    return jax.jit(fn, in_shardings=(p_sh, batch, batch, c_sh), out_shardings=(batch, c_sh), donate_argnums=3)
 
 
 def sharded_decode_step(
@@ -299,11 +288,7 @@ def sharded_decode_step(
     c_sh = cache_shardings(cache, mesh)
 
     def fn(params, cache, tokens):
-        return transformer.decode_step(
-            params, cfg, cache, tokens, attn_impl=attn_impl, observe=observe, mesh=mesh
-        )
+        return transformer.decode_step(params, cfg, cache, tokens, attn_impl=attn_impl, observe=observe, mesh=mesh)
 
     p_sh = param_shardings(abstract_params(cfg), mesh)
-    return jax.jit(
-        fn, in_shardings=(p_sh, c_sh, batch), out_shardings=(batch, c_sh), donate_argnums=1
-    )
+    return jax.jit(fn, in_shardings=(p_sh, c_sh, batch), out_shardings=(batch, c_sh), donate_argnums=1)

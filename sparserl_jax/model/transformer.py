@@ -40,8 +40,15 @@ Params = dict
 
 def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     D, N, K, H, F = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-    shapes = {"q": (D, N, H), "k": (D, K, H), "v": (D, K, H), "o": (N, H, D),
-              "gate": (D, F), "up": (D, F), "down": (F, D)}
+    shapes = {
+        "q": (D, N, H),
+        "k": (D, K, H),
+        "v": (D, K, H),
+        "o": (N, H, D),
+        "gate": (D, F),
+        "up": (D, F),
+        "down": (F, D),
+    }
     if cfg.qkv_bias:
         shapes.update(q_bias=(N, H), k_bias=(K, H), v_bias=(K, H))
     return shapes
@@ -69,8 +76,11 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
         if cfg.qk_norm:
             layer.update(q_norm=jnp.ones((H,), dtype), k_norm=jnp.ones((H,), dtype))
         layers.append(layer)
-    params = {"embed": _normal_leaves(key_embed, {"embed": (V, D)}, dtype)["embed"],
-              "layers": layers, "final_norm": jnp.ones((D,), dtype)}
+    params = {
+        "embed": _normal_leaves(key_embed, {"embed": (V, D)}, dtype)["embed"],
+        "layers": layers,
+        "final_norm": jnp.ones((D,), dtype),
+    }
     if not cfg.tie_embeddings:
         params["lm_head"] = _normal_leaves(key_head, {"lm_head": (D, V)}, dtype)["lm_head"]
     return params
@@ -223,9 +233,7 @@ def token_logprobs(
     params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat)
     targets = jnp.roll(tokens, -1, axis=1)
-    return chunked_logprobs(
-        h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens
-    )
+    return chunked_logprobs(h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens)
 
 
 # ----------------------------------------------------------------------------- cached decoding
@@ -283,8 +291,13 @@ def decode_step(
         q, k, v = _qkv(layer, x, positions, cfg)
         cache = kvc.write_token(cache, i, k[:, 0], v[:, 0])
         o, lse = kernels.decode_attention(
-            q[:, 0], cache.k[i], cache.v[i], cache.fill + 1, impl=attn_impl,
-            platform=attn_platform, mesh=mesh,
+            q[:, 0],
+            cache.k[i],
+            cache.v[i],
+            cache.fill + 1,
+            impl=attn_impl,
+            platform=attn_platform,
+            mesh=mesh,
         )
         if observe is not None:
             cache = observe(cache, i, q[:, 0], lse)

@@ -22,6 +22,15 @@ from sparserl_jax.quant.core import QWeight, dot, merge_leading_axes, quantize
 from sparserl_jax.quant.params import abstract_quantized, invariant_scale, quantize_params, quantized_bytes
 
 __all__ = [
-    "FORMATS", "IMPLS", "QUANT_MODES", "QWeight", "QuantConfig", "abstract_quantized", "dot",
-    "invariant_scale", "quantize", "quantize_params", "quantized_bytes",
+    "FORMATS",
+    "IMPLS",
+    "QUANT_MODES",
+    "QWeight",
+    "QuantConfig",
+    "abstract_quantized",
+    "dot",
+    "invariant_scale",
+    "quantize",
+    "quantize_params",
+    "quantized_bytes",
 ]

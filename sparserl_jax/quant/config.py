@@ -24,8 +24,7 @@ def fp8_dtype(setting: str = "quant.format"):
     """jnp.float8_e4m3fn, or a clear error on a jax without float8 support."""
     dtype = getattr(jnp, "float8_e4m3fn", None)
     if dtype is None:
-        raise ValueError(f"{setting}='fp8' needs a jax with float8_e4m3fn support (this one has "
-                         "none); use 'int8'")
+        raise ValueError(f"{setting}='fp8' needs a jax with float8_e4m3fn support (this one has none); use 'int8'")
     return dtype
 
 
@@ -57,8 +56,9 @@ class QuantConfig:
         if unknown:
             raise ValueError(f"quant.skip={self.skip}: unknown weight(s) {unknown}; accepted: {SKIPPABLE}")
         if "embed" not in self.skip:
-            raise ValueError("quant.skip must contain 'embed': the embedding is a gather, not a "
-                             "matmul, and stays in full precision")
+            raise ValueError(
+                "quant.skip must contain 'embed': the embedding is a gather, not a matmul, and stays in full precision"
+            )
         check_bool("quant.invariant_scaling", self.invariant_scaling)
         check_positive("quant.invariant_s", self.invariant_s)
         if self.format == "fp8":

@@ -63,8 +63,7 @@ def merge_leading_axes(w, n: int):
     QWeight whose first n axes are contracting (their scale axes have size 1)."""
     if not isinstance(w, QWeight):
         return w.reshape((-1,) + w.shape[n:])
-    return w.replace(values=w.values.reshape((-1,) + w.shape[n:]),
-                     scale=w.scale.reshape((1,) + w.scale.shape[n:]))
+    return w.replace(values=w.values.reshape((-1,) + w.shape[n:]), scale=w.scale.reshape((1,) + w.scale.shape[n:]))
 
 
 def _tokens(subscripts: str) -> list[str]:

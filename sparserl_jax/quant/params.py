@@ -28,8 +28,11 @@ def _quantize_weight(name: str, w, cfg: QuantConfig) -> QWeight:
 
 def _select(params: dict, cfg: QuantConfig) -> dict:
     """The kernels to quantize, as {"layers": [{name: w}], ("lm_head": w)}."""
-    sel = {"layers": [{n: w for n, w in layer.items() if n in PROJECTIONS and n not in cfg.skip}
-                      for layer in params["layers"]]}
+    sel = {
+        "layers": [
+            {n: w for n, w in layer.items() if n in PROJECTIONS and n not in cfg.skip} for layer in params["layers"]
+        ]
+    }
     if HEAD in params and HEAD not in cfg.skip:
         sel[HEAD] = params[HEAD]
     return sel
@@ -74,8 +77,9 @@ def _out_sharding(name: str, s, ndim: int):
 @functools.lru_cache(maxsize=16)
 def _compiled(cfg: QuantConfig, treedef, shardings):
     out_shardings = None if shardings is None else jax.tree.unflatten(treedef, shardings)
-    return jax.jit(functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)),
-                   out_shardings=out_shardings)
+    return jax.jit(
+        functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)), out_shardings=out_shardings
+    )
 
 
 def quantize_params(params: dict, cfg: QuantConfig) -> dict:
@@ -97,8 +101,10 @@ def abstract_quantized(params_or_shapes: dict, cfg: QuantConfig) -> dict:
     """jax.eval_shape of quantize_params (plans the quantized copy's memory without allocating)."""
     _check_weights(params_or_shapes, cfg)
     sel = _select(params_or_shapes, cfg)
-    return _merge(params_or_shapes, jax.eval_shape(
-        functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)), sel))
+    return _merge(
+        params_or_shapes,
+        jax.eval_shape(functools.partial(_map_selected, fn=functools.partial(_quantize_weight, cfg=cfg)), sel),
+    )
 
 
 def invariant_scale(params: dict, s: float) -> dict:
@@ -118,5 +124,4 @@ def invariant_scale(params: dict, s: float) -> dict:
 def quantized_bytes(params: dict) -> int:
     """Bytes of the QWeights' values and scales plus the full-precision leaves of a quantized tree."""
     leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, QWeight))
-    return sum(x.nbytes if isinstance(x, QWeight) else x.size * jnp.dtype(x.dtype).itemsize
-               for x in leaves)
+    return sum(x.nbytes if isinstance(x, QWeight) else x.size * jnp.dtype(x.dtype).itemsize for x in leaves)

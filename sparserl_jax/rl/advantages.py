@@ -23,9 +23,7 @@ def grpo_advantages(
     sample gets A = 0. scale_by_std=False gives the mean-centred variant (Dr. GRPO)."""
     B = rewards.shape[0]
     if group_size < 1 or B % group_size:
-        raise ValueError(
-            f"group_size={group_size} must be >= 1 and divide the batch of {B} rewards"
-        )
+        raise ValueError(f"group_size={group_size} must be >= 1 and divide the batch of {B} rewards")
     r_GxN = rewards.astype(jnp.float32).reshape(B // group_size, group_size)
     centred_GxN = r_GxN - jnp.mean(r_GxN, axis=1, keepdims=True)
     if group_size == 1:
@@ -36,8 +34,6 @@ def grpo_advantages(
     return centred_GxN.reshape(B)
 
 
-def token_advantages(
-    advantages: Float[Array, " B"], mask: Bool[Array, "B T"]
-) -> Float[Array, "B T"]:
+def token_advantages(advantages: Float[Array, " B"], mask: Bool[Array, "B T"]) -> Float[Array, "B T"]:
     """Broadcast each response's advantage to its tokens (0 outside the mask)."""
     return jnp.where(mask, advantages.astype(jnp.float32)[:, None], 0.0)

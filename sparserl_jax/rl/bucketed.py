@@ -73,8 +73,16 @@ class LearnerOutput:
 class BucketedUpdate:
     """Scoring and update of one run's rollout batches (see the module doc)."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: RLConfig, optimizer: optax.GradientTransformation,
-                 *, max_len: int | None = None, mesh=None, donate: bool = True):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: RLConfig,
+        optimizer: optax.GradientTransformation,
+        *,
+        max_len: int | None = None,
+        mesh=None,
+        donate: bool = True,
+    ):
         """`max_len`: the widest batch a run can produce (data.max_prompt_len +
         rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
         the run's, not each batch's (a batch whose prompts pad to another width compiles nothing)."""
@@ -84,16 +92,17 @@ class BucketedUpdate:
         self.mesh = mesh if mesh is not None and mesh.size > 1 else None
         u = cfg.update
         self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens))
-        self._micro = jax.jit(functools.partial(_micro_step, model_cfg, cfg),
-                              static_argnames=("fused",), donate_argnums=(2,))
+        self._micro = jax.jit(
+            functools.partial(_micro_step, model_cfg, cfg), static_argnames=("fused",), donate_argnums=(2,)
+        )
         # the accumulator is not donated to the step: no output has its place (a warning)
-        self._apply = jax.jit(functools.partial(_apply, optimizer),
-                              donate_argnums=(0, 1) if donate else ())
+        self._apply = jax.jit(functools.partial(_apply, optimizer), donate_argnums=(0, 1) if donate else ())
         # model.dtype != model.param_dtype (model/precision.py): the forwards and the gradient
         # read a compute copy of the master, re-cast after each optimizer step into its buffers
         self.mixed = precision.is_mixed(model_cfg)
-        self._recast = jax.jit(lambda params, old: precision.cast_floats(params, model_cfg.dtype),
-                               donate_argnums=(1,) if donate else ())
+        self._recast = jax.jit(
+            lambda params, old: precision.cast_floats(params, model_cfg.dtype), donate_argnums=(1,) if donate else ()
+        )
         self._zeros_fns: dict = {}  # (params' tree, shardings) -> jitted float32 zeros like them
         self._mismatch = jax.jit(functools.partial(mismatch_metrics, cfg=cfg))
         self._row_norms = jax.jit(functools.partial(row_weight_normalisers, cfg=cfg))
@@ -126,8 +135,10 @@ class BucketedUpdate:
         backward 3 (+1 for pi_ref inside), scoring 1 per position of each scored policy."""
         u, B = self.cfg.update, len(lengths_B)
         update = sum(len(mb.rows) * mb.width for mb in self._plan(path, lengths_B, widths, 0))
-        scoring = sum(len(mb.rows) * mb.width for mb in buckets.plan(
-            lengths_B, np.arange(B), min(u.score_batch_size, B), widths, group=u.group_by_length))
+        scoring = sum(
+            len(mb.rows) * mb.width
+            for mb in buckets.plan(lengths_B, np.arange(B), min(u.score_batch_size, B), widths, group=u.group_by_length)
+        )
         scored = (not path.fused) + (self.cfg.loss.beta > 0 and not path.ref_inside)
         return u.epochs * (B // u.minibatch_size) * update * (3 + path.ref_inside) + scored * scoring
 
@@ -137,8 +148,9 @@ class BucketedUpdate:
 
     def _plan(self, path: Path, lengths_B: np.ndarray, widths, start: int) -> list[buckets.MicroBatch]:
         u = self.cfg.update
-        return buckets.plan(lengths_B, np.arange(start, start + u.minibatch_size), u.micro_batch_size,
-                            widths, group=path.grouped)
+        return buckets.plan(
+            lengths_B, np.arange(start, start + u.minibatch_size), u.micro_batch_size, widths, group=path.grouped
+        )
 
     def widths(self, T: int) -> tuple[int, ...]:
         return buckets.bucket_widths(T, self.cfg.update.length_bucket)
@@ -172,9 +184,11 @@ class BucketedUpdate:
         self._warmed.add((B, T))
         u, with_ref = self.cfg.update, self.cfg.loss.beta > 0
         m, s = u.micro_batch_size, min(u.score_batch_size, B)
-        zeros = lambda rows, w: {"tokens": np.zeros((rows, w), np.int32),  # noqa: E731
-                                 "response_mask": np.zeros((rows, w), bool),
-                                 "sampler_logp": np.zeros((rows, w), np.float32)}
+        zeros = lambda rows, w: {
+            "tokens": np.zeros((rows, w), np.int32),  # noqa: E731
+            "response_mask": np.zeros((rows, w), bool),
+            "sampler_logp": np.zeros((rows, w), np.float32),
+        }
         acc = self._zeros(params)
         paths = self.paths(B)
         master, params = params, self._compute_like(params)
@@ -190,8 +204,7 @@ class BucketedUpdate:
                     host["ref_logp"] = np.zeros((m, w), np.float32)
                 host["advantages"] = np.zeros((m,), np.float32)
                 mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
-                self._micro.lower(params, ref_params if ref_inside else None, acc, mb, norm,
-                                  fused=fused).compile()
+                self._micro.lower(params, ref_params if ref_inside else None, acc, mb, norm, fused=fused).compile()
         scalar = self._scalar(0.0)  # placed as the micro-batch programs return their scalars
         self._apply.lower(master, opt_state, acc, scalar, scalar).compile()
         if self.mixed:
@@ -218,8 +231,8 @@ class BucketedUpdate:
         key = (jax.tree.structure(params), tuple(jax.tree.leaves(shardings)))
         if key not in self._zeros_fns:
             self._zeros_fns[key] = jax.jit(
-                lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p),
-                out_shardings=shardings)
+                lambda p: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p), out_shardings=shardings
+            )
         return self._zeros_fns[key](params)
 
     def _scalar(self, x: float):
@@ -244,9 +257,9 @@ class BucketedUpdate:
         pending = []
         for mb in buckets.plan(lengths_B, np.arange(B), s, self.widths(T), group=u.group_by_length):
             rows = np.concatenate([mb.rows, np.repeat(mb.rows[-1:], s - len(mb.rows))])  # fixed shape
-            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, :mb.width]))))
+            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, : mb.width]))))
         for mb, logp in pending:
-            out[mb.rows, :mb.width] = distributed.to_host(logp)[: len(mb.rows)]
+            out[mb.rows, : mb.width] = distributed.to_host(logp)[: len(mb.rows)]
         return out
 
     # ------------------------------------------------------------------ update
@@ -264,8 +277,9 @@ class BucketedUpdate:
         cfg, u = self.cfg, self.cfg.update
         B, T_batch = batch["tokens"].shape
         if B % u.minibatch_size:
-            raise ValueError(f"rollout batch of {B} responses must be a multiple of "
-                             f"update.minibatch_size={u.minibatch_size}")
+            raise ValueError(
+                f"rollout batch of {B} responses must be a multiple of update.minibatch_size={u.minibatch_size}"
+            )
         T = max(T_batch, self.max_len or 0)
         with_ref = cfg.loss.beta > 0
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
@@ -273,8 +287,13 @@ class BucketedUpdate:
             self.warm_up(params, ref_params, opt_state, B, T)
         # theta_old as the forwards read it: `compute` (the sampler's copy, donated when params
         # are) or cast here; the master itself when model.dtype is model.param_dtype
-        policy = params if not self.mixed else compute if compute is not None else \
-            precision.compute_copy(params, self.model_cfg)
+        policy = (
+            params
+            if not self.mixed
+            else compute
+            if compute is not None
+            else precision.compute_copy(params, self.model_cfg)
+        )
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
         path = self.choose(lengths, widths)
@@ -290,8 +309,9 @@ class BucketedUpdate:
             score_s = time.perf_counter() - t0
         if not path.fused:
             full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
-            norms_B = np.asarray(distributed.to_host(self._row_norms(
-                full["old_logp"], full["sampler_logp"], full["response_mask"])))
+            norms_B = np.asarray(
+                distributed.to_host(self._row_norms(full["old_logp"], full["sampler_logp"], full["response_mask"]))
+            )
             if weight_normalisation(cfg) == "global":
                 metrics["ibr/normaliser"] = float(norms_B[0])
         positions, old_parts, steps = 0, [], []
@@ -301,8 +321,8 @@ class BucketedUpdate:
                 for mb in self._plan(path, lengths, widths, start):
                     inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B)
                     acc, num, m, logp = self._micro(
-                        policy, ref_params if path.ref_inside else None, acc, inputs, norm,
-                        fused=path.fused)
+                        policy, ref_params if path.ref_inside else None, acc, inputs, norm, fused=path.fused
+                    )
                     nums.append(num)
                     parts.append(m)
                     positions += len(mb.rows) * mb.width
@@ -319,8 +339,7 @@ class BucketedUpdate:
         per_step = []
         for parts, applied in steps:
             stacked = {k: np.stack([np.asarray(p[k]) for p in parts]) for k in parts[0]}
-            per_step.append({**{k: np.asarray(v) for k, v in _combine(stacked, stacked["tokens"]).items()},
-                             **applied})
+            per_step.append({**{k: np.asarray(v) for k, v in _combine(stacked, stacked["tokens"]).items()}, **applied})
         stacked = {k: np.stack([s[k] for s in per_step]) for k in per_step[0]}
         metrics.update({k: float(v) for k, v in reduce_steps(stacked).items()})
         metrics["steps"] = float(u.epochs * (B // u.minibatch_size))
@@ -330,18 +349,21 @@ class BucketedUpdate:
         if path.fused:
             old = np.zeros((B, T), np.float32)
             for mb, logp in old_parts:
-                old[mb.rows, :mb.width] = np.asarray(distributed.to_host(logp))
+                old[mb.rows, : mb.width] = np.asarray(distributed.to_host(logp))
         else:
             old = host["old_logp"]
         full = self._place({"old": old, "sampler": host["sampler_logp"], "mask": host["response_mask"]})
-        metrics.update({k: float(v) for k, v in distributed.to_host(
-            self._mismatch(full["old"], full["sampler"], full["mask"])).items()})
+        metrics.update(
+            {
+                k: float(v)
+                for k, v in distributed.to_host(self._mismatch(full["old"], full["sampler"], full["mask"])).items()
+            }
+        )
         return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], score_s, positions)
 
 
 def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens):
-    logp, _ = transformer.token_logprobs(params, model_cfg, tokens, temperature=temperature,
-                                         chunk_tokens=chunk_tokens)
+    logp, _ = transformer.token_logprobs(params, model_cfg, tokens, temperature=temperature, chunk_tokens=chunk_tokens)
     return logp
 
 
@@ -353,8 +375,8 @@ def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_no
         ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"])
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
     (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
-        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm,
-        old_from_forward=fused)
+        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm, old_from_forward=fused
+    )
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
     return acc, num, metrics, logp
 
@@ -363,6 +385,5 @@ def _apply(optimizer, params, opt_state, acc, numerator, denominator):
     """Divide the accumulated numerator gradient by the minibatch's denominator and step."""
     d = jnp.maximum(denominator, 1e-8)
     loss = numerator / d
-    params, opt_state, applied = apply_gradients(
-        optimizer, params, opt_state, jax.tree.map(lambda g: g / d, acc), loss)
+    params, opt_state, applied = apply_gradients(optimizer, params, opt_state, jax.tree.map(lambda g: g / d, acc), loss)
     return params, opt_state, {"loss": loss, **applied}

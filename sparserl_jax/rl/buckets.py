@@ -51,12 +51,15 @@ def row_lengths(response_mask_BxT: np.ndarray) -> np.ndarray:
     return np.where(mask.any(axis=1), np.minimum(last + 2, T), 1).astype(np.int64)
 
 
-def plan(lengths_B: np.ndarray, rows: np.ndarray, size: int, widths: tuple[int, ...], *,
-         group: bool) -> list[MicroBatch]:
+def plan(
+    lengths_B: np.ndarray, rows: np.ndarray, size: int, widths: tuple[int, ...], *, group: bool
+) -> list[MicroBatch]:
     """Cut `rows` (indices into the batch) into consecutive groups of `size` (the last one may be
     shorter), after a stable sort by length when `group`; each group at the width of its longest row."""
     rows = np.asarray(rows, np.int64)
     if group:
         rows = rows[np.argsort(lengths_B[rows], kind="stable")]
-    return [MicroBatch(rows[i:i + size], width_for(int(lengths_B[rows[i:i + size]].max()), widths))
-            for i in range(0, len(rows), size)]
+    return [
+        MicroBatch(rows[i : i + size], width_for(int(lengths_B[rows[i : i + size]].max()), widths))
+        for i in range(0, len(rows), size)
+    ]

@@ -163,8 +163,7 @@ class UpdateConfig:
     compile_ahead: bool = True
 
     def __post_init__(self):
-        for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens",
-                     "score_batch_size"):
+        for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens", "score_batch_size"):
             check_at_least(f"update.{name}", getattr(self, name), 1)
         check_at_least("update.length_bucket", self.length_bucket, 0)  # 0: no length buckets
         for name in ("remat", "donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
@@ -177,9 +176,7 @@ class UpdateConfig:
         check_positive("update.temperature", self.temperature)
 
 
-def check_training_sampling(
-    update: UpdateConfig, temperature: float, top_p: float, top_k: int
-) -> None:
+def check_training_sampling(update: UpdateConfig, temperature: float, top_p: float, top_k: int) -> None:
     """Refuse rollout sampling settings that would bias xi = pi_old / pi_sampler.
 
     The sampler records log-probs of its processed distribution (temperature, then top-k/top-p);
@@ -233,15 +230,15 @@ class RLConfig:
         check_in("rl.mode", self.mode, RL_MODES)
         check_in("rl.ratio_against", self.ratio_against, RATIO_AGAINST)
         check_positive("rl.log_ratio_clamp", self.log_ratio_clamp)
-        added = self.corrections[len(RL_MODES[self.mode]):]
-        check_combination(f"rl.mode={self.mode!r}" + "".join(f" + rl.{n}.enabled" for n in added),
-                          self.corrections)
+        added = self.corrections[len(RL_MODES[self.mode]) :]
+        check_combination(f"rl.mode={self.mode!r}" + "".join(f" + rl.{n}.enabled" for n in added), self.corrections)
 
     @property
     def corrections(self) -> tuple[str, ...]:
         """The corrections in force: the mode's row of RL_MODES, then every registered one whose
         section has `enabled=True` (rl.acr.enabled adds ACR to any mode)."""
         named = RL_MODES[self.mode]
-        enabled = tuple(name for name in CORRECTIONS if name not in named
-                        and getattr(getattr(self, name, None), "enabled", False))
+        enabled = tuple(
+            name for name in CORRECTIONS if name not in named and getattr(getattr(self, name, None), "enabled", False)
+        )
         return named + enabled

@@ -84,8 +84,7 @@ def loop_fraction(tokens, lengths, min_span: int = 10, min_repeats: int = 2) -> 
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     if tokens.shape[0] == 0:
         return 0.0
-    return float(np.mean([has_loop(tokens[b, : lengths[b]], min_span, min_repeats)
-                          for b in range(tokens.shape[0])]))
+    return float(np.mean([has_loop(tokens[b, : lengths[b]], min_span, min_repeats) for b in range(tokens.shape[0])]))
 
 
 def response_tokens(tokens, response_mask) -> tuple[np.ndarray, np.ndarray]:

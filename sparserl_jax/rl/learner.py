@@ -40,15 +40,23 @@ def check_minibatch(rows: int, minibatch_size: int) -> None:
 class Learner:
     """The update side of one run: its optimizer, update step and scorer on one mesh."""
 
-    def __init__(self, rl: RLConfig, samples: int, model_cfg, mesh, tokenizer,
-                 reward: Callable[[str, str], float], *, max_len: int | None = None,
-                 log: Callable = print):
+    def __init__(
+        self,
+        rl: RLConfig,
+        samples: int,
+        model_cfg,
+        mesh,
+        tokenizer,
+        reward: Callable[[str, str], float],
+        *,
+        max_len: int | None = None,
+        log: Callable = print,
+    ):
         """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run."""
         self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
         self.tokenizer, self.reward, self.log = tokenizer, reward, log
         self.optimizer = make_optimizer(rl.optim)
-        self.update = BucketedUpdate(model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh,
-                                     donate=rl.update.donate)
+        self.update = BucketedUpdate(model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh, donate=rl.update.donate)
 
     def place(self, params):
         """Params split over the mesh by the partition rules (committed to the one device
@@ -78,12 +86,17 @@ class Learner:
         examples `samples` times, responses on the host) as host arrays, its reward metrics and
         the responses."""
         n, examples, out = self.samples, rollout.examples, rollout.out
-        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist())
-                 for i in range(len(examples) * n)]
+        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(examples) * n)]
         labels = [e.label for e in examples for _ in range(n)]
         rewards = np.array([self.reward(t, l) for t, l in zip(texts, labels)], np.float32)
-        batch = assemble(jnp.asarray(rollout.tokens), jnp.asarray(rollout.lengths), out.tokens,
-                         out.logprobs, out.mask, pad_token_id=self.tokenizer.pad_token_id)
+        batch = assemble(
+            jnp.asarray(rollout.tokens),
+            jnp.asarray(rollout.lengths),
+            out.tokens,
+            out.logprobs,
+            out.mask,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
         batch = {k: np.asarray(v) for k, v in batch.items()}
         metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
@@ -98,22 +111,29 @@ class Learner:
         t1 = time.perf_counter()
         batch["old_logp"] = out.old_logp
         # host-side diagnostics of this rollout batch (SARS as the update applies it, loops, mismatch)
-        metrics = rollout_diagnostics(batch["tokens"], batch["response_mask"], batch["sampler_logp"],
-                                      out.old_logp, batch["advantages"], self.rl)
+        metrics = rollout_diagnostics(
+            batch["tokens"], batch["response_mask"], batch["sampler_logp"], out.old_logp, batch["advantages"], self.rl
+        )
         t2 = time.perf_counter()
         n_tokens = float(np.sum(batch["response_mask"]))
         metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in out.metrics.items()})
-        metrics.update({
-            "time/score_s": out.score_s,
-            "time/update_s": t1 - t0 - out.score_s,
-            "time/diagnostics_s": t2 - t1,
-            "throughput/update_tokens_per_s": n_tokens / max(t1 - t0 - out.score_s, 1e-9),
-            "throughput/learner_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
-            # positions the update ran beyond the rows' own, over the padded [B, T] batch's
-            "update/padding_fraction": 1.0 - float(np.sum(buckets.row_lengths(batch["response_mask"])))
-                                       * self.rl.update.epochs / max(out.positions, 1),
-        })
+        metrics.update(
+            {
+                "time/score_s": out.score_s,
+                "time/update_s": t1 - t0 - out.score_s,
+                "time/diagnostics_s": t2 - t1,
+                "throughput/update_tokens_per_s": n_tokens / max(t1 - t0 - out.score_s, 1e-9),
+                "throughput/learner_tokens_per_s": n_tokens / max(t1 - t0, 1e-9),
+                # positions the update ran beyond the rows' own, over the padded [B, T] batch's
+                "update/padding_fraction": 1.0
+                - float(np.sum(buckets.row_lengths(batch["response_mask"])))
+                * self.rl.update.epochs
+                / max(out.positions, 1),
+            }
+        )
         if not np.isfinite(metrics.get("update/loss", 0.0)) or metrics.get("update/skipped", 0) > 0:
-            self.log(f"iteration {iteration}: {int(metrics.get('update/skipped', 0))} "
-                     "optimizer step(s) skipped (non-finite loss or gradient)")
+            self.log(
+                f"iteration {iteration}: {int(metrics.get('update/skipped', 0))} "
+                "optimizer step(s) skipped (non-finite loss or gradient)"
+            )
         return params, opt_state, metrics

@@ -32,7 +32,5 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay)."""
     return optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip),
-        optax.adamw(
-            make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay
-        ),
+        optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay),
     )

@@ -59,7 +59,11 @@ def micro_batch_loss(
     KL term and its metric are 0. `weight_norm` is a scalar or one value per row."""
     u = cfg.update
     logp, entropy = transformer.token_logprobs(
-        params, model_cfg, mb["tokens"], temperature=u.temperature, chunk_tokens=u.chunk_tokens,
+        params,
+        model_cfg,
+        mb["tokens"],
+        temperature=u.temperature,
+        chunk_tokens=u.chunk_tokens,
         remat=u.remat,
     )
     fixed_logp = jax.lax.stop_gradient(logp)
@@ -67,7 +71,13 @@ def micro_batch_loss(
     ref = mb["ref_logp"] if "ref_logp" in mb else fixed_logp
     mask = mb["response_mask"].astype(bool)
     corr = compute_corrections(
-        logp, old, ref, mb["sampler_logp"], mask, cfg, weight_norm=weight_norm,
+        logp,
+        old,
+        ref,
+        mb["sampler_logp"],
+        mask,
+        cfg,
+        weight_norm=weight_norm,
         with_metrics=False,  # the update reports them once, over the whole rollout batch
     )
     adv = token_advantages(mb["advantages"], mask)
@@ -115,8 +125,11 @@ def minibatch_gradients(
 
 
 def apply_gradients(
-    optimizer: optax.GradientTransformation, params: Params, opt_state: optax.OptState,
-    grads_f32: Params, loss: Float[Array, ""],
+    optimizer: optax.GradientTransformation,
+    params: Params,
+    opt_state: optax.OptState,
+    grads_f32: Params,
+    loss: Float[Array, ""],
 ) -> tuple[Params, optax.OptState, dict]:
     """One optimizer step from float32 gradients (cast to the params' dtypes); a step whose loss
     or gradient is not finite leaves params and optimizer state unchanged (metric "skipped")."""
@@ -126,8 +139,11 @@ def apply_gradients(
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    return (keep(new_params, params), keep(new_opt_state, opt_state),
-            {"grad_norm": grad_norm, "skipped": (~finite).astype(jnp.float32)})
+    return (
+        keep(new_params, params),
+        keep(new_opt_state, opt_state),
+        {"grad_norm": grad_norm, "skipped": (~finite).astype(jnp.float32)},
+    )
 
 
 def reduce_steps(steps: dict) -> dict:
@@ -160,8 +176,7 @@ def make_update_fn(
         B, T = check_batch(batch)
         if B % u.minibatch_size:
             raise ValueError(
-                f"rollout batch of {B} responses must be a multiple of "
-                f"update.minibatch_size={u.minibatch_size}"
+                f"rollout batch of {B} responses must be a multiple of update.minibatch_size={u.minibatch_size}"
             )
         n_mini, n_micro = B // u.minibatch_size, u.minibatch_size // u.micro_batch_size
         batch = {k: batch[k] for k in BATCH_KEYS}
@@ -175,12 +190,8 @@ def make_update_fn(
         if weight_normalisation(cfg) == "global":
             weight_norm = weight_normaliser(b, cfg)
             metrics["ibr/normaliser"] = weight_norm
-        denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(
-            b.accept.reshape(n_mini, u.minibatch_size, T)
-        )
-        minibatches = jax.tree.map(
-            lambda x: x.reshape(n_mini, n_micro, u.micro_batch_size, *x.shape[1:]), batch
-        )
+        denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(b.accept.reshape(n_mini, u.minibatch_size, T))
+        minibatches = jax.tree.map(lambda x: x.reshape(n_mini, n_micro, u.micro_batch_size, *x.shape[1:]), batch)
 
         def opt_step(carry, xs):
             params, opt_state = carry
@@ -195,9 +206,7 @@ def make_update_fn(
         def epoch(carry, _):
             return jax.lax.scan(opt_step, carry, (minibatches, denoms))
 
-        (params, opt_state), steps = jax.lax.scan(
-            epoch, (params, opt_state), None, length=u.epochs
-        )
+        (params, opt_state), steps = jax.lax.scan(epoch, (params, opt_state), None, length=u.epochs)
         metrics.update(reduce_steps(steps))
         metrics["steps"] = jnp.float32(u.epochs * n_mini)
         return params, opt_state, metrics

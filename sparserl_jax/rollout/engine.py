@@ -114,8 +114,12 @@ class Finished:
         """The same rows as the static sampler's Rollout (host arrays)."""
         mask = np.arange(self.tokens.shape[1])[None] < self.lengths[:, None]
         return Rollout(
-            tokens=self.tokens, logprobs=self.logprobs, mask=mask, lengths=self.lengths,
-            kept=self.kept, n_compressions=self.n_compressions,
+            tokens=self.tokens,
+            logprobs=self.logprobs,
+            mask=mask,
+            lengths=self.lengths,
+            kept=self.kept,
+            n_compressions=self.n_compressions,
             evicted_fraction=np.asarray(evicted_fraction(self.kept, self.lengths, self.prompt_lengths)),
         )
 
@@ -161,28 +165,42 @@ def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) 
     if not isinstance(cfg, SamplerConfig):
         raise ValueError(f"cfg={type(cfg).__name__}: a SamplerConfig is accepted")
     if cfg.record_kept:
-        raise ValueError("sampler.record_kept (rl masked recompute) is not supported by "
-                         "rollout.scheduler='sorted'; use rollout.scheduler='batch'")
+        raise ValueError(
+            "sampler.record_kept (rl masked recompute) is not supported by "
+            "rollout.scheduler='sorted'; use rollout.scheduler='batch'"
+        )
     check_at_least("sorted.slots", slots, 1)
     check_at_least("prompt_len (data.max_prompt_len)", prompt_len, 1)
     check_at_least("sorted.segment_chunks", segment_chunks, 1)
     if mesh is None or mesh.size <= 1:
         return 1
     if not {"data", "fsdp"} <= set(mesh.shape):
-        raise ValueError(f"mesh axes {tuple(mesh.shape)}: the engine splits its slots over "
-                         "'data' x 'fsdp' (sharding.make_mesh's axes)")
+        raise ValueError(
+            f"mesh axes {tuple(mesh.shape)}: the engine splits its slots over "
+            "'data' x 'fsdp' (sharding.make_mesh's axes)"
+        )
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
     if slots % dp:
-        raise ValueError(f"sorted.slots={slots} must be a multiple of mesh data x fsdp = {dp} "
-                         "(the slots are split over those devices)")
+        raise ValueError(
+            f"sorted.slots={slots} must be a multiple of mesh data x fsdp = {dp} "
+            "(the slots are split over those devices)"
+        )
     return dp
 
 
 class SlotEngine:
     """Q slots decoding requests of prompts up to `prompt_len` tokens (see the module doc)."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: SamplerConfig, slots: int, prompt_len: int,
-                 *, segment_chunks: int = 2, mesh: Mesh | None = None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: SamplerConfig,
+        slots: int,
+        prompt_len: int,
+        *,
+        segment_chunks: int = 2,
+        mesh: Mesh | None = None,
+    ):
         self.dp = _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh)
         if mesh is not None and mesh.size > 1:
             cfg = dataclasses.replace(cfg, mesh=mesh)
@@ -210,9 +228,16 @@ class SlotEngine:
         zeros = lambda: jnp.zeros((Q,), jnp.int32)  # every leaf its own buffer (donated)
         state = SlotState(
             cache=kv.cache_for(self.cfg.kv, mc, Q, min(self.P, self.C), jnp.dtype(mc.dtype), capacity=self.C),
-            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32), logits_version=zeros(),
-            kept=zeros(), prev=zeros() - 1, done=jnp.ones((Q,), bool), n_comp=zeros(), t=zeros(),
-            request=zeros(), limit=zeros() + M, prompt_len=zeros(),
+            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32),
+            logits_version=zeros(),
+            kept=zeros(),
+            prev=zeros() - 1,
+            done=jnp.ones((Q,), bool),
+            n_comp=zeros(),
+            t=zeros(),
+            request=zeros(),
+            limit=zeros() + M,
+            prompt_len=zeros(),
             tokens=jnp.full((Q, M), self.cfg.pad_token_id, jnp.int32),
             logprobs=jnp.zeros((Q, M), jnp.float32),
             kept_tok=jnp.zeros((Q, M), jnp.int32),
@@ -244,8 +269,8 @@ class SlotEngine:
             st, active = c
             carry = (st.cache, st.logits, st.kept, st.prev, st.done, st.n_comp)
             carry, (token_Q, logp_Q, live_Q, kept_Q) = decode_token(
-                params, self.model_cfg, cfg, self.C, keys, carry, st.t, interval=True,
-                limit_B=st.limit)
+                params, self.model_cfg, cfg, self.C, keys, carry, st.t, interval=True, limit_B=st.limit
+            )
             cache, logits, kept, prev, done, n_comp = carry
             col_Q = jnp.where(live_Q, st.t, M)  # M: out of range, dropped
 
@@ -253,10 +278,18 @@ class SlotEngine:
                 return buf.at[rows_Q, col_Q].set(x.astype(buf.dtype), mode="drop")
 
             st = st.replace(
-                cache=cache, logits=logits, kept=kept, prev=prev, done=done, n_comp=n_comp,
+                cache=cache,
+                logits=logits,
+                kept=kept,
+                prev=prev,
+                done=done,
+                n_comp=n_comp,
                 logits_version=jnp.where(live_Q, version, st.logits_version),
-                t=st.t + live_Q, tokens=put(st.tokens, token_Q), logprobs=put(st.logprobs, logp_Q),
-                kept_tok=put(st.kept_tok, kept_Q), version=put(st.version, st.logits_version),
+                t=st.t + live_Q,
+                tokens=put(st.tokens, token_Q),
+                logprobs=put(st.logprobs, logp_Q),
+                kept_tok=put(st.kept_tok, kept_Q),
+                version=put(st.version, st.logits_version),
             )
             return (st, active + jnp.sum(live_Q, dtype=jnp.int32)), None
 
@@ -271,15 +304,29 @@ class SlotEngine:
         r, state, active = jax.lax.while_loop(going, chunk, (jnp.int32(0), state, jnp.int32(0)))
         return state, active, r * U
 
-    def _insert_fn(self, params, state: SlotState, key, slots, prompts, lengths, request, t0,
-                   limit, prefix, version, *, resume: bool):
+    def _insert_fn(
+        self,
+        params,
+        state: SlotState,
+        key,
+        slots,
+        prompts,
+        lengths,
+        request,
+        t0,
+        limit,
+        prefix,
+        version,
+        *,
+        resume: bool,
+    ):
         """Prefill `prompts` (prompt, or prompt + partial response when `resume`) with the
         weights of `version` into a fresh cache and scatter every leaf into `slots` (index Q: a
         padding row, dropped)."""
         keys = request_keys(key, request)
         logits, cache, n_comp = prefill_requests(
-            params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg,
-            self.C)
+            params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg, self.C
+        )
 
         def put(dst, src):
             return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
@@ -291,18 +338,32 @@ class SlotEngine:
             cache=jax.tree.map(put, state.cache, cache),
             logits=put(state.logits, logits),
             logits_version=put(state.logits_version, jnp.broadcast_to(version, (n,))),
-            kept=put(state.kept, lengths), prev=put(state.prev, jnp.where(t0 > 0, prev, -1)),
-            done=put(state.done, jnp.zeros((n,), bool)), n_comp=put(state.n_comp, n_comp + prev_n_comp),
-            t=put(state.t, t0), request=put(state.request, request), limit=put(state.limit, limit),
+            kept=put(state.kept, lengths),
+            prev=put(state.prev, jnp.where(t0 > 0, prev, -1)),
+            done=put(state.done, jnp.zeros((n,), bool)),
+            n_comp=put(state.n_comp, n_comp + prev_n_comp),
+            t=put(state.t, t0),
+            request=put(state.request, request),
+            limit=put(state.limit, limit),
             prompt_len=put(state.prompt_len, lengths - t0),
-            tokens=put(state.tokens, tokens), logprobs=put(state.logprobs, logprobs),
-            kept_tok=put(state.kept_tok, kept_tok), version=put(state.version, token_version),
+            tokens=put(state.tokens, tokens),
+            logprobs=put(state.logprobs, logprobs),
+            kept_tok=put(state.kept_tok, kept_tok),
+            version=put(state.version, token_version),
         )
 
     def _harvest_fn(self, state: SlotState, slots):
         s = state
-        return (s.request[slots], s.tokens[slots], s.logprobs[slots], s.kept_tok[slots],
-                s.version[slots], s.t[slots], s.n_comp[slots], s.prompt_len[slots])
+        return (
+            s.request[slots],
+            s.tokens[slots],
+            s.logprobs[slots],
+            s.kept_tok[slots],
+            s.version[slots],
+            s.t[slots],
+            s.n_comp[slots],
+            s.prompt_len[slots],
+        )
 
     # ------------------------------------------------------------------ host side
 
@@ -363,16 +424,29 @@ class SlotEngine:
         self.stats.idle_slot_seconds += self.Q * dt
         self.stats.seconds += dt
 
-    def insert(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-               limits=None, partial: Finished | None = None, version: int = 0) -> SlotState:
+    def insert(
+        self,
+        params,
+        state: SlotState,
+        key,
+        slots,
+        prompts,
+        lengths,
+        request,
+        *,
+        limits=None,
+        partial: Finished | None = None,
+        version: int = 0,
+    ) -> SlotState:
         """Start requests `request` (prompts [n, P] right-padded, lengths [n]) in free `slots`,
         prefilled with the weights of `version`; with `partial` (their harvested partial
         responses) they resume after re-prefilling prompt + partial response. Its host time is
         idle in the wall bubble ratio, its device prefill inside the next segment's interval.
         The first insert of each kind (fresh, resumed) compiles every row bucket (warm_up)."""
         state = self.warm_up(params, state, key, resume=partial is not None)
-        return self._insert_rows(params, state, key, slots, prompts, lengths, request,
-                                 limits=limits, partial=partial, version=version)
+        return self._insert_rows(
+            params, state, key, slots, prompts, lengths, request, limits=limits, partial=partial, version=version
+        )
 
     def warm_up(self, params, state: SlotState, key, *, resume: bool) -> SlotState:
         """Compile the insert of one kind (fresh or `resume`d requests) for every row bucket, once
@@ -390,17 +464,45 @@ class SlotEngine:
             if resume:
                 zeros = np.zeros((nb, self.M), np.int32)
                 ones = np.ones((nb,), np.int32)
-                partial = Finished(ones * 0, zeros, zeros.astype(np.float32), zeros, zeros,
-                                   lengths=ones, n_compressions=ones * 0, prompt_lengths=ones)
-            state = self._insert_rows(params, state, key, [self.Q] * nb, np.zeros((nb, self.P), np.int32),
-                                      np.ones((nb,), np.int32), np.zeros((nb,), np.int32), partial=partial)
+                partial = Finished(
+                    ones * 0,
+                    zeros,
+                    zeros.astype(np.float32),
+                    zeros,
+                    zeros,
+                    lengths=ones,
+                    n_compressions=ones * 0,
+                    prompt_lengths=ones,
+                )
+            state = self._insert_rows(
+                params,
+                state,
+                key,
+                [self.Q] * nb,
+                np.zeros((nb, self.P), np.int32),
+                np.ones((nb,), np.int32),
+                np.zeros((nb,), np.int32),
+                partial=partial,
+            )
         jax.block_until_ready(state.done)  # none of it in the next segment's interval
         self.stats, self._device_s = stats, device_s
         self._compiled(compiled)
         return state
 
-    def _insert_rows(self, params, state: SlotState, key, slots, prompts, lengths, request, *,
-                     limits=None, partial: Finished | None = None, version: int = 0) -> SlotState:
+    def _insert_rows(
+        self,
+        params,
+        state: SlotState,
+        key,
+        slots,
+        prompts,
+        lengths,
+        request,
+        *,
+        limits=None,
+        partial: Finished | None = None,
+        version: int = 0,
+    ) -> SlotState:
         tic, compiled = time.perf_counter(), compile_clock.Since()
         n = len(slots)
         nb = _bucket(n, self.Q, self.dp)
@@ -422,7 +524,7 @@ class SlotEngine:
             for i in range(n):
                 p = int(lengths[i])
                 joined[i, :p] = prompts[i, :p]
-                joined[i, p:p + t0[i]] = tokens[i, :t0[i]]
+                joined[i, p : p + t0[i]] = tokens[i, : t0[i]]
             prompts, lengths = joined, lengths + t0
         limit = np.full((n,), M, np.int32) if limits is None else np.asarray(limits, np.int32)
         args = [np.asarray(slots, np.int32), prompts, lengths, np.asarray(request, np.int32), t0, limit]
@@ -465,8 +567,7 @@ class SlotEngine:
         self._host_call(tic, compiled, state.done)
         return state
 
-    def run(self, params, key, prompts, lengths, request_ids=None, *, limits=None,
-            version: int = 0) -> Finished:
+    def run(self, params, key, prompts, lengths, request_ids=None, *, limits=None, version: int = 0) -> Finished:
         """Decode every request with continuous batching (FIFO refills, no scheduling policy):
         the reference use of the engine (tests, benchmark). Rows of the result follow the input."""
         N = len(prompts)
@@ -482,11 +583,19 @@ class SlotEngine:
             if not queue and self.stats_at_drain is None:
                 self.stats_at_drain = dataclasses.replace(self.stats)
             if queue and free:
-                take, queue = queue[:len(free)], queue[len(free):]
-                slots, free = free[:len(take)], free[len(take):]
-                state = self.insert(params, state, key, slots, np.asarray(prompts)[take],
-                                    np.asarray(lengths)[take], ids[take], limits=limits[take],
-                                    version=version)
+                take, queue = queue[: len(free)], queue[len(free) :]
+                slots, free = free[: len(take)], free[len(take) :]
+                state = self.insert(
+                    params,
+                    state,
+                    key,
+                    slots,
+                    np.asarray(prompts)[take],
+                    np.asarray(lengths)[take],
+                    ids[take],
+                    limits=limits[take],
+                    version=version,
+                )
                 occupant.update(zip(slots, take))
             state, done, _ = self.segment(params, state, key, version)
             finished = [s for s in occupant if done[s]]

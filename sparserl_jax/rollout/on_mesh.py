@@ -39,15 +39,24 @@ def generate_on_mesh(
     B = tokens.shape[0]
     ids = np.arange(B, dtype=np.int32) if request_ids is None else np.asarray(request_ids, np.int32)
     if mesh is None or mesh.size == 1:
-        return jax.device_get(generate_jit(
-            params, model_cfg, jnp.asarray(tokens), jnp.asarray(lengths), key, sampler_cfg, jnp.asarray(ids)
-        ))
+        return jax.device_get(
+            generate_jit(
+                params, model_cfg, jnp.asarray(tokens), jnp.asarray(lengths), key, sampler_cfg, jnp.asarray(ids)
+            )
+        )
     pad = -B % (mesh.shape["data"] * mesh.shape["fsdp"])
     tokens, lengths, ids = (np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in (tokens, lengths, ids))
-    out = to_host(generate_jit(
-        params, model_cfg, shd.shard_batch(tokens, mesh), shd.shard_batch(lengths, mesh), key,
-        dataclasses.replace(sampler_cfg, mesh=mesh), shd.shard_batch(ids, mesh),
-    ))
+    out = to_host(
+        generate_jit(
+            params,
+            model_cfg,
+            shd.shard_batch(tokens, mesh),
+            shd.shard_batch(lengths, mesh),
+            key,
+            dataclasses.replace(sampler_cfg, mesh=mesh),
+            shd.shard_batch(ids, mesh),
+        )
+    )
     kept = out.kept_positions
     out = jax.tree.map(lambda x: x[:B], out.replace(kept_positions=None))
     return out.replace(kept_positions=None if kept is None else kept[:, :, :B])

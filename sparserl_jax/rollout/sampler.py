@@ -69,8 +69,7 @@ class SamplerConfig:
         try:  # a tuple keeps the config hashable (a static argument of the jitted sampler)
             eos = tuple(int(t) for t in self.eos_token_ids)
         except (TypeError, ValueError):
-            raise ValueError(f"sampler.eos_token_ids={self.eos_token_ids!r} must be a list of "
-                             "token ids") from None
+            raise ValueError(f"sampler.eos_token_ids={self.eos_token_ids!r} must be a list of token ids") from None
         object.__setattr__(self, "eos_token_ids", eos)
         check_at_least("sampler.pad_token_id", self.pad_token_id, 0)
         check_in("sampler.attn_impl", self.attn_impl, ATTN_IMPLS)
@@ -124,9 +123,7 @@ def maybe_compress(kv_cfg: kv.KVConfig, cache: kv.KVCache, active_B, key):
     """Compress the sequences in active_B that exceed the budget (a no-op when none does);
     returns the cache and which rows were compressed (int32 [B])."""
     did_B = active_B & (cache.fill > kv_cfg.budget)
-    cache = jax.lax.cond(
-        jnp.any(did_B), lambda c: kv.compress(kv_cfg, c, key, active=did_B), lambda c: c, cache
-    )
+    cache = jax.lax.cond(jnp.any(did_B), lambda c: kv.compress(kv_cfg, c, key, active=did_B), lambda c: c, cache)
     return cache, did_B.astype(jnp.int32)
 
 
@@ -194,8 +191,14 @@ def decode_token(
     if limit_B is not None:
         done_B = done_B | (t + 1 >= limit_B)
     logits, cache = transformer.decode_step(
-        params, model_cfg, cache, token_B, attn_impl=cfg.attn_impl, observe=kv.observe_decode(kv_cfg),
-        attn_platform=cfg.attn_platform, mesh=cfg.mesh,
+        params,
+        model_cfg,
+        cache,
+        token_B,
+        attn_impl=cfg.attn_impl,
+        observe=kv.observe_decode(kv_cfg),
+        attn_platform=cfg.attn_platform,
+        mesh=cfg.mesh,
     )
     return (cache, logits, cache.fill, token_B, done_B, n_comp_B), (token_B, logp_B, live_B, kept_B)
 
@@ -208,14 +211,17 @@ def check_batch(prompts, prompt_lengths, request_ids=None, max_lengths=None) -> 
     """The sampler's batch by shape and dtype (values are traced under jit): [B, P] integer
     prompts with P >= 1, and [B] integer prompt lengths, request ids and length limits."""
     if jnp.ndim(prompts) != 2 or not jnp.issubdtype(jnp.result_type(prompts), jnp.integer) or not prompts.shape[1]:
-        raise ValueError(f"prompts: expected [B, P] token ids (integers, P >= 1), got shape "
-                         f"{jnp.shape(prompts)} of {jnp.result_type(prompts)}")
+        raise ValueError(
+            f"prompts: expected [B, P] token ids (integers, P >= 1), got shape "
+            f"{jnp.shape(prompts)} of {jnp.result_type(prompts)}"
+        )
     B = prompts.shape[0]
-    for name, x in (("prompt_lengths", prompt_lengths), ("request_ids", request_ids),
-                    ("max_lengths", max_lengths)):
+    for name, x in (("prompt_lengths", prompt_lengths), ("request_ids", request_ids), ("max_lengths", max_lengths)):
         if x is not None and (jnp.shape(x) != (B,) or not jnp.issubdtype(jnp.result_type(x), jnp.integer)):
-            raise ValueError(f"{name}: expected [B] = [{B}] integers (one per prompt row), got shape "
-                             f"{jnp.shape(x)} of {jnp.result_type(x)}")
+            raise ValueError(
+                f"{name}: expected [B] = [{B}] integers (one per prompt row), got shape "
+                f"{jnp.shape(x)} of {jnp.result_type(x)}"
+            )
 
 
 def generate(
@@ -246,8 +252,7 @@ def generate(
     logits, cache, n_comp_B = prefill_requests(params, model_cfg, prompts, prompt_lengths, keys, cfg, C)
 
     def step(carry, i):
-        return decode_token(params, model_cfg, cfg, C, keys, carry, i, interval=False,
-                            limit_B=max_lengths)
+        return decode_token(params, model_cfg, cfg, C, keys, carry, i, interval=False, limit_B=max_lengths)
 
     def chunk(state):
         r, carry, outs, kept_pos = state
@@ -262,9 +267,7 @@ def generate(
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
         carry = (cache, logits, kept_B, prev_B, done_B, n_comp_B)
         carry, ys = jax.lax.scan(step, carry, r * U + jnp.arange(U))
-        outs = tuple(
-            jax.lax.dynamic_update_slice_in_dim(o, y.T, r * U, axis=1) for o, y in zip(outs, ys)
-        )
+        outs = tuple(jax.lax.dynamic_update_slice_in_dim(o, y.T, r * U, axis=1) for o, y in zip(outs, ys))
         return r + 1, carry, outs, kept_pos
 
     def not_finished(state):
@@ -284,9 +287,7 @@ def generate(
     kept_B = prompt_lengths.astype(jnp.int32)  # the prefill logits saw the whole prompt
     zeros_B = jnp.zeros((B,), jnp.int32)
     carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
-    _, carry, outs, kept_pos = jax.lax.while_loop(
-        not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos)
-    )
+    _, carry, outs, kept_pos = jax.lax.while_loop(not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos))
     tokens, logprobs, mask, kept = (o[:, :M] for o in outs)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     return Rollout(

@@ -55,19 +55,19 @@ class Request:
 
 
 def _row(f: Finished, i: int) -> Finished:
-    return Finished(**{k: v[i:i + 1] for k, v in dataclasses.asdict(f).items()})
+    return Finished(**{k: v[i : i + 1] for k, v in dataclasses.asdict(f).items()})
 
 
 def _cat(rows: Sequence[Finished]) -> Finished:
-    return Finished(**{k: np.concatenate([getattr(r, k) for r in rows])
-                       for k in dataclasses.asdict(rows[0])})
+    return Finished(**{k: np.concatenate([getattr(r, k) for r in rows]) for k in dataclasses.asdict(rows[0])})
 
 
 class SortedScheduler:
     """Drives a SlotEngine over groups of prompts; `next_batch` returns one update batch."""
 
-    def __init__(self, engine: SlotEngine, cfg: SortedConfig, *, prompts_per_batch: int,
-                 samples: int, pad_token_id: int = 0):
+    def __init__(
+        self, engine: SlotEngine, cfg: SortedConfig, *, prompts_per_batch: int, samples: int, pad_token_id: int = 0
+    ):
         if not isinstance(engine, SlotEngine):
             raise ValueError(f"engine={type(engine).__name__}: a SlotEngine is accepted")
         if not isinstance(cfg, SortedConfig):
@@ -76,8 +76,10 @@ class SortedScheduler:
         check_at_least("rollout.samples (samples)", samples, 1)
         check_at_least("pad_token_id", pad_token_id, 0)
         if cfg.slots and cfg.slots != engine.Q:
-            raise ValueError(f"sorted.slots={cfg.slots} but the engine has {engine.Q} slots: "
-                             "build the engine with sorted.slots slots (or set sorted.slots=0)")
+            raise ValueError(
+                f"sorted.slots={cfg.slots} but the engine has {engine.Q} slots: "
+                "build the engine with sorted.slots slots (or set sorted.slots=0)"
+            )
         self.engine, self.cfg = engine, cfg
         self.b, self.n = prompts_per_batch, samples
         self.pad = pad_token_id
@@ -109,31 +111,42 @@ class SortedScheduler:
         """Every prompt of the loaded group trained on (or none loaded): an exact resume point."""
         return len(self.trained) == len(self.examples)
 
-    def load_group(self, examples: Sequence, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray,
-                   key: jax.Array, limits: np.ndarray | None = None) -> None:
+    def load_group(
+        self,
+        examples: Sequence,
+        prompt_tokens: np.ndarray,
+        prompt_lengths: np.ndarray,
+        key: jax.Array,
+        limits: np.ndarray | None = None,
+    ) -> None:
         """Queue a new group (n x b prompts, tokens right-padded to the engine's prompt width);
         `limits` [prompts, samples] optionally forces response lengths (benchmarks, tests)."""
         if not self.at_group_boundary:
             raise RuntimeError("load_group before every prompt of the current group was trained on")
         G = self.cfg.group_batches * self.b
         if len(examples) != G:
-            raise ValueError(f"a group of {len(examples)} prompts: a group holds sorted.group_batches "
-                             f"x rollout.prompts = {self.cfg.group_batches} x {self.b} = {G}")
+            raise ValueError(
+                f"a group of {len(examples)} prompts: a group holds sorted.group_batches "
+                f"x rollout.prompts = {self.cfg.group_batches} x {self.b} = {G}"
+            )
         prompt_tokens = np.asarray(prompt_tokens)
         prompt_lengths = np.asarray(prompt_lengths)
         P = self.engine.P
         if prompt_tokens.shape != (G, P):
-            raise ValueError(f"prompt_tokens of shape {prompt_tokens.shape}: [{G} prompts, the "
-                             f"engine's prompt width {P}] is accepted (right-padded)")
+            raise ValueError(
+                f"prompt_tokens of shape {prompt_tokens.shape}: [{G} prompts, the "
+                f"engine's prompt width {P}] is accepted (right-padded)"
+            )
         if prompt_lengths.shape != (G,) or not ((prompt_lengths >= 1) & (prompt_lengths <= P)).all():
-            raise ValueError(f"prompt_lengths {prompt_lengths.tolist()}: {G} lengths in [1, {P}] "
-                             "are accepted")
+            raise ValueError(f"prompt_lengths {prompt_lengths.tolist()}: {G} lengths in [1, {P}] are accepted")
         if limits is not None:
             limits = np.asarray(limits)
             if limits.shape != (G, self.n) or not (limits >= 1).all():
                 low = limits.min() if limits.size else None
-                raise ValueError(f"limits of shape {limits.shape} (min {low}): [{G} prompts, "
-                                 f"{self.n} samples] forced lengths >= 1 are accepted")
+                raise ValueError(
+                    f"limits of shape {limits.shape} (min {low}): [{G} prompts, "
+                    f"{self.n} samples] forced lengths >= 1 are accepted"
+                )
         self._reset_group()
         self.group += 1
         self.examples = list(examples)
@@ -170,9 +183,17 @@ class SortedScheduler:
             reqs = [r for _, r in part]
             idx = [r.prompt for r in reqs]
             self.state = self.engine.insert(
-                params, self.state, self.key, slots, self.prompt_tokens[idx],
-                self.prompt_lengths[idx], [r.uid for r in reqs], limits=[r.limit for r in reqs],
-                partial=_cat([r.partial for r in reqs]) if resume else None, version=version)
+                params,
+                self.state,
+                self.key,
+                slots,
+                self.prompt_tokens[idx],
+                self.prompt_lengths[idx],
+                [r.uid for r in reqs],
+                limits=[r.limit for r in reqs],
+                partial=_cat([r.partial for r in reqs]) if resume else None,
+                version=version,
+            )
             self.occupant.update(part)
 
     def next_batch(self, params, version: int):
@@ -196,7 +217,7 @@ class SortedScheduler:
                     if self.n_done[req.prompt] == self.n:
                         self.complete.append(req.prompt)
         self._read_pending(idle=True)
-        take, self.complete = self.complete[:self.b], self.complete[self.b:]
+        take, self.complete = self.complete[: self.b], self.complete[self.b :]
         rows = []
         for p in take:
             rows.extend(f for _, f in sorted(self.done.pop(p), key=lambda x: x[0]))
@@ -207,8 +228,7 @@ class SortedScheduler:
         generated = eng.stats.tokens - stats0.tokens
         idx = np.repeat(np.asarray(take), self.n)
         metrics = self._metrics(out, version, eng.stats, stats0, discarded, generated)
-        return ([self.examples[p] for p in take], self.prompt_tokens[idx], self.prompt_lengths[idx],
-                out, metrics)
+        return ([self.examples[p] for p in take], self.prompt_tokens[idx], self.prompt_lengths[idx], out, metrics)
 
     def _read_pending(self, *, idle: bool) -> None:
         """Bring the harvested copies to the host and file each response under its prompt."""
@@ -240,8 +260,7 @@ class SortedScheduler:
             self.occupant.clear()
             self._release_held()
             return discarded
-        resumed = [dataclasses.replace(self.occupant[q], partial=_row(partial, j))
-                   for j, q in enumerate(slots)]
+        resumed = [dataclasses.replace(self.occupant[q], partial=_row(partial, j)) for j, q in enumerate(slots)]
         resumed.sort(key=lambda r: (r.prompt, r.sample))
         self.queue = collections.deque(resumed + list(self.queue))
         self.occupant.clear()

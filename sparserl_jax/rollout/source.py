@@ -52,6 +52,7 @@ class RolloutBatch:
 def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
     """Host-side Rollouts of consecutive row chunks joined along the batch axis (axis 0; the
     per-chunk kept_positions [R, L, B, K, C], when recorded, along its axis 2)."""
+
     def cat(name):
         leaves = [getattr(o, name) for o in outs]
         if leaves[0] is None:
@@ -78,33 +79,40 @@ def _next_prompts(prompts, batches: int = 1) -> list:
     return examples
 
 
-def check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len,
-                      pad_token_id) -> None:
+def check_source_args(
+    rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len, pad_token_id
+) -> None:
     """A source's arguments, checked when it is built (not at its first batch): each wrong one
     raises a one-line ValueError naming it. What is sampled (the KV cache, max_new_tokens, the
     sampling distribution) is sampler_cfg's alone; rollout_cfg gives the batch's shape."""
     if not isinstance(rollout_cfg, RolloutConfig):
-        raise ValueError(f"rollout_cfg: expected a RolloutConfig (sparserl_jax.rollout.config), "
-                         f"got {type(rollout_cfg).__name__}")
+        raise ValueError(
+            f"rollout_cfg: expected a RolloutConfig (sparserl_jax.rollout.config), got {type(rollout_cfg).__name__}"
+        )
     if not isinstance(sampler_cfg, SamplerConfig):
         raise ValueError(f"sampler_cfg: expected a SamplerConfig, got {type(sampler_cfg).__name__}")
     if not isinstance(quant_cfg, QuantConfig):
         raise ValueError(f"quant_cfg: expected a QuantConfig, got {type(quant_cfg).__name__}")
     missing = [m for m in ("next_batch", "state_dict", "load_state_dict") if not callable(getattr(prompts, m, None))]
     if missing:
-        raise ValueError(f"prompts: a {type(prompts).__name__} has no {', '.join(missing)}; expected a "
-                         "prompt source (components.prompt_source)")
+        raise ValueError(
+            f"prompts: a {type(prompts).__name__} has no {', '.join(missing)}; expected a "
+            "prompt source (components.prompt_source)"
+        )
     if not isinstance(model_cfg, ModelConfig):
         raise ValueError(f"model_cfg: expected a ModelConfig, got {type(model_cfg).__name__}")
     if not isinstance(mesh, Mesh) or not {"data", "fsdp"} <= set(mesh.axis_names):
-        raise ValueError(f"mesh: expected a jax Mesh with axes 'data' and 'fsdp' (model.sharding.make_mesh), "
-                         f"got {getattr(mesh, 'axis_names', type(mesh).__name__)}")
+        raise ValueError(
+            f"mesh: expected a jax Mesh with axes 'data' and 'fsdp' (model.sharding.make_mesh), "
+            f"got {getattr(mesh, 'axis_names', type(mesh).__name__)}"
+        )
     check_rows_per_call(rollout_cfg.rows_per_call, mesh)
     check_at_least("data.max_prompt_len (max_prompt_len)", max_prompt_len, 1)
     check_at_least("pad_token_id", pad_token_id, 0)
     if pad_token_id >= model_cfg.vocab_size:
-        raise ValueError(f"pad_token_id={pad_token_id} is not a token of the model "
-                         f"(model.vocab_size={model_cfg.vocab_size})")
+        raise ValueError(
+            f"pad_token_id={pad_token_id} is not a token of the model (model.vocab_size={model_cfg.vocab_size})"
+        )
 
 
 class BatchSource:
@@ -113,10 +121,19 @@ class BatchSource:
     scheduler = None  # no SortedRL scheduler, no group boundaries
     at_group_boundary = None
 
-    def __init__(self, rollout_cfg: RolloutConfig, sampler_cfg: SamplerConfig, quant_cfg: QuantConfig,
-                 prompts, model_cfg: ModelConfig, mesh: Mesh, *, max_prompt_len: int, pad_token_id: int):
-        check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len,
-                          pad_token_id)
+    def __init__(
+        self,
+        rollout_cfg: RolloutConfig,
+        sampler_cfg: SamplerConfig,
+        quant_cfg: QuantConfig,
+        prompts,
+        model_cfg: ModelConfig,
+        mesh: Mesh,
+        *,
+        max_prompt_len: int,
+        pad_token_id: int,
+    ):
+        check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len, pad_token_id)
         self.rollout_cfg, self.sampler_cfg, self.quant_cfg = rollout_cfg, sampler_cfg, quant_cfg
         self.prompts, self.model_cfg, self.mesh = prompts, model_cfg, mesh
         self.max_prompt_len, self.pad_token_id = max_prompt_len, pad_token_id
@@ -129,8 +146,13 @@ class BatchSource:
         out = self.generate(params, tokens, lengths, key)
         seconds = time.perf_counter() - t0
         extra = rollout_bubble(out.lengths, self.sampler_cfg.max_new_tokens, self.sampler_cfg.kv.buffer)
-        return RolloutBatch(examples, tokens, lengths, out, {
-            **rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra})
+        return RolloutBatch(
+            examples,
+            tokens,
+            lengths,
+            out,
+            {**rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra},
+        )
 
     def generate(self, params, tokens: np.ndarray, lengths: np.ndarray, key) -> Rollout:
         """Sample every row, rollout.rows_per_call rows per generate_jit call (one compiled shape);
@@ -150,8 +172,14 @@ class BatchSource:
         params = quant.quantize_params(params, self.quant_cfg)
         outs = [
             generate_on_mesh(
-                params, self.model_cfg, tokens[i * R:(i + 1) * R], lengths[i * R:(i + 1) * R],
-                key, self.sampler_cfg, self.mesh, request_ids=np.arange(i * R, (i + 1) * R),
+                params,
+                self.model_cfg,
+                tokens[i * R : (i + 1) * R],
+                lengths[i * R : (i + 1) * R],
+                key,
+                self.sampler_cfg,
+                self.mesh,
+                request_ids=np.arange(i * R, (i + 1) * R),
             )
             for i in range(n_calls)
         ]
@@ -168,25 +196,48 @@ class SortedSource(BatchSource):
     """rollout.scheduler='sorted': the next update batch of the SortedRL scheduler; `seed`
     (train.seed) keys its groups."""
 
-    def __init__(self, rollout_cfg: RolloutConfig, sampler_cfg: SamplerConfig, quant_cfg: QuantConfig,
-                 sorted_cfg: SortedConfig, prompts, model_cfg: ModelConfig, mesh: Mesh, *,
-                 max_prompt_len: int, pad_token_id: int, seed: int):
-        super().__init__(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh,
-                         max_prompt_len=max_prompt_len, pad_token_id=pad_token_id)
+    def __init__(
+        self,
+        rollout_cfg: RolloutConfig,
+        sampler_cfg: SamplerConfig,
+        quant_cfg: QuantConfig,
+        sorted_cfg: SortedConfig,
+        prompts,
+        model_cfg: ModelConfig,
+        mesh: Mesh,
+        *,
+        max_prompt_len: int,
+        pad_token_id: int,
+        seed: int,
+    ):
+        super().__init__(
+            rollout_cfg,
+            sampler_cfg,
+            quant_cfg,
+            prompts,
+            model_cfg,
+            mesh,
+            max_prompt_len=max_prompt_len,
+            pad_token_id=pad_token_id,
+        )
         if not isinstance(sorted_cfg, SortedConfig):
-            raise ValueError(f"sorted_cfg: expected a SortedConfig (sparserl_jax.rollout.config), "
-                             f"got {type(sorted_cfg).__name__}")
+            raise ValueError(
+                f"sorted_cfg: expected a SortedConfig (sparserl_jax.rollout.config), got {type(sorted_cfg).__name__}"
+            )
         if rollout_cfg.rows_per_call:
-            raise ValueError(f"rollout.rows_per_call={rollout_cfg.rows_per_call} is for "
-                             "rollout.scheduler='batch'; the sorted scheduler's memory is set by sorted.slots")
+            raise ValueError(
+                f"rollout.rows_per_call={rollout_cfg.rows_per_call} is for "
+                "rollout.scheduler='batch'; the sorted scheduler's memory is set by sorted.slots"
+            )
         check_number("train.seed (seed)", seed, integer=True)
         r, s = rollout_cfg, sorted_cfg
         self.sorted_cfg, self.seed = sorted_cfg, seed
         # Built here, so that the engine's and the scheduler's argument checks run now (building
         # them allocates and compiles nothing). One engine for the run: every group's prompts
         # are padded to data.max_prompt_len, so each of its programs compiles once.
-        engine = SlotEngine(model_cfg, sampler_cfg, s.slots or r.rows, max_prompt_len,
-                            segment_chunks=s.segment_chunks, mesh=mesh)
+        engine = SlotEngine(
+            model_cfg, sampler_cfg, s.slots or r.rows, max_prompt_len, segment_chunks=s.segment_chunks, mesh=mesh
+        )
         self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
 
     @property
@@ -201,29 +252,37 @@ class SortedSource(BatchSource):
         if sched.at_group_boundary:
             examples = _next_prompts(self.prompts, self.sorted_cfg.group_batches)
             tokens, lengths = pad_prompt_batch(  # the engine's one prompt width
-                [e.prompt_ids for e in examples], self.pad_token_id, sched.engine.P, fixed=True)
+                [e.prompt_ids for e in examples], self.pad_token_id, sched.engine.P, fixed=True
+            )
             group_key = jax.random.fold_in(
-                jax.random.fold_in(jax.random.key(self.seed), SORTED_KEY_SALT), sched.group + 1)
+                jax.random.fold_in(jax.random.key(self.seed), SORTED_KEY_SALT), sched.group + 1
+            )
             sched.load_group(examples, tokens, lengths, group_key)
         params = quant.quantize_params(params, self.quant_cfg)  # QuRL: the behaviour weights
         examples, tokens, lengths, fin, extra = sched.next_batch(params, iteration)
         out = fin.to_rollout()
         seconds = time.perf_counter() - t0
-        return RolloutBatch(examples, tokens, lengths, out, {
-            **rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra})
+        return RolloutBatch(
+            examples,
+            tokens,
+            lengths,
+            out,
+            {**rollout_metrics(out, tokens, lengths, seconds, self.sampler_cfg, self.model_cfg), **extra},
+        )
 
     def state_dict(self) -> dict:
         meta = super().state_dict()
-        meta.update(sorted_group=self.scheduler.group,
-                    sorted_group_boundary=self.scheduler.at_group_boundary)
+        meta.update(sorted_group=self.scheduler.group, sorted_group_boundary=self.scheduler.at_group_boundary)
         return meta
 
     def load_state_dict(self, meta: dict, log: Callable = print) -> None:
         super().load_state_dict(meta)
         self.scheduler.group = int(meta.get("sorted_group", -1))
         if not meta.get("sorted_group_boundary", True):
-            log("this checkpoint was saved inside a SortedRL group: its remaining "
-                "prompts are skipped (resume is exact only from group boundaries)")
+            log(
+                "this checkpoint was saved inside a SortedRL group: its remaining "
+                "prompts are skipped (resume is exact only from group boundaries)"
+            )
 
 
 SOURCES = {"batch": BatchSource, "sorted": SortedSource}  # rollout.scheduler -> its source

@@ -18,8 +18,8 @@ def kv_statistics(out, prompt_lengths: np.ndarray, kv_cfg, P: int, model_cfg, ma
     seen = prompt_lengths[:, None] + np.arange(mask.shape[1])[None]
     kept = float(np.sum(np.asarray(out.kept) * mask))
     dense = float(np.sum(seen * mask))
-    bytes_per_slot = 2 * model_cfg.n_layers * model_cfg.n_kv_heads * model_cfg.head_dim * (
-        jnp.dtype(model_cfg.dtype).itemsize
+    bytes_per_slot = (
+        2 * model_cfg.n_layers * model_cfg.n_kv_heads * model_cfg.head_dim * (jnp.dtype(model_cfg.dtype).itemsize)
     )
     B = mask.shape[0]
     dense_slots = cache_capacity(dataclasses.replace(kv_cfg, policy="none"), P, max_new)
@@ -44,8 +44,9 @@ def rollout_bubble(lengths: np.ndarray, max_new_tokens: int, buffer: int) -> dic
     return {"rollout/bubble_slots": bubble, "rollout/bubble_wall": bubble}
 
 
-def rollout_metrics(out, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, seconds: float,
-                    sampler_cfg, model_cfg) -> dict:
+def rollout_metrics(
+    out, prompt_tokens: np.ndarray, prompt_lengths: np.ndarray, seconds: float, sampler_cfg, model_cfg
+) -> dict:
     """response/*, time/rollout_s, throughput/rollout_tokens_per_s and kv/* of one rollout batch
     (`out` on the host; [B, P] prompt tokens and [B] prompt lengths as the sampler got them), with
     the KV cache and max_new_tokens of the SamplerConfig that sampled it."""

@@ -35,5 +35,14 @@ def get_task(name: str, **options) -> Task:
     return cls(**{k: coerce(v, hints[k], f"data.task_options.{k}") for k, v in options.items()})
 
 
-__all__ = ["TASKS", "Task", "BoxedAnswerTask", "get_task", "ArithmeticTask", "KVRecallTask", "CopyDigitsTask",
-           "CycleWalkTask", "ChatArithmeticTask"]
+__all__ = [
+    "TASKS",
+    "Task",
+    "BoxedAnswerTask",
+    "get_task",
+    "ArithmeticTask",
+    "KVRecallTask",
+    "CopyDigitsTask",
+    "CycleWalkTask",
+    "ChatArithmeticTask",
+]

@@ -36,8 +36,7 @@ class Task(Protocol):
         choices of tasks whose ideal response has some (SFT passes its own)."""
         ...
 
-    def tokenizer(self) -> Tokenizer:
-        ...
+    def tokenizer(self) -> Tokenizer: ...
 
 
 class BoxedAnswerTask:

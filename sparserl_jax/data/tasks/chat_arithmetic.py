@@ -70,8 +70,9 @@ class ChatArithmeticTask(BoxedAnswerTask):
         if self.n_terms < 2:
             raise ValueError(f"chat_arithmetic n_terms={self.n_terms} must be >= 2")
         if not self.ops or set(self.ops) - set(OPS):
-            raise ValueError(f"chat_arithmetic ops={self.ops!r} must be a non-empty combination of "
-                             f"{', '.join(repr(o) for o in OPS)}")
+            raise ValueError(
+                f"chat_arithmetic ops={self.ops!r} must be a non-empty combination of {', '.join(repr(o) for o in OPS)}"
+            )
 
     def question(self, rng: np.random.Generator) -> str:
         terms = rng.integers(self.min_value, self.max_value + 1, size=self.n_terms)

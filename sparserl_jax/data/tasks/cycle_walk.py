@@ -72,8 +72,12 @@ class CycleWalkTask(BoxedAnswerTask):
     memo_key: bool = False
 
     def __post_init__(self):
-        if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes) or not self.nodes.isalpha() \
-                or not self.nodes.islower():
+        if (
+            len(self.nodes) < 2
+            or len(set(self.nodes)) != len(self.nodes)
+            or not self.nodes.isalpha()
+            or not self.nodes.islower()
+        ):
             raise ValueError(f"cycle_walk nodes={self.nodes!r} must be >= 2 distinct lowercase letters")
         check_range("cycle_walk (min_steps, max_steps)", self.min_steps, self.max_steps, 1)
         if self.max_steps > 99:
@@ -87,8 +91,10 @@ class CycleWalkTask(BoxedAnswerTask):
         if self.memo_key and not self.memo:
             raise ValueError("cycle_walk memo_key=true needs memo=true (the key is the memo's letter)")
         if not 0 <= self.recall <= self.min_steps:
-            raise ValueError(f"cycle_walk recall={self.recall} must be in [0, min_steps="
-                             f"{self.min_steps}] (the asked step must exist in every walk)")
+            raise ValueError(
+                f"cycle_walk recall={self.recall} must be in [0, min_steps="
+                f"{self.min_steps}] (the asked step must exist in every walk)"
+            )
 
     def _steps(self, rng: np.random.Generator) -> int:
         if self.lengths == "uniform":
@@ -157,5 +163,4 @@ class CycleWalkTask(BoxedAnswerTask):
 
     def working(self, prompt: str) -> str:
         steps = self._parse(prompt)[1]
-        return "\n".join(f"{self._label(s, steps)} {node}"
-                         for s, node in enumerate(self.walk(prompt), start=1))
+        return "\n".join(f"{self._label(s, steps)} {node}" for s, node in enumerate(self.walk(prompt), start=1))

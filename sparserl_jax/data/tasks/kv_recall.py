@@ -37,7 +37,9 @@ class KVRecallTask(BoxedAnswerTask):
         if self.key_len < 1 or self.value_len < 1:
             raise ValueError(f"kv_recall key_len={self.key_len}, value_len={self.value_len} must be >= 1")
         if 26**self.key_len < 2 * self.max_pairs:
-            raise ValueError(f"kv_recall key_len={self.key_len} gives too few distinct keys for max_pairs={self.max_pairs}")
+            raise ValueError(
+                f"kv_recall key_len={self.key_len} gives too few distinct keys for max_pairs={self.max_pairs}"
+            )
 
     def sample_one(self, rng: np.random.Generator) -> tuple[str, str]:
         n = int(rng.integers(self.min_pairs, self.max_pairs + 1))

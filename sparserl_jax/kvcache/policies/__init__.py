@@ -6,6 +6,7 @@ import line below, whose order is the registry's (lists of policies follow it: d
 
 # isort: off
 from sparserl_jax.kvcache.policies import none, streaming, h2o, snapkv, rkv, random  # noqa: F401
+
 # isort: on
 from sparserl_jax.kvcache.policies.base import Policy
 from sparserl_jax.kvcache.policies.registry import POLICIES, register

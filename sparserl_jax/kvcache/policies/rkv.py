@@ -37,9 +37,7 @@ def redundancy(kv_cfg, cache: KVCache, layer: int) -> Float[Array, "B K C"]:
     k_hat = k_BxKxCxH / (jnp.linalg.norm(k_BxKxCxH, axis=-1, keepdims=True) + NORM_EPS)
     s_BxKxCxC = jnp.einsum("bkih,bkjh->bkij", k_hat, k_hat)
     slot_C = scoring.slots(C)
-    pair_BxCxC = (
-        over_BxC[:, :, None] & over_BxC[:, None, :] & (slot_C[:, None] != slot_C[None, :])
-    )
+    pair_BxCxC = over_BxC[:, :, None] & over_BxC[:, None, :] & (slot_C[:, None] != slot_C[None, :])
     s_BxKxCxC = jnp.where(pair_BxCxC[:, None], s_BxKxCxC, 0.0)
     similar = pair_BxCxC[:, None] & (s_BxKxCxC > kv_cfg.redundancy_threshold)
     none_found = 0 if kv_cfg.rkv_redundancy == "all_keys" else -1

@@ -17,6 +17,7 @@ class under the same name in RLConfig, and a mode naming it in rl/config.py RL_M
 
 # isort: off
 from sparserl_jax.rl.corrections import sars, ibr, tis, acr  # noqa: F401  (the registry's order)
+
 # isort: on
 from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles
 from sparserl_jax.rl.corrections.registry import CORRECTIONS, check_combination, register

@@ -32,9 +32,7 @@ class Mismatch:
 
 # accept(m, settings) -> (keep [B, T] or None, veto [B] or None): keep is False on every token the
 # correction rejects (a vetoed response's tokens included); veto marks responses removed whole.
-AcceptFn = Callable[
-    [Mismatch, Any], tuple[Bool[Array, "B T"] | None, Bool[Array, " B"] | None]
-]
+AcceptFn = Callable[[Mismatch, Any], tuple[Bool[Array, "B T"] | None, Bool[Array, " B"] | None]]
 # weight(m, settings) -> w [B, T] before normalisation (compose.py zeroes it outside the mask).
 WeightFn = Callable[[Mismatch, Any], Float[Array, "B T"]]
 # normalise(settings) -> (how, over): how in NORMALISATIONS, over in NORMALISE_OVER.
@@ -67,11 +65,11 @@ class Correction:
 
     def __post_init__(self):
         if not dataclasses.is_dataclass(self.settings):
-            raise ValueError(f"correction {self.name!r}: settings must be a dataclass (its "
-                             f"RLConfig section), got {self.settings!r}")
+            raise ValueError(
+                f"correction {self.name!r}: settings must be a dataclass (its RLConfig section), got {self.settings!r}"
+            )
         if self.accept is None and self.weight is None and self.clip_scale is None:
-            raise ValueError(f"correction {self.name!r} contributes nothing: give it an accept, "
-                             "weight or clip_scale")
+            raise ValueError(f"correction {self.name!r} contributes nothing: give it an accept, weight or clip_scale")
         if self.normalise is not None and self.weight is None:
             raise ValueError(f"correction {self.name!r}: normalise needs a weight")
 

@@ -124,9 +124,7 @@ def behaviour_terms(
     return b.mismatch.xi, b.accept, b.veto, b.weight
 
 
-def _normaliser_tokens(
-    mask: Bool[Array, "B T"], accept: Bool[Array, "B T"], over: str
-) -> Bool[Array, "B T"]:
+def _normaliser_tokens(mask: Bool[Array, "B T"], accept: Bool[Array, "B T"], over: str) -> Bool[Array, "B T"]:
     return accept if over == "accepted" else mask
 
 
@@ -165,7 +163,8 @@ def row_weight_normalisers(
     m = cfg.update.micro_batch_size
     split = lambda x: x.reshape(B // m, m, T)  # noqa: E731
     per_micro = jax.vmap(lambda o, s, k: weight_normaliser(behaviour(o, s, k, cfg), cfg))(
-        split(old_logp), split(sampler_logp), split(mask))
+        split(old_logp), split(sampler_logp), split(mask)
+    )
     return jnp.repeat(per_micro, m)
 
 
@@ -206,16 +205,21 @@ def compute_corrections(
     r_acr = jnp.where(mask, r_acr, 1.0)
 
     behaviour_logp = sampler_logp if cfg.ratio_against == "sampler" else old_logp
-    log_r = jnp.where(
-        mask, learner_logp.astype(jnp.float32) - behaviour_logp.astype(jnp.float32), 0.0
-    )
+    log_r = jnp.where(mask, learner_logp.astype(jnp.float32) - behaviour_logp.astype(jnp.float32), 0.0)
     r = jnp.exp(jnp.clip(log_r, -clamp, clamp))
     q = jnp.where(mask, ref_logp.astype(jnp.float32) - learner_logp.astype(jnp.float32), 0.0)
     kl_q = jnp.clip(q, -clamp, clamp)  # overflow guard only; the loss clamps the k3 value
 
     metrics = behaviour_metrics(dataclasses.replace(b, mismatch=m), cfg) if with_metrics else {}
     return Corrections(
-        xi=xi, r=r, kl_q=kl_q, accept=accept, veto=veto_B, weight=w, r_acr=r_acr, metrics=metrics,
+        xi=xi,
+        r=r,
+        kl_q=kl_q,
+        accept=accept,
+        veto=veto_B,
+        weight=w,
+        r_acr=r_acr,
+        metrics=metrics,
     )
 
 

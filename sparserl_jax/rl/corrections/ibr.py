@@ -87,7 +87,7 @@ def ibr_raw_weight(xi: Float[Array, "B T"], cfg: IbrConfig) -> Float[Array, "B T
 
 
 def ibr_accept(m: Mismatch, cfg: IbrConfig) -> tuple[Bool[Array, "B T"] | None, None]:
-    """"mask" mode with mask_rejects: tokens with xi outside [lo, hi] leave the loss."""
+    """ "mask" mode with mask_rejects: tokens with xi outside [lo, hi] leave the loss."""
     if cfg.mode == "mask" and cfg.mask_rejects:
         return ibr_in_range(m.xi, cfg), None
     return None, None
@@ -101,6 +101,6 @@ def ibr_normalise(cfg: IbrConfig) -> tuple[str, str]:
     return cfg.normalisation, cfg.normalise_over
 
 
-CORRECTION = register(Correction(
-    name="ibr", settings=IbrConfig, accept=ibr_accept, weight=ibr_weight, normalise=ibr_normalise
-))
+CORRECTION = register(
+    Correction(name="ibr", settings=IbrConfig, accept=ibr_accept, weight=ibr_weight, normalise=ibr_normalise)
+)

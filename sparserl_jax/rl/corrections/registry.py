@@ -19,9 +19,11 @@ def check_combination(setting: str, names: tuple[str, ...]) -> None:
     """The corrections a run applies: registered, and at most one of them weights tokens."""
     unknown = [n for n in names if n not in CORRECTIONS]
     if unknown:
-        raise ValueError(f"{setting} names unregistered correction(s) {', '.join(unknown)}; "
-                         f"registered: {', '.join(CORRECTIONS)}")
+        raise ValueError(
+            f"{setting} names unregistered correction(s) {', '.join(unknown)}; registered: {', '.join(CORRECTIONS)}"
+        )
     weighting = [n for n in names if CORRECTIONS[n].weight is not None]
     if len(weighting) > 1:
-        raise ValueError(f"{setting} weights tokens by {' and '.join(weighting)}: a run applies "
-                         "at most one weighting correction")
+        raise ValueError(
+            f"{setting} weights tokens by {' and '.join(weighting)}: a run applies at most one weighting correction"
+        )

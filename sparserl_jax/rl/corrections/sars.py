@@ -51,9 +51,7 @@ class SarsConfig:
         check_at_least("sars.token_lo", self.token_lo, 0, integer=False)
         check_number("sars.token_hi", self.token_hi)
         if not self.token_hi > self.token_lo:
-            raise ValueError(
-                f"sars.token_hi={self.token_hi} must be > sars.token_lo={self.token_lo}"
-            )
+            raise ValueError(f"sars.token_hi={self.token_hi} must be > sars.token_lo={self.token_lo}")
         check_positive("sars.veto_threshold", self.veto_threshold)
 
 

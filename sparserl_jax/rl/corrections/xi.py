@@ -33,9 +33,7 @@ def mismatch(
     return Mismatch(log_xi=raw, xi=jnp.exp(jnp.clip(raw, -clamp, clamp)), mask=mask, clamp=clamp)
 
 
-def level_ratio(
-    log_xi: Float[Array, "B T"], mask: Bool[Array, "B T"], level: str, clamp: float
-) -> Float[Array, "B T"]:
+def level_ratio(log_xi: Float[Array, "B T"], mask: Bool[Array, "B T"], level: str, clamp: float) -> Float[Array, "B T"]:
     """xi at a level, broadcast to [B, T]: per token, per sequence (product = exp of the sum of
     log ratios) or geometric mean (exp of their mean); the log is clamped before exp."""
     if level == "token":
