@@ -13,6 +13,7 @@ results.json, arms.json, config.yaml and the PNG; --replot re-renders results.md
 results.json and config.yaml alone, byte for byte, training nothing."""
 
 import json
+import re
 
 import jax
 import pytest
@@ -90,7 +91,7 @@ def test_a_toy_figure_runs_writes_its_outputs_and_replots(tmp_path):
     saved = json.loads((out / "results.json").read_text())
     md = (out / "results.md").read_text()
     same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731 (NaN-safe)
-    assert same(saved["rows"], data["rows"]) and saved["command"].startswith("python ")
+    assert same(saved["rows"], data["rows"]) and re.match(r"(taskset -c [\d,]+ )?python ", saved["command"])
     prov = saved["provenance"]
     assert prov["jax"] == jax.__version__ and prov["cpu"] and prov["arms_json"] is True
     assert md.startswith("# Figure reward_by_seed (toy)\n") and f"Command: `{saved['command']}`" in md
