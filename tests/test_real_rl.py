@@ -3,6 +3,7 @@ template: the arms that exercise every rollout path (dense, R-KV + Sparse-RL, in
 int8 + SortedRL), their table and figure, --replot, and the exact resume of a killed run."""
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -78,7 +79,7 @@ def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
     )
     md = (out / "results.md").read_text()
     assert (
-        "Command: `python" in md
+        re.search(r"Command: `(taskset -c [\d,]+ )?python", md)
         and "| stacked (" in md
         and "**Sparse-RL**" in md
         and "paired: sparse_rl_rkv - dense:" in md
