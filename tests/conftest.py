@@ -51,5 +51,19 @@ def pytest_configure(config):
         )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        help="also run the extended tier: end-to-end tests whose code paths the default tier covers "
+        "more cheaply (docs/testing.md#two-tiers); CI runs the default tier",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--extended"):
+        extended = [item for item in items if item.get_closest_marker("extended") is not None]
+        if extended:
+            config.hook.pytest_deselected(items=extended)
+            items[:] = [item for item in items if item.get_closest_marker("extended") is None]
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: order kept within each

@@ -12,6 +12,7 @@ from sparserl_jax.experiments import bench_vs_trl
 pytestmark = pytest.mark.xdist_group("bench_vs_trl")
 
 
+@pytest.mark.extended
 def test_smoke_report(tmp_path):
     from hf_fixtures import make_tiny_hf_checkpoint
 

@@ -146,6 +146,7 @@ def test_config_loads_with_the_calibrated_settings(config):
     get_task(cfg.data.task, **dict(cfg.data.task_options))
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_config_trains_on_a_tiny_chat_checkpoint(tmp_path):
     """The config's settings, shrunk (lengths, budget, batch) onto a tiny random Llama with the char

@@ -101,6 +101,7 @@ def test_default_experiment_smoke(tmp_path):
         }, proc.stdout[-2000:]
 
 
+@pytest.mark.extended
 def test_warm_start_spread_smoke(tmp_path):
     from sparserl_jax.experiments import warm_start_spread
 

@@ -100,6 +100,7 @@ WALK = os.path.join(figlib.HERE, "configs", "walk_memo.yaml")
 WALK_SMOKE = ["--smoke", "--config", WALK, "rollout.max_new_tokens=48", "kv.budget=32"]
 
 
+@pytest.mark.extended
 def test_paper_regime_figure_a(runs_dir, tmp_path):
     """Figure a on the second regime (cycle_walk, uncompressed prompt, the response evicts its own
     early lines), written to its own results directory (b, d and e share a's code paths)."""
@@ -363,6 +364,7 @@ def test_run_identity_ignores_defaults_and_locations():
     assert figlib.config_key(a) == figlib.config_key(b) != key
 
 
+@pytest.mark.extended
 def test_fig_sortedrl(runs_dir, tmp_path):
     data = fig_sortedrl.main(
         ["--smoke", "--seeds", "0", "--variants", "sorted_partial", "--out", str(tmp_path), "--runs-dir", runs_dir]

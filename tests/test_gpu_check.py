@@ -20,6 +20,7 @@ EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 FORCED = "numerics"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     """`--smoke --fail numerics`: every step runs in its own process at toy shapes and leaves its

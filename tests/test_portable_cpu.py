@@ -117,6 +117,7 @@ def test_kernels_equal_on_an_emulated_avx2_cpu():
         assert _probe("host", "small", emulated=False) != _probe("host", "small", emulated=True)
 
 
+@pytest.mark.extended
 @needs_qemu
 @pytest.mark.xfail(
     HOST_AVX512,

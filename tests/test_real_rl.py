@@ -44,6 +44,7 @@ def test_every_arm_has_a_registered_comparison():
     assert all(real_rl.ARMS[n].seeds >= 2 for n in ("dense", "naive_rkv", "sparse_rl_rkv", "int8_naive", "qurl"))
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_smoke_arms_table_and_replot(tmp_path, tiny_checkpoint):
     arms = ["dense", "sparse_rl_rkv", "qurl", "stacked"]
@@ -105,6 +106,7 @@ def _trained(runs_dir) -> list:
     return [d for d in runs_dir.iterdir() if (d / "metrics.jsonl").exists() and read_metrics(str(d))]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_killed_run_resumes_exactly(tmp_path, tiny_checkpoint, monkeypatch):
     """The stacked arm (R-KV + int8 + SortedRL partial, two 2-batch groups) killed during its third

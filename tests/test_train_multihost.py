@@ -93,6 +93,7 @@ def _metrics(out_dir: pathlib.Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.xdist_group("multihost")
 def test_two_process_training_matches_one_process(tmp_path):
