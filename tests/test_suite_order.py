@@ -22,9 +22,19 @@ def test_loadgroup_on_the_pair_that_drops_groups_stops(monkeypatch):
 
 
 def test_slow_tests_first_order_kept_otherwise():
-    def item(name, slow):
-        return SimpleNamespace(name=name, get_closest_marker=lambda m: object() if slow and m == "slow" else None)
+    def item(name, slow, extended=False):
+        marks = {m for m, on in (("slow", slow), ("extended", extended)) if on}
+        return SimpleNamespace(name=name, get_closest_marker=lambda m: object() if m in marks else None)
 
-    items = [item("a", False), item("b", True), item("c", False), item("d", True)]
-    conftest.pytest_collection_modifyitems(None, items)
-    assert [i.name for i in items] == ["b", "d", "a", "c"]
+    def config(extended):
+        deselected = []
+        hook = SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items))
+        return SimpleNamespace(getoption=lambda name: extended, hook=hook), deselected
+
+    items = [item("a", False), item("b", True), item("c", False), item("d", True), item("e", True, True)]
+    cfg, deselected = config(extended=True)
+    conftest.pytest_collection_modifyitems(cfg, items)
+    assert [i.name for i in items] == ["b", "d", "e", "a", "c"] and not deselected
+    cfg, deselected = config(extended=False)  # the default tier: the extended tests deselected
+    conftest.pytest_collection_modifyitems(cfg, items)
+    assert [i.name for i in items] == ["b", "d", "a", "c"] and [i.name for i in deselected] == ["e"]
