@@ -1,10 +1,11 @@
 """Figure SortedRL: length-aware scheduling of rollouts (docs/methods.md#sortedrl) at tiny
 scale: the static baseline (one big rollout of n update batches, then n off-policy update
-batches), SortedRL on-policy and partial on the slot engine, and one run stacking all three
-methods (sparse KV + int8 weights + sorted partial rollouts), beside the paper's bubble and
+batches), SortedRL on-policy (a dropped prompt re-queued at once, the paper's rule; and our
+`hold` variant, sorted.requeue=hold) and partial on the slot engine, and one run stacking all
+three methods (sparse KV + int8 weights + sorted partial rollouts), beside the paper's bubble and
 throughput numbers.
 
-  python experiments/fig_sortedrl.py                                   # 4 variants x 3 seeds
+  python experiments/fig_sortedrl.py                                   # 5 variants x 3 seeds
   python experiments/fig_sortedrl.py --config experiments/configs/default.yaml --seeds 0
   python experiments/fig_sortedrl.py --seeds 0 --variants baseline sorted_partial --smoke
   python experiments/fig_sortedrl.py --replot experiments/results/fig_sortedrl
@@ -37,7 +38,8 @@ LONG_TAIL_CONFIG = os.path.join(figlib.HERE, "configs", "long_tail.yaml")
 SORTED = ("rollout.scheduler=sorted", f"sorted.group_batches={N_GROUP}")
 VARIANTS = {  # name -> (rl.mode, sparse KV?, extra overrides, paper bubble, paper throughput gain)
     "baseline": ("dense", False, (), 0.74, 0.0),
-    "sorted_on_policy": ("dense", False, SORTED + ("sorted.mode=on_policy",), 0.058, 0.076),
+    "sorted_on_policy": ("dense", False, SORTED + ("sorted.mode=on_policy", "sorted.requeue=immediate"), 0.058, 0.076),
+    "sorted_on_policy_hold": ("dense", False, SORTED + ("sorted.mode=on_policy", "sorted.requeue=hold"), None, None),
     "sorted_partial": ("sparse_rl", False, SORTED + ("sorted.mode=partial",), 0.034, 0.395),
     "sparse_int8_sorted_partial": (
         "sparse_rl",
@@ -147,6 +149,7 @@ ROLES = {"baseline": "dense", "sparse_int8_sorted_partial": "stacked"}  # colour
 LABELS = {
     "baseline": "batch (baseline)",
     "sorted_on_policy": "sorted on-policy",
+    "sorted_on_policy_hold": "sorted on-policy\n(hold)",
     "sorted_partial": "sorted partial",
     "sparse_int8_sorted_partial": "sparse + int8\n+ sorted partial",
 }

@@ -59,6 +59,7 @@ ARM_COLOURS = {
     "sparse_int8_acr": "tab:olive",
     "sparse_int8_sparse_rl_acr": "darkolivegreen",
     "sorted_on_policy": "tab:brown",
+    "sorted_on_policy_hold": "rosybrown",
     "sorted_partial": "#e6ab02",
     "stacked": "tab:gray",
 }

@@ -259,23 +259,29 @@ def test_a_token_carries_the_version_of_the_logits_it_was_sampled_from():
     assert metrics["sorted/staleness_max"] == 1.0
 
 
-def test_on_policy_drops_a_prompt_at_most_once_per_group():
-    """On-policy, 6 prompts in 3 harvests of 2 on Q = 3 slots, prompts 2-4 long: a prompt dropped
-    at a harvest waits while the never-dropped prompts can fill the next harvest, so none is
-    restarted and dropped again (each prompt's samples are issued at most twice); every harvest
-    is 2 complete prompts of the current version and the group trains each prompt once."""
+def _six_prompt_group(requeue):
+    """On-policy, 6 prompts in 3 harvests of 2 on Q = 3 slots, prompts 2-4 long (12 steps);
+    counts each prompt's issued requests and, before every segment, the busy slots and the
+    waiting requests."""
     eng = _engine("none")
     sched = SortedScheduler(
-        eng, SortedConfig(mode="on_policy", slots=3, group_batches=3), prompts_per_batch=2, samples=2
+        eng,
+        SortedConfig(mode="on_policy", slots=3, group_batches=3, requeue=requeue),
+        prompts_per_batch=2,
+        samples=2,
     )
-    issued = collections.Counter()
-    fresh = sched._fresh
+    issued, occupancy = collections.Counter(), []
+    fresh, segment_start = sched._fresh, eng.segment_start
 
     def counting(prompt, sample):
         issued[prompt] += 1
         return fresh(prompt, sample)
 
-    sched._fresh = counting
+    def observed(*args, **kwargs):
+        occupancy.append((len(sched.occupant), len(sched.queue)))
+        return segment_start(*args, **kwargs)
+
+    sched._fresh, eng.segment_start = counting, observed
     tok, ln = _prompts(6, seed=11)
     limits = np.array([[2, 3], [4, 4], [12, 12], [12, 12], [12, 12], [2, 2]])
     sched.load_group(list(range(6)), tok, ln, jax.random.key(4), limits)
@@ -286,8 +292,31 @@ def test_on_policy_drops_a_prompt_at_most_once_per_group():
         assert (out.version[np.arange(M)[None] < out.lengths[:, None]] == version).all()
         seen.extend(examples)
     assert sorted(seen) == list(range(6)) and sched.at_group_boundary
+    return sched, issued, occupancy, metrics
+
+
+def test_on_policy_hold_drops_a_prompt_at_most_once_per_group():
+    """requeue 'hold': a prompt dropped at a harvest waits while the never-dropped prompts can
+    fill the next harvest, so none is restarted and dropped again (each prompt's samples are
+    issued at most twice); every harvest is 2 complete prompts of the current version and the
+    group trains each prompt once. The price: a slot idles while a held prompt waits."""
+    sched, issued, occupancy, _ = _six_prompt_group("hold")
     assert max(issued.values()) <= 2 * 2, dict(issued)  # first issue + at most one re-issue
     assert sum(sched.drops.values()) > 0 and max(sched.drops.values()) == 1
+    assert any(busy < 3 for busy, _ in occupancy), occupancy
+
+
+def test_on_policy_immediate_requeue_keeps_every_slot_busy():
+    """requeue 'immediate' (the paper's rule, the default): a dropped prompt goes straight back
+    into the queue, so no slot is ever idle while a request waits; the same group still trains
+    each prompt once, on current-version tokens only, and here a long prompt is dropped twice."""
+    assert SortedConfig().requeue == "immediate"
+    sched, issued, occupancy, metrics = _six_prompt_group("immediate")
+    assert all(busy == 3 or waiting == 0 for busy, waiting in occupancy), occupancy
+    assert sched.held == [] and metrics["sorted/held_prompts"] == 0.0
+    assert max(sched.drops.values()) == 2, dict(sched.drops)
+    assert metrics["sorted/dropped_prompts"] == sum(sched.drops.values())
+    assert sum(issued.values()) == 2 * (6 + sum(sched.drops.values()))  # every drop re-issues both samples
 
 
 def test_on_policy_requeues_dropped_prompts_behind_unstarted_ones():
@@ -373,6 +402,8 @@ def test_bad_settings_name_the_setting():
         SortedConfig(mode="lazy")
     with pytest.raises(ValueError, match=r"sorted\.resume='keep'.*\('cache', 'prefill'\)"):
         SortedConfig(resume="keep")
+    with pytest.raises(ValueError, match=r"sorted\.requeue='later'.*\('immediate', 'hold'\)"):
+        SortedConfig(requeue="later")
     with pytest.raises(ValueError, match=r"record_kept"):
         SlotEngine(CFG, dataclasses.replace(cfg, record_kept=True), 2, P)
     from sparserl_jax.config import load_config

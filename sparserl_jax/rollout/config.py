@@ -71,6 +71,7 @@ class RolloutConfig:
 
 SORTED_MODES = ("on_policy", "partial")  # sorted.mode
 RESUMES = ("cache", "prefill")
+REQUEUES = ("immediate", "hold")  # sorted.requeue: on-policy, where a dropped prompt goes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,11 @@ class SortedConfig:
     resume: partial mode, how an unfinished response continues after a harvest: "cache" (in
       its slot, keeping the KV cache of the weights that wrote it) or "prefill" (prompt +
       partial response re-prefilled under the new weights in a free slot).
+    requeue: on-policy mode, where a prompt dropped at a harvest goes: "immediate" (the paper's
+      rule: straight back into the queue, all its samples afresh, behind the requests waiting;
+      the engine stays full and a prompt may be dropped again) or "hold" (held back while the
+      group's never-dropped prompts can fill the next harvest: dropped at most once per group,
+      at the cost of idle slots).
     """
 
     mode: str = "on_policy"
@@ -92,10 +98,12 @@ class SortedConfig:
     group_batches: int = 4
     segment_chunks: int = 2
     resume: str = "cache"
+    requeue: str = "immediate"
 
     def __post_init__(self):
         check_in("sorted.mode", self.mode, SORTED_MODES)
         check_in("sorted.resume", self.resume, RESUMES)
+        check_in("sorted.requeue", self.requeue, REQUEUES)
         check_at_least("sorted.slots", self.slots, 0)  # 0: rollout.prompts x rollout.samples
         check_at_least("sorted.group_batches", self.group_batches, 1)  # a group: >= 1 harvest
         check_at_least("sorted.segment_chunks", self.segment_chunks, 1)

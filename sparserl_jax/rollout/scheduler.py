@@ -8,14 +8,16 @@ an update batch is harvested as soon as b complete GRPO groups (all samples of a
 finished, in completion order, so update batches come out sorted by length (short first).
 At a harvest the unharvested responses are treated by mode:
   on_policy: dropped (every trained token has the current weights' version; the dropped
-    tokens are the discarded-token fraction). A prompt dropped at a harvest has shown a long
-    response, so it is held back, not re-queued, as long as the untrained prompts never dropped
-    can fill the next harvest on their own. From the harvest where they cannot (the group's last
-    one at the latest), just enough held prompts are re-queued (first dropped first, all their
-    samples afresh) to make b prompts in flight: that harvest takes all b and drops nothing, and
-    so does every later harvest of the group. So a prompt is dropped at most once per group
-    (SortedRL's short-first order applied to what a harvest has revealed about lengths), at the
-    cost of slots left idle while the held prompts wait;
+    tokens are the discarded-token fraction), and their prompts re-sampled afresh (all samples,
+    new request ids). Where a dropped prompt goes is sorted.requeue:
+    immediate (the paper's rule): straight back into the queue, behind the requests waiting, so
+      the engine stays full; a prompt may be dropped again at a later harvest of the group;
+    hold: a dropped prompt has shown a long response, so it is held back as long as the
+      untrained prompts never dropped can fill the next harvest on their own. From the harvest
+      where they cannot (the group's last one at the latest), just enough held prompts are
+      re-queued (first dropped first) to make b prompts in flight: that harvest takes all b and
+      drops nothing, and so does every later harvest of the group. So a prompt is dropped at
+      most once per group, at the cost of slots left idle while the held prompts wait;
   partial: finished ones wait for their group to complete; unfinished ones keep their tokens
     and per-token sampler log-probs and resume under the new weights: by default
     (sorted.resume='cache') in their slot, with the KV cache the earlier weights wrote (no
@@ -100,8 +102,8 @@ class SortedScheduler:
         self.pending: list = []  # (harvest_start copy, [(slot, Request)]) not read yet
         self.complete: list[int] = []  # prompts whose samples all finished, in completion order
         self.trained: set[int] = set()
-        self.held: list[int] = []  # on-policy: dropped prompts not re-queued yet, first dropped first
-        self.drops: collections.Counter = collections.Counter()  # prompt -> times dropped (<= 1)
+        self.held: list[int] = []  # on-policy, hold: dropped prompts not re-queued yet, first dropped first
+        self.drops: collections.Counter = collections.Counter()  # prompt -> times dropped (hold: <= 1)
         self.next_uid = 0
         self.limits = None
         self.key = None
@@ -267,10 +269,11 @@ class SortedScheduler:
         return 0
 
     def _release_held(self) -> None:
-        """Queue just enough held prompts that the prompts in flight (queued or decoding) can
-        make the next harvest, once those never dropped cannot alone (module doc)."""
+        """Queue the dropped prompts: all of them at once (requeue 'immediate'), or ('hold') just
+        enough that the prompts in flight (queued or decoding) can make the next harvest, once
+        those never dropped cannot alone (module doc)."""
         untrained = len(self.examples) - len(self.trained)
-        short = self.b - (untrained - len(self.held))
+        short = len(self.held) if self.cfg.requeue == "immediate" else self.b - (untrained - len(self.held))
         if short > 0:
             release, self.held = self.held[:short], self.held[short:]
             self.queue.extend(self._fresh(p, s) for p in release for s in range(self.n))
@@ -296,5 +299,6 @@ class SortedScheduler:
             m[f"sorted/staleness_frac_{k}"] = float(np.mean(stale == k)) if stale.size else 0.0
         if self.cfg.mode == "on_policy":
             m["sorted/discarded_token_fraction"] = discarded / max(generated, 1)
-            m["sorted/held_prompts"] = float(len(self.held))
+            m["sorted/held_prompts"] = float(len(self.held))  # 0 with requeue 'immediate'
+            m["sorted/dropped_prompts"] = float(sum(self.drops.values()))  # this group, so far
         return m
