@@ -1,10 +1,13 @@
 """TRL's GRPOTrainer and our Trainer on the same GRPO workload, one pinned CPU core each.
 
   python experiments/bench_vs_trl.py            # experiments/results/bench_vs_trl.{json,md}
+  python experiments/bench_vs_trl.py --regimes fixed --compute-dtype bfloat16 \
+      --out experiments/results/bench_vs_trl_bf16.json
   python experiments/bench_vs_trl.py --smoke --checkpoint <tiny HF checkpoint>   # seconds (tests)
 
 Workload (both arms): experiments/configs/real/smollm2_chat_arithmetic.yaml with dense rollouts
-(rl.mode=dense kv.policy=none): SmolLM2-135M-Instruct in float32, 4 prompts x 4 samples of chat
+(rl.mode=dense kv.policy=none): SmolLM2-135M-Instruct in float32 (--compute-dtype bfloat16: bfloat16
+compute over float32 master weights and optimizer state on both sides), 4 prompts x 4 samples of chat
 arithmetic, up to 256 new tokens at temperature 0.7, lr 1e-5, beta 1e-4, one optimizer step per
 rollout batch. TRL: GRPOConfig(per_device_train_batch_size=16, num_generations=4, the same lengths,
 temperature, beta and lr; steps_per_generation = num_iterations = 1, so neither side scores pi_old
@@ -58,6 +61,7 @@ SMOKE = (
     "rl.update.score_batch_size=4",
 )
 PHASES = ("rollout", "score", "update", "other")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,6 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=64, help="new tokens of the generate reference")
     p.add_argument("--checkpoint", default=None, help="an HF checkpoint in place of the config's")
     p.add_argument("--no-padded-reference", action="store_true")
+    p.add_argument(
+        "--compute-dtype",
+        choices=COMPUTE_DTYPES,
+        default="float32",
+        help="both arms' compute dtype over float32 master weights (ours: model.dtype; TRL: "
+        "bf16 autocast, GRPOConfig(bf16=True))",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny workload, one iteration each")
     p.add_argument("--out", default=os.path.join(HERE, "results", "bench_vs_trl.json"))
     p.add_argument("overrides", nargs="*", help="key=value settings for our config (e.g. rl.loss.beta=0)")
@@ -86,6 +97,7 @@ def our_config(args, regime: str, out_dir: str):
         *(SMOKE if args.smoke else ()),
         f"train.out_dir={out_dir}",
         f"train.iterations={args.warmup + args.iterations}",
+        f"model.dtype={args.compute_dtype}",  # the compute dtype; master weights stay float32
     ]
     if args.checkpoint:
         over.append(f"model.checkpoint={args.checkpoint}")
@@ -348,7 +360,7 @@ def run_trl(job) -> dict:
             report_to="none",
             save_strategy="no",
             use_cpu=True,
-            bf16=False,
+            bf16=args.compute_dtype == "bfloat16",  # autocast over the float32 model loaded above
             seed=cfg.train.seed,
             shuffle_dataset=False,
             generation_kwargs=gen_kwargs,
@@ -408,8 +420,10 @@ def summarise(rows: list[dict], *, padded: bool = False) -> dict:
 
 
 def markdown(report: dict) -> str:
+    dtype = report.get("compute_dtype", "float32")
     lines = [
-        "# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)",
+        "# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)"
+        + ("" if dtype == "float32" else f", {dtype} compute over float32 master weights"),
         "",
         f"`{report['command']}`",
         "",
@@ -481,6 +495,7 @@ def _main(args, argv) -> dict:
         "command": "python "
         + " ".join([os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
+        "compute_dtype": args.compute_dtype,
         "regimes": {},
     }
     for regime in args.regimes:

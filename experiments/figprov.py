@@ -47,20 +47,33 @@ def command_line(cores: Sequence[int] | None = None) -> str:
     return " ".join([*prefix, "python", script, *sys.argv[1:]])
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+
+
 def cpu_model() -> str:
     """The CPU's model name, family and model, and whether it has AVX-512 (a fingerprint records
     it without comparing it: another CPU with AVX2 should give the same hashes)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
-    except OSError:
+    info = _cpuinfo()
+    if not info:
         return "?"
-    info = {k.strip(): v.strip() for k, v in info.items()}
     avx512 = "avx512f" in info.get("flags", "").split()
     return (
         f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
         f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})"
     )
+
+
+def cpu_flags(names: Sequence[str]) -> dict[str, bool]:
+    """Which of the CPU flags `names` (as /proc/cpuinfo spells them) this CPU has."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    return {name: name in flags for name in names}
 
 
 # The fields every results.md's provenance sentence names (tests/test_provenance.py): what is
@@ -127,7 +140,11 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
             else f"when the run finished (at its start: {nr})"
         )
         tree = {True: "with uncommitted changes", False: "clean"}.get(p.get("uncommitted_changes"), unknown_tree)
-        portable = {True: "on", False: "off (SPARSERL_PORTABLE_CPU=0)"}.get(p.get("portable_cpu"), nr)
+        portable = {
+            True: "on",
+            False: "off (SPARSERL_PORTABLE_CPU=0)",
+            "host": "off (a benchmark of this CPU: its own numerics)",
+        }.get(p.get("portable_cpu"), nr)
         arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
         commit = f"{p['commit']} {at}" if p.get("commit") else nr
         fields = _fields(commit, tree, p.get("cpu"), p.get("jax"), p.get("cores"), p.get("wall_s"))
