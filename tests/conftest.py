@@ -36,6 +36,7 @@ import pytest
 # default experiment's smoke test runs with a user's environment instead); a setting already in
 # XLA_FLAGS wins, and one this XLA does not know is left out (XLA stops at an unknown flag).
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # a user's
 
 
 def _known_to_xla(flags: list[str]) -> bool:
@@ -74,6 +75,14 @@ def pytest_configure(config):
             "test groups (every xdist_group would split over the workers); install the pinned pytest "
             "(requirements-test.txt: pytest<9.2)"
         )
+
+
+@pytest.fixture(scope="session")
+def user_compiler() -> dict:
+    """compiler_options for `Lowered.compile` that give a program the compiler a user's gets: XLA's
+    defaults for the settings above that are in force (tests that check the compiled program)."""
+    given = {f.split("=", 1)[0].lstrip("-") for f in os.environ.get("XLA_FLAGS", "").split()}
+    return {name: value for name, value in XLA_DEFAULTS.items() if name in given}
 
 
 def pytest_addoption(parser):

@@ -5,7 +5,8 @@ rank >= 2) is copied or transposed, and every KV buffer (keys, values, positions
 place: the new carried value is a dynamic-update-slice or scatter whose operand is the carried
 buffer itself, with no copy of that buffer in the body. Checked at batch 1 (where a one-row
 scatter becomes a dynamic-update-slice) and batch 8. The donated cache of the sharded decode
-step is aliased to its output.
+step is aliased to its output. Compiled as a user's program is (the `user_compiler` fixture: XLA's
+defaults in place of the suite's faster-compiling settings), since the fusions are its output.
 """
 
 import re
@@ -140,19 +141,19 @@ def _check_decode_loop(hlo: str, batch: int, capacity: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_decode_loop_has_no_weight_copies_and_writes_the_cache_in_place(batch):
+def test_decode_loop_has_no_weight_copies_and_writes_the_cache_in_place(batch, user_compiler):
     cfg = smp.SamplerConfig(max_new_tokens=M, kv=kv.KVConfig(policy="none", buffer=M))
     prompts = jnp.ones((batch, P), jnp.int32)
     lengths = jnp.full((batch,), P, jnp.int32)
     hlo = smp.generate_jit.lower(PARAMS, CFG, prompts, lengths, jax.random.key(0), cfg)
-    _check_decode_loop(hlo.compile().as_text(), batch, smp.cache_capacity(cfg.kv, P, M))
+    _check_decode_loop(hlo.compile(user_compiler).as_text(), batch, smp.cache_capacity(cfg.kv, P, M))
 
 
-def test_sharded_decode_step_aliases_the_donated_cache():
+def test_sharded_decode_step_aliases_the_donated_cache(user_compiler):
     mesh = shd.make_mesh(shd.MeshConfig())
     cache = kv.cache_for(kv.KVConfig(), CFG, 2, P, capacity=P + M)
     tokens = jnp.ones((2,), jnp.int32)
-    step = shd.sharded_decode_step(mesh, CFG, cache).lower(PARAMS, cache, tokens).compile()
+    step = shd.sharded_decode_step(mesh, CFG, cache).lower(PARAMS, cache, tokens).compile(user_compiler)
     header = step.as_text().splitlines()[0]
     aliased = {int(p) for p in re.findall(r"\{\d+\}: \((\d+), \{\}, (?:may|must)-alias\)", header)}
     first = len(jax.tree_util.tree_leaves(PARAMS))
