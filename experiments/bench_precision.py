@@ -35,9 +35,9 @@ import tempfile
 import time
 
 from sparserl_jax.experiments import figprov, workers  # import no JAX
+from sparserl_jax.experiments.real.smoke import SMOKE_BATCH, load_real_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = figprov.REPO
 CONFIG = os.path.join(HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 OVERRIDES = (
     "rl.mode=dense",
@@ -47,14 +47,7 @@ OVERRIDES = (
     "train.eval_every=0",
     "rollout.ignore_eos=true",
 )
-SMOKE = (
-    "rollout.prompts=2",
-    "rollout.samples=2",
-    "data.max_prompt_len=160",
-    "rl.update.minibatch_size=4",
-    "rl.update.micro_batch_size=2",
-    "rl.update.score_batch_size=4",
-)
+SMOKE = SMOKE_BATCH
 ARMS = ("float32", "bfloat16")
 PHASES = ("rollout", "score", "update", "diagnostics", "other")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
@@ -77,8 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def train_config(args, dtype: str, out_dir: str):
-    from sparserl_jax.config import load_config
-
     over = [
         *OVERRIDES,
         *(SMOKE if args.smoke else ()),
@@ -89,10 +80,7 @@ def train_config(args, dtype: str, out_dir: str):
     ]
     if args.checkpoint:
         over.append(f"model.checkpoint={args.checkpoint}")
-    cfg = load_config([CONFIG], over)
-    if cfg.model.checkpoint and not os.path.isabs(cfg.model.checkpoint):  # the config's path is the repo's
-        cfg = load_config([CONFIG], over + [f"model.checkpoint={os.path.join(REPO, cfg.model.checkpoint)}"])
-    return cfg
+    return load_real_config(over, CONFIG)
 
 
 def run_arm(args, dtype: str) -> dict:

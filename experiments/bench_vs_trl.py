@@ -46,20 +46,13 @@ import tempfile
 import time
 
 from sparserl_jax.experiments import figprov, workers  # import no JAX
+from sparserl_jax.experiments.real.smoke import SMOKE_BATCH, load_real_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 CONFIG = os.path.join(HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 OVERRIDES = ("rl.mode=dense", "kv.policy=none", "train.progress=false", "train.save_every=100000", "train.eval_every=0")
-SMOKE = (
-    "rollout.prompts=2",
-    "rollout.samples=2",
-    "rollout.max_new_tokens=8",
-    "data.max_prompt_len=160",
-    "rl.update.minibatch_size=4",
-    "rl.update.micro_batch_size=2",
-    "rl.update.score_batch_size=4",
-)
+SMOKE = (*SMOKE_BATCH, "rollout.max_new_tokens=8")
 PHASES = ("rollout", "score", "update", "other")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -90,8 +83,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def our_config(args, regime: str, out_dir: str):
-    from sparserl_jax.config import load_config
-
     over = [
         *OVERRIDES,
         *(SMOKE if args.smoke else ()),
@@ -103,12 +94,7 @@ def our_config(args, regime: str, out_dir: str):
         over.append(f"model.checkpoint={args.checkpoint}")
     if regime == "fixed":
         over += ["rollout.ignore_eos=true", f"rollout.max_new_tokens={args.fixed_tokens}"]
-    cfg = load_config([CONFIG], over + list(args.overrides))
-    if cfg.model.checkpoint and not os.path.isabs(cfg.model.checkpoint):  # the config's path is the repo's
-        cfg = load_config(
-            [CONFIG], over + list(args.overrides) + [f"model.checkpoint={os.path.join(REPO, cfg.model.checkpoint)}"]
-        )
-    return cfg
+    return load_real_config(over + list(args.overrides), CONFIG)
 
 
 # ----------------------------------------------------------------------------- ours

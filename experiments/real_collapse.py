@@ -27,6 +27,7 @@ import numpy as np
 
 from sparserl_jax.config import to_dict
 from sparserl_jax.experiments import figlib, run_records, workers
+from sparserl_jax.experiments.real.smoke import SMOKE_BATCH
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_collapse.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_collapse")
@@ -190,20 +191,7 @@ def _setting_of(records_dir: str) -> str:
 def base_overrides(args, setting: Setting) -> list[str]:
     it = 2 if args.smoke else args.iterations
     every = 1 if args.smoke else args.eval_every
-    extra = (
-        [
-            "rollout.max_new_tokens=16",
-            "rollout.prompts=2",
-            "rollout.samples=2",
-            "data.max_prompt_len=160",
-            "rl.update.minibatch_size=4",
-            "rl.update.micro_batch_size=2",
-            "rl.update.score_batch_size=4",
-            "rl.update.compile_ahead=false",
-        ]
-        if args.smoke
-        else []
-    )
+    extra = ["rollout.max_new_tokens=16", *SMOKE_BATCH, "rl.update.compile_ahead=false"] if args.smoke else []
     return [
         f"train.iterations={it}",
         f"train.eval_every={every}",

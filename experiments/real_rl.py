@@ -37,6 +37,7 @@ from matplotlib.patches import Patch
 
 from sparserl_jax.experiments import figlib
 from sparserl_jax.experiments.figlib import fmt
+from sparserl_jax.experiments.real.smoke import SMOKE_BATCH
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
 RUNS = os.path.join(figlib.REPO, "runs", "real_rl")
@@ -82,15 +83,10 @@ COMPARISONS = {
 SMOKE = (
     "train.iterations=2",
     "train.save_every=1",
-    "rollout.prompts=2",
-    "rollout.samples=2",
+    *SMOKE_BATCH,
     "rollout.max_new_tokens=24",
-    "data.max_prompt_len=160",
     "kv.budget=64",
     "kv.buffer=8",
-    "rl.update.minibatch_size=4",
-    "rl.update.micro_batch_size=2",
-    "rl.update.score_batch_size=4",
     "sorted.group_batches=2",
     "train.eval_prompts=2",
     "rl.update.compile_ahead=false",
