@@ -62,6 +62,7 @@ ARMS = {  # name -> overrides on top of the warm start ({P}: n x rollout.prompts
         "rollout.scheduler=sorted",
         f"sorted.group_batches={N_GROUP}",
         "sorted.mode=on_policy",
+        "sorted.requeue=hold",  # the rule the committed profiles and bench_sorted's trainer rows measured
         "train.iterations={I}",
     ),
     "sorted_partial": (
