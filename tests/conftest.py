@@ -35,8 +35,9 @@ import pytest
 # JAX's backend, inherited by the processes tests start (pytest-xdist's workers included; the
 # default experiment's smoke test runs with a user's environment instead); a setting already in
 # XLA_FLAGS wins, and one this XLA does not know is left out (XLA stops at an unknown flag).
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}  # a user's
+# name -> (the suite's value, XLA's default: what a user's program gets)
+TEST_XLA_SETTINGS = {"xla_backend_optimization_level": (0, 3), "xla_cpu_use_fusion_emitters": (False, True)}
+TEST_XLA_FLAGS = tuple(f"--{name}={str(test).lower()}" for name, (test, _) in TEST_XLA_SETTINGS.items())
 
 
 def _known_to_xla(flags: list[str]) -> bool:
@@ -82,7 +83,7 @@ def user_compiler() -> dict:
     """compiler_options for `Lowered.compile` that give a program the compiler a user's gets: XLA's
     defaults for the settings above that are in force (tests that check the compiled program)."""
     given = {f.split("=", 1)[0].lstrip("-") for f in os.environ.get("XLA_FLAGS", "").split()}
-    return {name: value for name, value in XLA_DEFAULTS.items() if name in given}
+    return {name: default for name, (_, default) in TEST_XLA_SETTINGS.items() if name in given}
 
 
 def pytest_addoption(parser):
