@@ -429,30 +429,11 @@ def test_every_correction_has_its_rl_config_section():
         assert getattr(C.RLConfig(), name) == c.settings()
 
 
-def _docstring_mode_table() -> dict[str, tuple[str, ...]]:
-    """rl/config.py's mode table as {mode: corrections marked x}, its columns checked against
-    the registry."""
-    lines = C.__doc__.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mode"])
-    header = lines[start].split()
-    assert header[0] == "mode" and header[-3:] == ["what", "it", "is"], header
-    columns = header[1:-3]
-    assert columns == list(CORRECTIONS), (columns, list(CORRECTIONS))
-    table = {}
-    for line in lines[start + 1 :]:
-        if not line.strip():
-            break
-        mode, *marks = line.split()[: 1 + len(columns)]
-        assert set(marks) <= {"x", "-"}, line
-        table[mode] = tuple(name for name, mark in zip(columns, marks) if mark == "x")
-    return table
-
-
-def test_mode_table_in_the_docstring_is_the_registry():
-    table = _docstring_mode_table()
-    assert list(table) == list(C.RL_MODES)
+def test_every_mode_applies_its_row_of_the_registry():
+    """A mode applies exactly its RL_MODES row (the docs' preset table is generated from it:
+    tests/test_correction_family.py)."""
     for mode, names in C.RL_MODES.items():
-        assert set(table[mode]) == set(names), mode
+        assert set(names) <= set(CORRECTIONS), mode
         assert C.RLConfig(mode=mode).corrections == names
 
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import verl_reference
 from float_tol import sum_tol
 
 from sparserl_jax.rl import advantages as adv_lib
@@ -22,7 +23,8 @@ B, T = 6, 12
 # tests here share compiled functions: keep them on one xdist worker (--dist loadgroup)
 pytestmark = pytest.mark.xdist_group("rl_loss")
 
-# mode -> (SARS, IBR, TIS, ACR), restated from docs/methods.md, not imported
+# mode -> (SARS, IBR, TIS, ACR), restated from docs/methods.md, not imported; the frameworks'
+# presets (verl's, as tests/verl_reference.py restates them) use none of the four
 REF_MODES = {
     "dense": (0, 0, 0, 0),
     "naive_sparse": (0, 0, 0, 0),
@@ -31,6 +33,7 @@ REF_MODES = {
     "ibr_only": (0, 1, 0, 0),
     "tis": (0, 0, 1, 0),
     "qurl": (0, 0, 1, 1),
+    **{name: (0, 0, 0, 0) for name in verl_reference.VERL_PRESETS},
 }
 
 
@@ -47,6 +50,9 @@ def np_reference(inp, cfg: C.RLConfig, magnitude: bool = False) -> float:
     accept = np.zeros((B, T), bool)
     w = np.zeros((B, T))
     xi = np.ones((B, T))
+    preset = cfg.mode in verl_reference.VERL_PRESETS
+    if preset:  # the verl preset's modified response mask and IS weights
+        preset_keep, preset_w = verl_reference.verl_preset(cfg.mode, np.where(mask, old - sampler, 0.0), mask)
     for i in range(B):
         idx = np.nonzero(mask[i])[0]
         if len(idx) == 0:
@@ -81,6 +87,9 @@ def np_reference(inp, cfg: C.RLConfig, magnitude: bool = False) -> float:
                 wi = np.where(in_band, xi_i, 0.0)
         elif use_tis:
             wi = np.minimum(xi_i, cfg.tis.cap)
+        elif preset:
+            wi = preset_w[i, idx]
+            keep &= preset_keep[i, idx]
         else:
             wi = np.ones(len(idx))
         accept[i, idx] = keep

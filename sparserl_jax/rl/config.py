@@ -1,22 +1,21 @@
 """Settings of the RL update: the mode (which behaviour-policy corrections apply), the GRPO loss,
 the optimizer and the update loop. Each correction's section (SarsConfig, IbrConfig, TisConfig,
-AcrConfig) sits beside its code in rl/corrections/ and is a field of RLConfig under the
-correction's name. Defaults are the Sparse-RL authors' code settings (docs/methods.md#sparse-rl);
-QuRL's C is not published (2.0 is the common choice).
+AcrConfig, the rejection and importance families) sits beside its code in rl/corrections/ and is
+a field of RLConfig under the correction's name. Defaults are the Sparse-RL authors' code settings
+(docs/methods.md#sparse-rl); QuRL's C is not published (2.0 is the common choice).
 
-`rl.mode` names a combination of registered corrections, a row of RL_MODES:
+`rl.mode` names a preset: a combination of registered corrections, a row of RL_MODES, each with
+its published defaults (MODE_NOTES says what it is and where it comes from). Sparse-RL's and
+QuRL's: dense, naive_sparse (no correction), sparse_rl (SARS + IBR), sars_only, ibr_only, tis,
+qurl (TIS + ACR); the frameworks' family: token_tis, seq_tis, icepop, geo_rs, seq_mask_tis,
+k3_rs and the rejection + token/sequence TIS pairs. docs/implementation.md#the-correction-family
+has the table of every correction and preset, generated from the registry and RL_MODES
+(python -m sparserl_jax.rl.correction_table; tests/test_correction_family.py keeps them equal).
 
-  mode          sars  ibr  tis  acr   what it is
-  dense          -     -    -    -    dense rollouts: the sampler is pi_old
-  naive_sparse   -     -    -    -    sparse rollouts trained as on-policy (ratio against pi_old only)
-  sparse_rl      x     x    -    -    Sparse-RL: rejection sampling + importance reweighting
-  sars_only      x     -    -    -    ablation
-  ibr_only       -     x    -    -    ablation
-  tis            -     -    x    -    QuRL's FlashRL baseline: w = min(rho, C)
-  qurl           -     -    x    x    QuRL: TIS weights + adaptive clipping range
-
-`acr.enabled=True` adds ACR to any mode (to stack quantized and sparse rollouts). The table is
-checked against RL_MODES and the registry by tests/test_rl_corrections.py.
+Every correction whose section has an `enabled` field joins any mode with
+`rl.<name>.enabled=true` (ACR on sparse rollouts; a k3 rejection beside SARS). The decoupled
+(three-policy) modes are the default; `rl.ratio_against=sampler` is the bypass form (the PPO
+ratio against the sampler, verl's bypass_mode with its PPO-clip loss).
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ import dataclasses
 from sparserl_jax.rl.corrections import CORRECTIONS, check_combination
 from sparserl_jax.rl.corrections.acr import AcrConfig
 from sparserl_jax.rl.corrections.ibr import IbrConfig
+from sparserl_jax.rl.corrections.importance import IcepopConfig, ImportanceConfig, SeqTisConfig
+from sparserl_jax.rl.corrections.rejection import GeoRsConfig, K3RsConfig, RejectionConfig, SeqMaskConfig
 from sparserl_jax.rl.corrections.sars import SarsConfig
 from sparserl_jax.rl.corrections.tis import TisConfig
 from sparserl_jax.validate import (
@@ -50,6 +51,37 @@ RL_MODES: dict[str, tuple[str, ...]] = {
     "ibr_only": ("ibr",),
     "tis": ("tis",),
     "qurl": ("tis", "acr"),
+    "token_tis": ("tis",),
+    "seq_tis": ("seq_tis",),
+    "icepop": ("icepop",),
+    "geo_rs": ("geo_rs",),
+    "seq_mask_tis": ("seq_mask", "seq_tis"),
+    "geo_rs_token_tis": ("geo_rs", "tis"),
+    "geo_rs_seq_tis": ("geo_rs", "seq_tis"),
+    "k3_rs": ("k3_rs",),
+    "k3_rs_token_tis": ("k3_rs", "tis"),
+    "k3_rs_seq_tis": ("k3_rs", "seq_tis"),
+}
+
+# mode -> (what it is, where it comes from): the preset table of docs/implementation.md
+MODE_NOTES: dict[str, tuple[str, str]] = {
+    "dense": ("dense rollouts: the sampler is pi_old", "every paper's baseline"),
+    "naive_sparse": ("sparse rollouts trained as on-policy (no correction)", "Sparse-RL's baseline"),
+    "sparse_rl": ("rejection sampling + importance reweighting", "Sparse-RL"),
+    "sars_only": ("SARS alone", "Sparse-RL's ablation"),
+    "ibr_only": ("IBR alone", "Sparse-RL's ablation"),
+    "tis": ("token TIS at C = 2", "QuRL's FlashRL baseline"),
+    "qurl": ("token TIS + adaptive clipping range", "QuRL"),
+    "token_tis": ("token TIS at C = 2 (the same as tis)", "verl decoupled_token_is"),
+    "seq_tis": ("sequence TIS at C = 2", "verl decoupled_seq_is"),
+    "icepop": ("token weights zeroed outside [0.5, 5]", "verl decoupled_token_icepop"),
+    "geo_rs": ("geometric-mean rejection in [0.999, 1.001]", "verl decoupled_geo_rs"),
+    "seq_mask_tis": ("sequence mask [0.5, 2] + sequence TIS at 2", "verl decoupled_seq_is_rs"),
+    "geo_rs_token_tis": ("geometric-mean rejection + token TIS", "verl decoupled_geo_rs_token_tis"),
+    "geo_rs_seq_tis": ("geometric-mean rejection + sequence TIS", "verl decoupled_geo_rs_seq_tis"),
+    "k3_rs": ("mean-k3 rejection at 0.01", "verl decoupled_k3_rs"),
+    "k3_rs_token_tis": ("mean-k3 rejection + token TIS", "verl decoupled_k3_rs_token_tis"),
+    "k3_rs_seq_tis": ("mean-k3 rejection + sequence TIS", "verl decoupled_k3_rs_seq_tis"),
 }
 
 
@@ -222,6 +254,13 @@ class RLConfig:
     ibr: IbrConfig = IbrConfig()
     tis: TisConfig = TisConfig()
     acr: AcrConfig = AcrConfig()
+    rejection: RejectionConfig = RejectionConfig()
+    geo_rs: GeoRsConfig = GeoRsConfig()
+    seq_mask: SeqMaskConfig = SeqMaskConfig()
+    k3_rs: K3RsConfig = K3RsConfig()
+    importance: ImportanceConfig = ImportanceConfig()
+    seq_tis: SeqTisConfig = SeqTisConfig()
+    icepop: IcepopConfig = IcepopConfig()
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
     update: UpdateConfig = UpdateConfig()

@@ -9,6 +9,11 @@ class under the same name in RLConfig, and a mode naming it in rl/config.py RL_M
   ibr.py       Sparse-RL importance reweighting w = min(xi, cap), normalised (weight)
   tis.py       QuRL's truncated importance sampling w = min(rho, C) (weight)
   acr.py       QuRL's adaptive clipping range r_acr = min(1, C / rho) (upper clip scale)
+  rejection.py the rejection family verl and AReaL ship: a divergence statistic of xi, aggregated
+               over the response, outside bounds (accept mask): rejection, geo_rs, seq_mask, k3_rs
+  importance.py  the importance-weight family: xi per token, per sequence or geometric, truncated or
+               IcePop-masked (weight): importance, seq_tis, icepop
+  divergence.py  the statistics (ratio, k1, k2, k3), aggregations and bounds those two read
   registry.py  the registry, and the check of the corrections a run combines
   compose.py   a run's corrections (its RLConfig's) combined: the accept mask, the weight and its
                normalisation, the clip scale, the metrics. It stands above rl/config.py, which
@@ -16,7 +21,7 @@ class under the same name in RLConfig, and a mode naming it in rl/config.py RL_M
 """
 
 # isort: off
-from sparserl_jax.rl.corrections import sars, ibr, tis, acr  # noqa: F401  (the registry's order)
+from sparserl_jax.rl.corrections import sars, ibr, tis, acr, rejection, importance  # noqa: F401  (the registry's order)
 
 # isort: on
 from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles

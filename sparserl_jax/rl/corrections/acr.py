@@ -46,4 +46,14 @@ def acr_metrics(m: Mismatch, cfg: AcrConfig) -> dict[str, Float[Array, ""]]:
     return {"acr/active_frac": masked_mean((m.xi > cfg.c).astype(jnp.float32), m.mask)}
 
 
-CORRECTION = register(Correction(name="acr", settings=AcrConfig, clip_scale=acr_clip_scale, metrics=acr_metrics))
+CORRECTION = register(
+    Correction(
+        name="acr",
+        settings=AcrConfig,
+        clip_scale=acr_clip_scale,
+        metrics=acr_metrics,
+        source="QuRL (adaptive clipping range)",
+        formula="PPO upper clip (1 + eps) / min(1, 2 / xi_t)",
+        frameworks="QuRL",
+    )
+)

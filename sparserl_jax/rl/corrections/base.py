@@ -62,6 +62,10 @@ class Correction:
     normalise: NormaliseFn | None = None
     clip_scale: ClipScaleFn | None = None
     metrics: MetricsFn | None = None
+    # for the table in docs/implementation.md (python -m sparserl_jax.rl.correction_table)
+    source: str = ""  # the paper or code it comes from
+    formula: str = ""  # what it does to a token, at its defaults
+    frameworks: str = ""  # the frameworks that ship it
 
     def __post_init__(self):
         if not dataclasses.is_dataclass(self.settings):

@@ -32,6 +32,7 @@ from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.config import RLConfig
 from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles
+from sparserl_jax.rl.corrections.importance import effective_sample_size
 from sparserl_jax.rl.corrections.registry import CORRECTIONS
 from sparserl_jax.rl.corrections.xi import mismatch
 
@@ -235,16 +236,43 @@ def mismatch_metrics(
     return behaviour_metrics(behaviour(old_logp, sampler_logp, mask, cfg), cfg)
 
 
+def off_policy_diagnostics(m: Mismatch) -> dict[str, Float[Array, ""]]:
+    """verl's off-policy diagnostics of the sampler against pi_old over the response tokens
+    (rollout_corr_helper.compute_offpolicy_metrics), with xi = pi_old / pi_sampler:
+
+      mismatch/kl_k1          mean_t -log xi_t         KL(pi_sampler || pi_old), direct estimator
+      mismatch/kl_k3          mean_t xi_t - 1 - log xi_t   (the same KL, low variance)
+      mismatch/chi2_token     mean_t xi_t^2 - 1         chi-squared divergence, per token
+      mismatch/chi2_seq       mean_i (prod_t xi_t)^2 - 1   per response (its log clamped at +-20)
+      mismatch/log_ppl_diff   mean_i (mean_t log pi_sampler - mean_t log pi_old): the log of
+                              pi_old's perplexity over the sampler's; log_ppl_abs_diff its |.|
+      mismatch/ess_token      1 / mean_t (xi_t / mean xi)^2, the effective sample size of xi as
+                              weights, in (0, 1]
+
+    Means over responses are over every row, as verl's."""
+    raw, xi, mask = m.log_xi, m.xi, m.mask
+    log_xi = jnp.log(xi)
+    seq_log = jnp.clip(jnp.sum(jnp.where(mask, raw, 0.0), axis=-1), -m.clamp, m.clamp)
+    log_ppl_diff_B = -masked_mean(raw, mask, axis=-1)
+    return {
+        "mismatch/kl_k1": masked_mean(-raw, mask),
+        "mismatch/kl_k3": masked_mean(xi - log_xi - 1.0, mask),
+        "mismatch/chi2_token": masked_mean(xi * xi, mask) - 1.0,
+        "mismatch/chi2_seq": jnp.mean(jnp.exp(2.0 * seq_log)) - 1.0,
+        "mismatch/log_ppl_diff": jnp.mean(log_ppl_diff_B),
+        "mismatch/log_ppl_abs_diff": jnp.mean(jnp.abs(log_ppl_diff_B)),
+        "mismatch/ess_token": effective_sample_size(xi, mask),
+    }
+
+
 def behaviour_metrics(b: Behaviour, cfg: RLConfig) -> dict[str, Float[Array, ""]]:
     """`mismatch_metrics` of a batch whose `behaviour` is computed."""
     m, accept, veto_B, w = b.mismatch, b.accept, b.veto, b.weight
     raw, xi, mask = m.log_xi, m.xi, m.mask
-    log_xi = jnp.log(xi)
     has_tokens_B = jnp.any(mask, axis=-1)
     n_seq = jnp.maximum(jnp.sum(has_tokens_B), 1)
     out = {
-        "mismatch/kl_k1": masked_mean(-raw, mask),
-        "mismatch/kl_k3": masked_mean(xi - log_xi - 1.0, mask),
+        **off_policy_diagnostics(m),
         "mismatch/abs_dlogp_mean": masked_mean(jnp.abs(raw), mask),
         "mismatch/abs_dlogp_max": jnp.max(jnp.where(mask, jnp.abs(raw), 0.0)),
         # the accept mask and veto of every correction together, under the keys the results read
@@ -259,6 +287,7 @@ def behaviour_metrics(b: Behaviour, cfg: RLConfig) -> dict[str, Float[Array, ""]
         # fraction of accepted tokens whose weight is not xi itself (truncated, clipped, masked)
         out["weights/trunc_frac"] = masked_mean((w != xi).astype(jnp.float32), accept)
         out["weights/raw_mean"] = masked_mean(w, accept)
+        out["weights/ess"] = effective_sample_size(jnp.where(accept, w, 0.0), accept)
     for c, s in active(cfg):
         if c.metrics is not None:
             out.update(c.metrics(m, s))

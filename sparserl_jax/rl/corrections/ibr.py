@@ -102,5 +102,14 @@ def ibr_normalise(cfg: IbrConfig) -> tuple[str, str]:
 
 
 CORRECTION = register(
-    Correction(name="ibr", settings=IbrConfig, accept=ibr_accept, weight=ibr_weight, normalise=ibr_normalise)
+    Correction(
+        name="ibr",
+        settings=IbrConfig,
+        accept=ibr_accept,
+        weight=ibr_weight,
+        normalise=ibr_normalise,
+        source="Sparse-RL (Luo et al. 2026), the authors' slime mis.py",
+        formula="w_t = min(xi_t, 1.5) / its mean over the micro-batch's response tokens",
+        frameworks="Sparse-RL's slime fork",
+    )
 )

@@ -78,4 +78,13 @@ def sars_accept(m: Mismatch, cfg: SarsConfig) -> tuple[Bool[Array, "B T"], Bool[
     return sars(m.log_xi, m.mask, cfg, m.clamp)
 
 
-CORRECTION = register(Correction(name="sars", settings=SarsConfig, accept=sars_accept))
+CORRECTION = register(
+    Correction(
+        name="sars",
+        settings=SarsConfig,
+        accept=sars_accept,
+        source="Sparse-RL (Luo et al. 2026), the authors' slime mis.py",
+        formula="keep iff 0.5 <= xi_t <= 1.5; drop the response iff min_t xi_t < 1e-4",
+        frameworks="Sparse-RL's slime fork",
+    )
+)

@@ -32,4 +32,13 @@ def tis_weight(m: Mismatch, cfg: TisConfig) -> Float[Array, "B T"]:
     return jnp.minimum(m.xi, cfg.cap)
 
 
-CORRECTION = register(Correction(name="tis", settings=TisConfig, weight=tis_weight))
+CORRECTION = register(
+    Correction(
+        name="tis",
+        settings=TisConfig,
+        weight=tis_weight,
+        source="QuRL's FlashRL baseline (truncated IS)",
+        formula="w_t = min(xi_t, 2)",
+        frameworks="verl, AReaL, TRL (token_truncate), slime (--use-tis), Tunix",
+    )
+)
