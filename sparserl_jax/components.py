@@ -153,7 +153,10 @@ def sampler_config(
     kv_cfg: kv.KVConfig | None = None,
     sampling: SamplingConfig | None = None,
     max_new_tokens: int | None = None,
+    replay_filters: bool = False,
 ) -> SamplerConfig:
+    """The sampler of cfg's rollouts (`replay_filters`: training rollouts sampled with top-p /
+    top-k record each token's kept set for the learner, rollout/sampling.py sample_kept)."""
     r = cfg.rollout
     return SamplerConfig(
         max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -162,6 +165,7 @@ def sampler_config(
         eos_token_ids=() if r.ignore_eos else tuple(tokenizer.eos_token_ids),
         pad_token_id=tokenizer.pad_token_id,
         attn_impl=r.attn_impl,
+        replay_filters=replay_filters,
     )
 
 

@@ -59,13 +59,14 @@ class Trainer:
             self.tokenizer,
             parts.reward,
             max_len=cfg.data.max_prompt_len + r.max_new_tokens,
+            kept_k=r.top_k if r.filters else 0,
             log=self.log,
         )
         self.params = self.learner.place(parts.params)
         parts.params = None  # self.params may be the same buffers, which the update donates
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.opt_state = self.learner.init_opt_state(self.params)
-        self.sampler_cfg = components.sampler_config(cfg, self.tokenizer)
+        self.sampler_cfg = components.sampler_config(cfg, self.tokenizer, replay_filters=r.filters)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         check_prompt_lengths(
             self.prompts,

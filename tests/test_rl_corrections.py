@@ -402,15 +402,19 @@ def test_training_sampling_must_match_the_scorer():
     C.check_training_sampling(u, 0.9, 1.0, 0)
     with pytest.raises(ValueError, match=r"rollout\.temperature=1.0 differs.*rl\.update\.temperature=0\.9"):
         C.check_training_sampling(u, 1.0, 1.0, 0)
-    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.95.*bias xi"):
+    # top-k, and top-p within a top-k, train (the kept set is replayed); top-p alone has no bound
+    C.check_training_sampling(u, 0.9, 1.0, 20)
+    C.check_training_sampling(u, 0.9, 0.9, 20)
+    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.95 with rollout\.top_k=0: .* set rollout\.top_k"):
         C.check_training_sampling(u, 0.9, 0.95, 0)
-    with pytest.raises(ValueError, match=r"rollout\.top_k=20"):
-        C.check_training_sampling(u, 0.9, 1.0, 20)
-    # the run config refuses them too
+    # the run config refuses it too, and filters with the sorted scheduler
     from sparserl_jax.config import load_config
 
-    with pytest.raises(ValueError, match=r"rollout\.top_p"):
+    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.9 with rollout\.top_k=0"):
         load_config([], ["rollout.top_p=0.9"])
+    with pytest.raises(ValueError, match=r"not supported by rollout\.scheduler='sorted'"):
+        load_config([], ["rollout.top_k=20", "rollout.scheduler=sorted"])
+    assert load_config([], ["rollout.top_p=0.9", "rollout.top_k=20"]).rollout.filters
     with pytest.raises(ValueError, match=r"rollout\.temperature=0\.7 differs"):
         load_config([], ["rollout.temperature=0.7"])
     assert load_config([], ["rollout.temperature=0.7", "rl.update.temperature=0.7"])

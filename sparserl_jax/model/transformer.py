@@ -189,33 +189,47 @@ def chunked_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
+    kept_ids: Int[Array, "B T K"] | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
     holding [B, T, V] logits: tokens are processed `chunk_tokens` at a time, and each chunk's
-    logits are recomputed in the backward pass (jax.checkpoint) rather than stored."""
+    logits are recomputed in the backward pass (jax.checkpoint) rather than stored.
+
+    `kept_ids` (the sampler's kept set per position, -1 padded; rollout/sampling.py sample_kept):
+    where a position has one, its log-prob is renormalised over that set, log p(target) -
+    logsumexp over the set (the sampling-mask replay); elsewhere over the whole vocabulary. The
+    entropy is always the whole distribution's."""
     B, T, D = h.shape
     n = B * T
     n_chunks = -(-n // chunk_tokens)
     pad = n_chunks * chunk_tokens - n
     h_NxD = jnp.pad(h.reshape(n, D), ((0, pad), (0, 0)))
     t_N = jnp.pad(targets.reshape(n), (0, pad))
+    xs = [h_NxD.reshape(n_chunks, chunk_tokens, D), t_N.reshape(n_chunks, chunk_tokens)]
+    if kept_ids is not None:
+        K = kept_ids.shape[-1]
+        k_NxK = jnp.pad(kept_ids.reshape(n, K), ((0, pad), (0, 0)), constant_values=-1)
+        xs.append(k_NxK.reshape(n_chunks, chunk_tokens, K))
 
     @jax.checkpoint
-    def one_chunk(h_cxD, t_c):
+    def one_chunk(h_cxD, t_c, k_cxK=None):
         logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
         logits_cxV = logits_cxV / temperature
         lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
         picked_c = jnp.take_along_axis(logits_cxV, t_c[:, None], axis=-1)[:, 0]
         p_cxV = jnp.exp(logits_cxV - lse_c[:, None])
         entropy_c = lse_c - jnp.sum(p_cxV * logits_cxV, axis=-1)
-        return picked_c - lse_c, entropy_c
+        norm_c = lse_c
+        if k_cxK is not None:
+            kept_cxK = jnp.take_along_axis(logits_cxV, jnp.maximum(k_cxK, 0), axis=-1)
+            lse_kept_c = jax.nn.logsumexp(jnp.where(k_cxK >= 0, kept_cxK, -jnp.inf), axis=-1)
+            norm_c = jnp.where(k_cxK[:, 0] >= 0, lse_kept_c, lse_c)
+        return picked_c - norm_c, entropy_c
 
     def body(_, xs):
         return None, one_chunk(*xs)
 
-    _, (lp, ent) = jax.lax.scan(
-        body, None, (h_NxD.reshape(n_chunks, chunk_tokens, D), t_N.reshape(n_chunks, chunk_tokens))
-    )
+    _, (lp, ent) = jax.lax.scan(body, None, tuple(xs))
     return lp.reshape(-1)[:n].reshape(B, T), ent.reshape(-1)[:n].reshape(B, T)
 
 
@@ -227,13 +241,18 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     remat: bool = False,
+    kept_ids: Int[Array, "B T K"] | None = None,
 ) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
     """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
-    position scores token 0 and should be masked) and the entropy of each next-token distribution."""
+    position scores token 0 and should be masked) and the entropy of each next-token distribution;
+    with `kept_ids` renormalised over the sampler's kept set where a position has one
+    (chunked_logprobs)."""
     params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat)
     targets = jnp.roll(tokens, -1, axis=1)
-    return chunked_logprobs(h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens)
+    return chunked_logprobs(
+        h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens, kept_ids=kept_ids
+    )
 
 
 # ----------------------------------------------------------------------------- cached decoding

@@ -8,6 +8,9 @@ A batch is a dict of arrays, one row per response (B rows; GRPO groups in consec
   sampler_logp  float32 [B, T]  log pi_sparse(tokens[t + 1] | tokens[:t + 1]) recorded by the sampler
   old_logp      float32 [B, T]  log pi_old of the same token (teacher-forced, theta_old)
   ref_logp      float32 [B, T]  log pi_ref of the same token (teacher-forced, initial weights)
+  kept_ids      int32 [B, T, K] optional: the sampler's kept set for that token (top-k / top-p,
+                                -1 padded and outside the response); every log-prob above is then
+                                renormalised over it (rollout/sampling.py sample_kept)
 
 Every [B, T] array follows model.transformer.token_logprobs: position t scores tokens[t + 1].
 For a prompt of length P and a response of length M the mask is True at t = P - 1 .. P + M - 2
@@ -39,10 +42,11 @@ def assemble(
     response_mask: Bool[Array, "B M"],
     *,
     pad_token_id: int = 0,
+    response_kept_ids: Int[Array, "B M K"] | None = None,
 ) -> dict[str, Array]:
     """Pack right-padded prompts and the sampler's responses (a prefix of valid tokens per row, as
     rollout.sampler.Rollout holds them) into `tokens`, `response_mask` and `sampler_logp` of
-    width T = P + M, aligned as above."""
+    width T = P + M, aligned as above (and `kept_ids` from the responses' kept sets)."""
     B, P = prompts.shape
     M = response_tokens.shape[1]
     T = P + M
@@ -59,11 +63,15 @@ def assemble(
     jn_BxT = j_BxT + 1  # response index of the token that position t scores
     scores_resp = (jn_BxT >= 0) & (jn_BxT < n_resp_Bx1)
     logp_at = jnp.take_along_axis(response_logp, jnp.clip(jn_BxT, 0, M - 1), axis=1)
-    return {
+    out = {
         "tokens": tokens.astype(jnp.int32),
         "response_mask": scores_resp,
         "sampler_logp": jnp.where(scores_resp, logp_at, 0.0).astype(jnp.float32),
     }
+    if response_kept_ids is not None:
+        kept_at = jnp.take_along_axis(response_kept_ids, jnp.clip(jn_BxT, 0, M - 1)[:, :, None], axis=1)
+        out["kept_ids"] = jnp.where(scores_resp[:, :, None], kept_at, -1).astype(jnp.int32)
+    return out
 
 
 def check_batch(batch: dict) -> tuple[int, int]:
@@ -75,6 +83,8 @@ def check_batch(batch: dict) -> tuple[int, int]:
     for k in TOKEN_KEYS:
         if batch[k].shape != (B, T):
             raise ValueError(f"batch[{k!r}] has shape {batch[k].shape}, expected {(B, T)}")
+    if "kept_ids" in batch and batch["kept_ids"].shape[:2] != (B, T):
+        raise ValueError(f"batch['kept_ids'] has shape {batch['kept_ids'].shape}, expected {(B, T)} + (K,)")
     if batch["advantages"].shape != (B,):
         raise ValueError(f"batch['advantages'] has shape {batch['advantages'].shape}, expected {(B,)}")
     return B, T

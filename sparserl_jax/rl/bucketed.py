@@ -49,6 +49,7 @@ from sparserl_jax.rl.corrections.compose import (
 from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss, reduce_steps
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
+KEPT = "kept_ids"  # [B, T, K] the sampler's kept sets, in a batch sampled with top-p / top-k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +83,17 @@ class BucketedUpdate:
         max_len: int | None = None,
         mesh=None,
         donate: bool = True,
+        kept_k: int = 0,
     ):
         """`max_len`: the widest batch a run can produce (data.max_prompt_len +
         rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
-        the run's, not each batch's (a batch whose prompts pad to another width compiles nothing)."""
+        the run's, not each batch's (a batch whose prompts pad to another width compiles nothing).
+        `kept_k`: the size of the kept sets the run's batches carry (rollout.top_k when it trains
+        with filters; 0 without): what warm_up compiles for."""
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1 (data.max_prompt_len + rollout.max_new_tokens)")
         self.model_cfg, self.cfg, self.optimizer, self.max_len = model_cfg, cfg, optimizer, max_len
+        self.kept_k = kept_k
         self.mesh = mesh if mesh is not None and mesh.size > 1 else None
         u = cfg.update
         self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens))
@@ -184,17 +189,24 @@ class BucketedUpdate:
         self._warmed.add((B, T))
         u, with_ref = self.cfg.update, self.cfg.loss.beta > 0
         m, s = u.micro_batch_size, min(u.score_batch_size, B)
-        zeros = lambda rows, w: {
-            "tokens": np.zeros((rows, w), np.int32),  # noqa: E731
-            "response_mask": np.zeros((rows, w), bool),
-            "sampler_logp": np.zeros((rows, w), np.float32),
-        }
+
+        def zeros(rows, w):
+            out = {
+                "tokens": np.zeros((rows, w), np.int32),
+                "response_mask": np.zeros((rows, w), bool),
+                "sampler_logp": np.zeros((rows, w), np.float32),
+            }
+            if self.kept_k:
+                out[KEPT] = np.full((rows, w, self.kept_k), -1, np.int32)
+            return out
+
         acc = self._zeros(params)
         paths = self.paths(B)
         master, params = params, self._compute_like(params)
         for w in self.widths(T):
             if not all(p.fused for p in paths):
-                self._score.lower(params, self._place(np.zeros((s, w), np.int32))).compile()
+                kept = self._place(zeros(s, w)[KEPT]) if self.kept_k else None
+                self._score.lower(params, self._place(np.zeros((s, w), np.int32)), kept).compile()
             for path in {(p.fused, p.ref_inside) for p in paths}:
                 fused, ref_inside = path
                 host = zeros(m, w)
@@ -247,9 +259,10 @@ class BucketedUpdate:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray) -> np.ndarray:
+    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray, kept_BxTxK=None) -> np.ndarray:
         """Teacher-forced log-probs [B, T] (position t scores tokens[t + 1]) in length-sorted
-        chunks of update.score_batch_size rows at their bucketed widths; 0 beyond a chunk's width."""
+        chunks of update.score_batch_size rows at their bucketed widths; 0 beyond a chunk's width.
+        With the sampler's kept sets, renormalised over them."""
         B, T = tokens_BxT.shape
         u = self.cfg.update
         s = min(u.score_batch_size, B)
@@ -257,7 +270,8 @@ class BucketedUpdate:
         pending = []
         for mb in buckets.plan(lengths_B, np.arange(B), s, self.widths(T), group=u.group_by_length):
             rows = np.concatenate([mb.rows, np.repeat(mb.rows[-1:], s - len(mb.rows))])  # fixed shape
-            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, : mb.width]))))
+            kept = None if kept_BxTxK is None else self._place(kept_BxTxK[rows, : mb.width])
+            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, : mb.width]), kept)))
         for mb, logp in pending:
             out[mb.rows, : mb.width] = distributed.to_host(logp)[: len(mb.rows)]
         return out
@@ -297,15 +311,27 @@ class BucketedUpdate:
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
         path = self.choose(lengths, widths)
-        pad = lambda x: np.pad(x, ((0, 0), (0, T - T_batch))) if x.ndim == 2 else x  # noqa: E731
-        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages")}
+        if (KEPT in batch) != bool(self.kept_k):
+            raise ValueError(
+                f"the batch {'carries' if KEPT in batch else 'lacks'} the sampler's kept sets "
+                f"(batch['kept_ids']) and this update was built for kept_k={self.kept_k}"
+            )
+
+        def pad(x):  # [B, T_batch, ...] -> [B, T, ...]; kept sets padded with -1 (none)
+            if x.ndim == 1:
+                return x
+            widths = ((0, 0), (0, T - T_batch)) + ((0, 0),) * (x.ndim - 2)
+            return np.pad(x, widths, constant_values=-1 if x.ndim == 3 else 0)
+
+        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT) if k in batch}
         norms_B, metrics, score_s = None, {}, 0.0
         if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
+            kept = host.get(KEPT)
             if not path.fused:
-                host["old_logp"] = self.score(policy, host["tokens"], lengths)
+                host["old_logp"] = self.score(policy, host["tokens"], lengths, kept)
             if with_ref and not path.ref_inside:
-                host["ref_logp"] = self.score(ref_params, host["tokens"], lengths)
+                host["ref_logp"] = self.score(ref_params, host["tokens"], lengths, kept)
             score_s = time.perf_counter() - t0
         if not path.fused:
             full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
@@ -362,8 +388,10 @@ class BucketedUpdate:
         return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], score_s, positions)
 
 
-def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens):
-    logp, _ = transformer.token_logprobs(params, model_cfg, tokens, temperature=temperature, chunk_tokens=chunk_tokens)
+def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None):
+    logp, _ = transformer.token_logprobs(
+        params, model_cfg, tokens, temperature=temperature, chunk_tokens=chunk_tokens, kept_ids=kept_ids
+    )
     return logp
 
 
@@ -372,7 +400,7 @@ def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_no
     token metrics, the learner's log-probs). With `ref_params`, log pi_ref is teacher-forced here."""
     u = cfg.update
     if ref_params is not None:
-        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"])
+        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"], mb.get(KEPT))
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
     (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
         params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm, old_from_forward=fused

@@ -212,11 +212,12 @@ def check_training_sampling(update: UpdateConfig, temperature: float, top_p: flo
     """Refuse rollout sampling settings that would bias xi = pi_old / pi_sampler.
 
     The sampler records log-probs of its processed distribution (temperature, then top-k/top-p);
-    pi_old, pi_ref and the learner are scored at `update.temperature` without filters. So the
-    temperatures must be equal (the authors use one, --rollout-temperature, for both: slime
-    megatron_utils/loss.py get_responses), and top-k/top-p would make xi > 1 on every kept token
-    (the filtered sampler renormalises over fewer tokens), which SARS/IBR would then read as
-    sparsity mismatch."""
+    pi_old, pi_ref and the learner are scored at `update.temperature`. So the temperatures must be
+    equal (the authors use one, --rollout-temperature, for both: slime megatron_utils/loss.py
+    get_responses). With top-k / top-p the sampler records each token's kept set and every
+    log-prob is renormalised over it (sampling-mask replay, rollout/sampling.py sample_kept); the
+    set is at most rollout.top_k tokens, so top-p needs a top_k bounding it (a nucleus of the whole
+    vocabulary cannot be replayed at 4 bytes a token per kept id)."""
     if temperature != update.temperature:
         raise ValueError(
             f"rollout.temperature={temperature} differs from rl.update.temperature="
@@ -225,12 +226,11 @@ def check_training_sampling(update: UpdateConfig, temperature: float, top_p: flo
         )
     if temperature == 0:
         raise ValueError("rollout.temperature=0 (greedy) cannot train: set a temperature > 0")
-    if top_p != 1.0 or top_k != 0:
+    if top_p != 1.0 and top_k == 0:
         raise ValueError(
-            f"rollout.top_p={top_p}, rollout.top_k={top_k}: training needs top_p=1.0 and top_k=0 "
-            "(filters off). The learner and the scorer do not apply the filters, so the sampler's "
-            "renormalised log-probs would bias xi = pi_old / pi_sampler (and r); use top-p/top-k "
-            "for evaluation only"
+            f"rollout.top_p={top_p} with rollout.top_k=0: training replays each token's kept set "
+            "(the learner renormalises over it), which needs a bound on its size; set rollout.top_k "
+            "(e.g. 64: the nucleus is taken within the 64 most probable tokens, 256 bytes a token)"
         )
 
 

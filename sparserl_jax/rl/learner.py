@@ -50,13 +50,18 @@ class Learner:
         reward: Callable[[str, str], float],
         *,
         max_len: int | None = None,
+        kept_k: int = 0,
         log: Callable = print,
     ):
-        """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run."""
+        """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run.
+        `kept_k`: rollout.top_k when the run samples with top-p / top-k (its rollouts carry each
+        token's kept set, which every log-prob is renormalised over), else 0."""
         self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
         self.tokenizer, self.reward, self.log = tokenizer, reward, log
         self.optimizer = make_optimizer(rl.optim)
-        self.update = BucketedUpdate(model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh, donate=rl.update.donate)
+        self.update = BucketedUpdate(
+            model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh, donate=rl.update.donate, kept_k=kept_k
+        )
 
     def place(self, params):
         """Params split over the mesh by the partition rules (committed to the one device
@@ -96,6 +101,7 @@ class Learner:
             out.logprobs,
             out.mask,
             pad_token_id=self.tokenizer.pad_token_id,
+            response_kept_ids=out.kept_ids,
         )
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
         batch = {k: np.asarray(v) for k, v in batch.items()}

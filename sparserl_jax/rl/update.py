@@ -65,6 +65,7 @@ def micro_batch_loss(
         temperature=u.temperature,
         chunk_tokens=u.chunk_tokens,
         remat=u.remat,
+        kept_ids=mb.get("kept_ids"),
     )
     fixed_logp = jax.lax.stop_gradient(logp)
     old = fixed_logp if old_from_forward else mb["old_logp"]
@@ -179,7 +180,7 @@ def make_update_fn(
                 f"rollout batch of {B} responses must be a multiple of update.minibatch_size={u.minibatch_size}"
             )
         n_mini, n_micro = B // u.minibatch_size, u.minibatch_size // u.micro_batch_size
-        batch = {k: batch[k] for k in BATCH_KEYS}
+        batch = {k: batch[k] for k in (*BATCH_KEYS, "kept_ids") if k in batch}
         mask = batch["response_mask"].astype(bool)
         old, sampler = batch["old_logp"], batch["sampler_logp"]
 
@@ -217,23 +218,34 @@ def make_update_fn(
 def make_score_fn(
     model_cfg: ModelConfig, cfg: UpdateConfig
 ) -> Callable[[Params, Int[Array, "B T"]], Float[Array, "B T"]]:
-    """Jitted `score(params, tokens) -> logp [B, T]`: teacher-forced log-probs (position t scores
-    tokens[t + 1]) at cfg.temperature, `cfg.score_batch_size` rows at a time. Run it with
-    theta_old for `old_logp` and with the reference weights for `ref_logp`."""
+    """Jitted `score(params, tokens, kept_ids=None) -> logp [B, T]`: teacher-forced log-probs
+    (position t scores tokens[t + 1]) at cfg.temperature, `cfg.score_batch_size` rows at a time,
+    renormalised over the sampler's kept sets when given ([B, T, K]). Run it with theta_old for
+    `old_logp` and with the reference weights for `ref_logp`."""
 
-    def score(params, tokens):
+    def score(params, tokens, kept_ids=None):
         B, T = tokens.shape
         rows = min(cfg.score_batch_size, B)
         n = -(-B // rows)
-        tokens_p = jnp.pad(tokens, ((0, n * rows - B), (0, 0)))
+        xs = [jnp.pad(tokens, ((0, n * rows - B), (0, 0))).reshape(n, rows, T)]
+        if kept_ids is not None:
+            K = kept_ids.shape[-1]
+            kept_p = jnp.pad(kept_ids, ((0, n * rows - B), (0, 0), (0, 0)), constant_values=-1)
+            xs.append(kept_p.reshape(n, rows, T, K))
 
-        def one(t):
+        def one(xs):
+            t, *k = xs
             logp, _ = transformer.token_logprobs(
-                params, model_cfg, t, temperature=cfg.temperature, chunk_tokens=cfg.chunk_tokens
+                params,
+                model_cfg,
+                t,
+                temperature=cfg.temperature,
+                chunk_tokens=cfg.chunk_tokens,
+                kept_ids=k[0] if k else None,
             )
             return logp
 
-        logp = jax.lax.map(one, tokens_p.reshape(n, rows, T))
+        logp = jax.lax.map(one, tuple(xs))
         return logp.reshape(n * rows, T)[:B]
 
     return jax.jit(score)

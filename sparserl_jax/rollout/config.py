@@ -64,6 +64,11 @@ class RolloutConfig:
         return self.prompts * self.samples
 
     @property
+    def filters(self) -> bool:
+        """Sampling with top-p or top-k: training rollouts then record each token's kept set."""
+        return self.top_p < 1.0 or self.top_k > 0
+
+    @property
     def call_rows(self) -> int:
         """Rows per sampler call (rows_per_call, or every row when it is 0)."""
         return self.rows_per_call or self.rows

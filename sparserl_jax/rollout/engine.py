@@ -169,6 +169,11 @@ def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) 
             "sampler.record_kept (rl masked recompute) is not supported by "
             "rollout.scheduler='sorted'; use rollout.scheduler='batch'"
         )
+    if cfg.replay_filters:
+        raise ValueError(
+            "training with rollout.top_p / rollout.top_k (the sampler records each token's kept set) is "
+            "not supported by rollout.scheduler='sorted' yet; use rollout.scheduler='batch' or no filters"
+        )
     check_at_least("sorted.slots", slots, 1)
     check_at_least("prompt_len (data.max_prompt_len)", prompt_len, 1)
     check_at_least("sorted.segment_chunks", segment_chunks, 1)

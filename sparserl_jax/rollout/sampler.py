@@ -38,7 +38,7 @@ from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
-from sparserl_jax.rollout.sampling import SamplingConfig, sample
+from sparserl_jax.rollout.sampling import SamplingConfig, sample, sample_kept
 from sparserl_jax.validate import check_at_least, check_bool, check_in
 
 PLATFORMS = ("cpu", "gpu", "tpu")  # sampler.attn_platform: what the attention kernel is built for
@@ -59,6 +59,9 @@ class SamplerConfig:
     # (None: no shard_map; with a sharded cache XLA would then gather it before a Pallas call).
     mesh: Mesh | None = None
     record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
+    # Sample from and record each token's kept set (sampling.top_k candidates after top-p) for the
+    # learner to renormalise over: training with top-p / top-k (rollout/sampling.py sample_kept).
+    replay_filters: bool = False
 
     def __post_init__(self):
         check_at_least("sampler.max_new_tokens", self.max_new_tokens, 1)
@@ -77,6 +80,13 @@ class SamplerConfig:
         check_bool("sampler.record_kept", self.record_kept)
         if self.record_kept and self.kv.trigger != "interval":
             raise ValueError("sampler.record_kept needs kv.trigger='interval'")
+        check_bool("sampler.replay_filters", self.replay_filters)
+        if self.replay_filters and (self.sampling.top_k < 1 or self.sampling.temperature == 0):
+            raise ValueError(
+                "sampler.replay_filters records each token's kept set: it needs sampling.top_k >= 1 (the "
+                f"set's size) and a temperature > 0, got top_k={self.sampling.top_k}, "
+                f"temperature={self.sampling.temperature}"
+            )
 
 
 @struct.dataclass
@@ -89,6 +99,8 @@ class Rollout:
     n_compressions: Int[Array, " B"]
     evicted_fraction: Float[Array, " B"]  # 1 - kept / seen at the last generated token
     kept_positions: Int[Array, "R L B K C"] | None = None  # per chunk, when record_kept
+    # each token's kept set (ids, -1 padded; -1 after the end), when replay_filters
+    kept_ids: Int[Array, "B M K"] | None = None
 
 
 def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) -> int:
@@ -169,7 +181,8 @@ def decode_token(
     multiple of kv.buffer,) sample response token t of every live row with its request keys at
     t, and feed it through the model. t is a scalar or a [B] array (each slot its own index);
     `limit_B` optionally ends a row after limit_B tokens (forced lengths). carry = (cache, logits,
-    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B))."""
+    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B)), and the
+    token's kept set [B, top_k] after them with cfg.replay_filters."""
     cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
     kv_cfg = cfg.kv
     at = keys.at(t)
@@ -183,7 +196,10 @@ def decode_token(
             need_B = need_B & (t > 0)
         cache, did_B = maybe_compress(kv_cfg, cache, need_B, at.evict)
         n_comp_B = n_comp_B + did_B
-    token_B, logp_B = sample(logits, at.sample, cfg.sampling)
+    if cfg.replay_filters:
+        token_B, logp_B, ids_BxK = sample_kept(logits, at.sample, cfg.sampling)
+    else:
+        token_B, logp_B = sample(logits, at.sample, cfg.sampling)
     live_B = ~done_B
     token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
     logp_B = jnp.where(live_B, logp_B, 0.0)
@@ -200,7 +216,10 @@ def decode_token(
         attn_platform=cfg.attn_platform,
         mesh=cfg.mesh,
     )
-    return (cache, logits, cache.fill, token_B, done_B, n_comp_B), (token_B, logp_B, live_B, kept_B)
+    ys = (token_B, logp_B, live_B, kept_B)
+    if cfg.replay_filters:
+        ys = (*ys, jnp.where(live_B[:, None], ids_BxK, -1))
+    return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
 
 
 def _ids(ids: tuple[int, ...]):
@@ -267,7 +286,9 @@ def generate(
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
         carry = (cache, logits, kept_B, prev_B, done_B, n_comp_B)
         carry, ys = jax.lax.scan(step, carry, r * U + jnp.arange(U))
-        outs = tuple(jax.lax.dynamic_update_slice_in_dim(o, y.T, r * U, axis=1) for o, y in zip(outs, ys))
+        outs = tuple(
+            jax.lax.dynamic_update_slice_in_dim(o, jnp.moveaxis(y, 0, 1), r * U, axis=1) for o, y in zip(outs, ys)
+        )
         return r + 1, carry, outs, kept_pos
 
     def not_finished(state):
@@ -280,6 +301,8 @@ def generate(
         jnp.zeros((B, n_chunks * U), bool),
         jnp.zeros((B, n_chunks * U), jnp.int32),
     )
+    if cfg.replay_filters:
+        outs = (*outs, jnp.full((B, n_chunks * U, cfg.sampling.top_k), -1, jnp.int32))
     kept_pos = None
     if cfg.record_kept:
         K = model_cfg.n_kv_heads
@@ -288,7 +311,7 @@ def generate(
     zeros_B = jnp.zeros((B,), jnp.int32)
     carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
     _, carry, outs, kept_pos = jax.lax.while_loop(not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos))
-    tokens, logprobs, mask, kept = (o[:, :M] for o in outs)
+    tokens, logprobs, mask, kept, *kept_ids = (o[:, :M] for o in outs)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     return Rollout(
         tokens=tokens,
@@ -299,6 +322,7 @@ def generate(
         n_compressions=carry[5],
         evicted_fraction=evicted_fraction(kept, lengths, prompt_lengths),
         kept_positions=kept_pos,
+        kept_ids=kept_ids[0] if kept_ids else None,
     )
 
 

@@ -2,6 +2,9 @@
 
 The recorded log-prob is that of the processed distribution (after temperature and filtering),
 so a learner that recomputes with the same temperature and filters sees the same numbers.
+`sample_kept` also returns the kept set (the top_k candidates that survive top-p) as token ids:
+a learner renormalises its log-probs over them (model.transformer.chunked_logprobs kept_ids), the
+sampling-mask replay that lets a run train with top-p / top-k (docs/implementation.md).
 """
 
 from __future__ import annotations
@@ -68,3 +71,33 @@ def sample(
         token_B = jax.random.categorical(key, logp_BxV, axis=-1)
     token_B = token_B.astype(jnp.int32)
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
+
+
+def kept_set(logp_BxV: Float[Array, "B V"], k: int) -> tuple[Float[Array, "B K"], Int[Array, "B K"]]:
+    """The k most probable tokens of a processed distribution: (their log-probs, their ids), the
+    ids -1 where the filters removed the token (log-prob -inf)."""
+    vals_BxK, ids_BxK = jax.lax.top_k(logp_BxV, k)
+    return vals_BxK, jnp.where(vals_BxK > -jnp.inf, ids_BxK, -1).astype(jnp.int32)
+
+
+def sample_kept(
+    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
+) -> tuple[Int[Array, " B"], Float[Array, " B"], Int[Array, "B K"]]:
+    """Draw one token per row from the kept set (top_k candidates after top-p) and return it, its
+    log-prob under the distribution renormalised over that set, and the set's ids ([B, top_k],
+    -1 padded): exactly what the learner replays. Ties at the k-th logit, which `sample` keeps
+    all of, are cut to k here, so the recorded set is the set sampled from. Needs top_k > 0
+    (the set's size) and temperature > 0."""
+    if cfg.top_k < 1 or cfg.temperature == 0:
+        raise ValueError(
+            f"sample_kept needs sampling.top_k >= 1 (the kept set's size) and a temperature > 0, got "
+            f"top_k={cfg.top_k}, temperature={cfg.temperature}"
+        )
+    vals_BxK, ids_BxK = kept_set(processed_logprobs(logits, cfg), cfg.top_k)
+    logp_BxK = vals_BxK - jax.nn.logsumexp(vals_BxK, axis=-1, keepdims=True)
+    if key.ndim == 1:
+        j_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxK)
+    else:
+        j_B = jax.random.categorical(key, logp_BxK, axis=-1)
+    token_B = jnp.take_along_axis(ids_BxK, j_B[:, None], axis=-1)[:, 0]
+    return token_B, jnp.take_along_axis(logp_BxK, j_B[:, None], axis=-1)[:, 0], ids_BxK
