@@ -154,9 +154,11 @@ def sampler_config(
     sampling: SamplingConfig | None = None,
     max_new_tokens: int | None = None,
     replay_filters: bool = False,
+    agreement_k: int = 0,
 ) -> SamplerConfig:
     """The sampler of cfg's rollouts (`replay_filters`: training rollouts sampled with top-p /
-    top-k record each token's kept set for the learner, rollout/sampling.py sample_kept)."""
+    top-k record each token's kept set for the learner, rollout/sampling.py sample_kept;
+    `agreement_k`: they record each token's top candidates, for the sparse-dense agreement)."""
     r = cfg.rollout
     return SamplerConfig(
         max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -166,6 +168,7 @@ def sampler_config(
         pad_token_id=tokenizer.pad_token_id,
         attn_impl=r.attn_impl,
         replay_filters=replay_filters,
+        agreement_k=agreement_k,
     )
 
 

@@ -157,3 +157,36 @@ def test_every_iteration_logs_the_diagnostics(tmp_path):
         assert h["time/diagnostics_s"] >= 0
         hist = sum(h[f"diag/reject_pos_{i}"] for i in range(D.N_BINS))
         assert hist == pytest.approx(1.0 if h["sars/token_reject_rate"] > 0 else 0.0)
+
+
+def test_agreement_is_one_minus_total_variation_over_the_candidates():
+    """Sparrow's per-token acceptance rate sum_v min(p_s, p_d): over the whole vocabulary it is
+    1 - TV (its bounds meet); over fewer candidates the bounds hold the exact value between them;
+    a dense sampler (p_s = p_d) has upper bound 1."""
+    from sparserl_jax.rl.diagnostics import agreement, agreement_metrics
+
+    rng = np.random.default_rng(0)
+    V, A = 50, 8
+    ls = rng.standard_normal((3, 4, V)) * 2
+    ld = ls + 0.5 * rng.standard_normal((3, 4, V))
+    ps = np.exp(ls) / np.exp(ls).sum(-1, keepdims=True)
+    pd = np.exp(ld) / np.exp(ld).sum(-1, keepdims=True)
+    exact = 1.0 - 0.5 * np.abs(ps - pd).sum(-1)
+    every = np.broadcast_to(np.arange(V), (3, 4, V))
+    lo, hi = agreement(every, np.log(ps), np.log(pd))
+    np.testing.assert_allclose(lo, exact, rtol=1e-12)
+    np.testing.assert_allclose(hi, exact, rtol=1e-12)
+    top = np.argsort(-ps, axis=-1)[..., :A]
+    lo, hi = agreement(top, np.log(np.take_along_axis(ps, top, -1)), np.log(np.take_along_axis(pd, top, -1)))
+    assert np.all(lo <= exact + 1e-12) and np.all(exact <= hi + 1e-12) and np.all(lo < exact)
+    lo, hi = agreement(top, np.log(np.take_along_axis(ps, top, -1)), np.log(np.take_along_axis(ps, top, -1)))
+    np.testing.assert_allclose(hi, 1.0)
+    top[0, 0, 3:] = -1  # fewer candidates count less
+    assert (
+        agreement(top, np.log(np.take_along_axis(ps, top, -1)), np.log(np.take_along_axis(pd, top, -1)))[0][0, 0]
+        < lo[0, 0]
+    )
+    mask = np.ones((3, 4), bool)
+    m = agreement_metrics(every, np.log(ps), np.log(pd), mask)
+    assert m["agreement/p5"] == pytest.approx(np.quantile(exact, 0.05))
+    assert m["agreement/mean"] == pytest.approx(exact.mean()) == m["agreement/upper_mean"]

@@ -143,9 +143,9 @@ def test_mixed_precision_update_programs_lower_at_real_shapes(platform):
         "advantages": sds((B,), "float32"),
     }
     micro = jax.jit(functools.partial(bucketed._micro_step, m, cfg.rl, fused=True))
-    acc_out, num, _, logp = jax.eval_shape(micro, compute, compute, acc, mb, None)
+    acc_out, num, _, logp, top = jax.eval_shape(micro, compute, compute, acc, mb, None)
     assert {x.dtype for x in jax.tree.leaves(acc_out)} == {jnp.dtype(jnp.float32)}
-    assert num.dtype == logp.dtype == jnp.float32 and logp.shape == (B, T)
+    assert num.dtype == logp.dtype == jnp.float32 and logp.shape == (B, T) and top is None
     text = lower(micro, platform, compute, compute, acc, mb, None)
     assert "bf16" in text and "stablehlo.dot_general" in text
     optimizer = make_optimizer(cfg.rl.optim)

@@ -15,6 +15,7 @@ from jax import monitoring
 from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
 
 from sparserl_jax import rl
+from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl import update as update_lib
@@ -261,3 +262,70 @@ def test_no_compilation_after_the_first_batch():
         else:
             assert len(compiles) == n0, f"batch {i} compiled {compiles[n0:]}"
         assert np.isfinite(out.metrics["loss"])
+
+
+def _with_kept_and_top(packed, n_kept=5, n_top=4):
+    """The batch's response positions with random kept sets (the scored token among them) and
+    top candidates (a sampler's, inside its kept set): the replay and the agreement's inputs."""
+    rng = np.random.default_rng(0)
+    tokens, mask = np.asarray(packed["tokens"]), np.asarray(packed["response_mask"])
+    B_, T_ = tokens.shape
+    kept = np.full((B_, T_, n_kept), -1, np.int32)
+    top = np.full((B_, T_, n_top), -1, np.int32)
+    for b, t in zip(*np.nonzero(mask)):
+        n = rng.integers(2, n_kept + 1)
+        ids = rng.choice(MC.vocab_size, n, replace=False)
+        ids[0] = tokens[b, (t + 1) % T_]
+        kept[b, t, :n] = ids
+        top[b, t, : min(n, n_top)] = ids[:n_top]
+    return kept, top
+
+
+@pytest.mark.parametrize(
+    "path", CASES["sparse_rl, IBR per micro-batch: fused keeping the rows, or scored and regrouped"][1]
+)
+def test_replayed_kept_sets_and_top_candidates_through_both_paths(path, monkeypatch):
+    """With kept sets (top-p / top-k training) and top candidates (the agreement), each exact
+    path equals the padded update fed the same kept sets, and returns pi_old's log-probs of the
+    top candidates as one teacher-forced forward computes them."""
+    cfg = _cfg()
+    params, ref_params, packed, noise, adv = _batch()
+    kept, top = _with_kept_and_top(packed)
+    score = update_lib.make_score_fn(MC, cfg.update)
+    old = score(params, packed["tokens"], jnp.asarray(kept))
+    plain = score(params, packed["tokens"])
+    mask = np.asarray(packed["response_mask"])
+    assert np.all(np.asarray(old)[mask] >= np.asarray(plain)[mask])  # renormalised over fewer tokens
+    sampler = jnp.where(packed["response_mask"], old + noise, 0.0)
+    ref_batch = dict(
+        packed,
+        sampler_logp=sampler,
+        old_logp=old,
+        ref_logp=score(ref_params, packed["tokens"], jnp.asarray(kept)),
+        advantages=adv,
+        kept_ids=jnp.asarray(kept),
+    )
+    want_params, _, want = update_lib.make_update_fn(MC, cfg, SGD_COUNTING)(
+        params, SGD_COUNTING.init(params), ref_batch
+    )
+    host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
+    host.update(kept_ids=kept, top_ids=top)
+    upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False, kept_k=kept.shape[-1], top_k=top.shape[-1])
+    monkeypatch.setattr(upd, "choose", lambda lengths, widths: path)
+    got_params, _, out = upd(params, ref_params, SGD_COUNTING.init(params), host)
+    _assert_same_params(cfg, params, want_params, got_params)
+    np.testing.assert_allclose(out.old_logp[mask], np.asarray(old)[mask], rtol=0, atol=2e-5)
+    for k in ("loss/pg", "mismatch/kl_k3"):
+        np.testing.assert_allclose(out.metrics[k], float(want[k]), rtol=1e-4, atol=1e-6, err_msg=k)
+    # pi_old of the top candidates: a teacher-forced forward with the same kept sets
+    _, _, want_top = jax.jit(
+        lambda p: tf.token_logprobs(
+            p, MC, packed["tokens"], temperature=0.9, chunk_tokens=16, kept_ids=kept, gather_ids=top
+        )
+    )(params)
+    has = (top >= 0) & mask[:, :, None]
+    np.testing.assert_allclose(out.old_top_logp[has], np.asarray(want_top)[has], rtol=0, atol=2e-5)
+    assert np.all(np.isneginf(out.old_top_logp[top < 0]))
+    # a batch without what the update was built for is refused, naming it
+    with pytest.raises(ValueError, match=r"lacks the sampler's top candidates"):
+        upd(params, ref_params, SGD_COUNTING.init(params), {k: v for k, v in host.items() if k != "top_ids"})

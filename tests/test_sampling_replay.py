@@ -127,3 +127,6 @@ def test_dense_top_p_training_runs_end_to_end(tmp_path):
         assert np.isfinite(m["update/loss"]) and m["update/skipped"] == 0
         assert m["mismatch/abs_dlogp_max"] < 1e-3, m["mismatch/abs_dlogp_max"]
         assert m["xi/p5"] > 0.999 and m["xi/p95"] < 1.001
+        # the agreement with pi_old: a dense sampler's upper bound is 1 (its truncation is all
+        # that separates the bounds)
+        assert 0 < m["agreement/p5"] <= m["agreement/mean"] <= 1 and m["agreement/upper_p5"] > 0.999

@@ -190,7 +190,8 @@ def chunked_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     kept_ids: Int[Array, "B T K"] | None = None,
-) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    gather_ids: Int[Array, "B T A"] | None = None,
+) -> tuple[Float[Array, "B T"], ...]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
     holding [B, T, V] logits: tokens are processed `chunk_tokens` at a time, and each chunk's
     logits are recomputed in the backward pass (jax.checkpoint) rather than stored.
@@ -198,7 +199,8 @@ def chunked_logprobs(
     `kept_ids` (the sampler's kept set per position, -1 padded; rollout/sampling.py sample_kept):
     where a position has one, its log-prob is renormalised over that set, log p(target) -
     logsumexp over the set (the sampling-mask replay); elsewhere over the whole vocabulary. The
-    entropy is always the whole distribution's."""
+    entropy is always the whole distribution's. `gather_ids` (-1 padded): the log-probs of those
+    tokens too, normalised as the targets' are, returned third ([B, T, A]; -inf at -1)."""
     B, T, D = h.shape
     n = B * T
     n_chunks = -(-n // chunk_tokens)
@@ -210,9 +212,14 @@ def chunked_logprobs(
         K = kept_ids.shape[-1]
         k_NxK = jnp.pad(kept_ids.reshape(n, K), ((0, pad), (0, 0)), constant_values=-1)
         xs.append(k_NxK.reshape(n_chunks, chunk_tokens, K))
+    if gather_ids is not None:
+        A = gather_ids.shape[-1]
+        g_NxA = jnp.pad(gather_ids.reshape(n, A), ((0, pad), (0, 0)), constant_values=-1)
+        xs.append(g_NxA.reshape(n_chunks, chunk_tokens, A))
+    has_kept = kept_ids is not None
 
     @jax.checkpoint
-    def one_chunk(h_cxD, t_c, k_cxK=None):
+    def one_chunk(h_cxD, t_c, *extra):
         logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
         logits_cxV = logits_cxV / temperature
         lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
@@ -220,17 +227,26 @@ def chunked_logprobs(
         p_cxV = jnp.exp(logits_cxV - lse_c[:, None])
         entropy_c = lse_c - jnp.sum(p_cxV * logits_cxV, axis=-1)
         norm_c = lse_c
-        if k_cxK is not None:
+        if has_kept:
+            k_cxK = extra[0]
             kept_cxK = jnp.take_along_axis(logits_cxV, jnp.maximum(k_cxK, 0), axis=-1)
             lse_kept_c = jax.nn.logsumexp(jnp.where(k_cxK >= 0, kept_cxK, -jnp.inf), axis=-1)
             norm_c = jnp.where(k_cxK[:, 0] >= 0, lse_kept_c, lse_c)
-        return picked_c - norm_c, entropy_c
+        out = (picked_c - norm_c, entropy_c)
+        if gather_ids is not None:
+            g_cxA = extra[-1]
+            at_cxA = jnp.take_along_axis(logits_cxV, jnp.maximum(g_cxA, 0), axis=-1) - norm_c[:, None]
+            out = (*out, jnp.where(g_cxA >= 0, at_cxA, -jnp.inf))
+        return out
 
     def body(_, xs):
         return None, one_chunk(*xs)
 
-    _, (lp, ent) = jax.lax.scan(body, None, tuple(xs))
-    return lp.reshape(-1)[:n].reshape(B, T), ent.reshape(-1)[:n].reshape(B, T)
+    _, outs = jax.lax.scan(body, None, tuple(xs))
+    lp, ent = (o.reshape(-1)[:n].reshape(B, T) for o in outs[:2])
+    if gather_ids is None:
+        return lp, ent
+    return lp, ent, outs[2].reshape(-1, A)[:n].reshape(B, T, A)
 
 
 def token_logprobs(
@@ -242,16 +258,23 @@ def token_logprobs(
     chunk_tokens: int = 1024,
     remat: bool = False,
     kept_ids: Int[Array, "B T K"] | None = None,
-) -> tuple[Float[Array, "B T"], Float[Array, "B T"]]:
+    gather_ids: Int[Array, "B T A"] | None = None,
+) -> tuple[Float[Array, "B T"], ...]:
     """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
     position scores token 0 and should be masked) and the entropy of each next-token distribution;
-    with `kept_ids` renormalised over the sampler's kept set where a position has one
-    (chunked_logprobs)."""
+    with `kept_ids` renormalised over the sampler's kept set where a position has one, and with
+    `gather_ids` the log-probs of those tokens third (chunked_logprobs)."""
     params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat)
     targets = jnp.roll(tokens, -1, axis=1)
     return chunked_logprobs(
-        h, head_weight(params), targets, temperature=temperature, chunk_tokens=chunk_tokens, kept_ids=kept_ids
+        h,
+        head_weight(params),
+        targets,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        kept_ids=kept_ids,
+        gather_ids=gather_ids,
     )
 
 

@@ -11,6 +11,9 @@ A batch is a dict of arrays, one row per response (B rows; GRPO groups in consec
   kept_ids      int32 [B, T, K] optional: the sampler's kept set for that token (top-k / top-p,
                                 -1 padded and outside the response); every log-prob above is then
                                 renormalised over it (rollout/sampling.py sample_kept)
+  top_ids       int32 [B, T, A] optional: the sampler's A most probable tokens at that position
+  top_logp      float32 [B, T, A]  and their log-probs under its distribution (-1 / 0 where none):
+                                the sparse-dense agreement's support (rl/diagnostics.py)
 
 Every [B, T] array follows model.transformer.token_logprobs: position t scores tokens[t + 1].
 For a prompt of length P and a response of length M the mask is True at t = P - 1 .. P + M - 2
@@ -43,10 +46,12 @@ def assemble(
     *,
     pad_token_id: int = 0,
     response_kept_ids: Int[Array, "B M K"] | None = None,
+    response_top: tuple[Int[Array, "B M A"], Float[Array, "B M A"]] | None = None,
 ) -> dict[str, Array]:
     """Pack right-padded prompts and the sampler's responses (a prefix of valid tokens per row, as
     rollout.sampler.Rollout holds them) into `tokens`, `response_mask` and `sampler_logp` of
-    width T = P + M, aligned as above (and `kept_ids` from the responses' kept sets)."""
+    width T = P + M, aligned as above (and `kept_ids` from the responses' kept sets, `top_ids` and
+    `top_logp` from their top candidates)."""
     B, P = prompts.shape
     M = response_tokens.shape[1]
     T = P + M
@@ -68,9 +73,12 @@ def assemble(
         "response_mask": scores_resp,
         "sampler_logp": jnp.where(scores_resp, logp_at, 0.0).astype(jnp.float32),
     }
+    at = lambda x: jnp.take_along_axis(x, jnp.clip(jn_BxT, 0, M - 1)[:, :, None], axis=1)  # noqa: E731
     if response_kept_ids is not None:
-        kept_at = jnp.take_along_axis(response_kept_ids, jnp.clip(jn_BxT, 0, M - 1)[:, :, None], axis=1)
-        out["kept_ids"] = jnp.where(scores_resp[:, :, None], kept_at, -1).astype(jnp.int32)
+        out["kept_ids"] = jnp.where(scores_resp[:, :, None], at(response_kept_ids), -1).astype(jnp.int32)
+    if response_top is not None:
+        out["top_ids"] = jnp.where(scores_resp[:, :, None], at(response_top[0]), -1).astype(jnp.int32)
+        out["top_logp"] = jnp.where(scores_resp[:, :, None], at(response_top[1]), 0.0).astype(jnp.float32)
     return out
 
 

@@ -50,6 +50,7 @@ from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss, 
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
 KEPT = "kept_ids"  # [B, T, K] the sampler's kept sets, in a batch sampled with top-p / top-k
+TOP = "top_ids"  # [B, T, A] the sampler's top candidates: pi_old's log-probs of them (agreement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,8 @@ class LearnerOutput:
 
     metrics: dict
     old_logp: np.ndarray  # [B, T] log pi_old (0 beyond each row's micro-batch width)
+    # [B, T, A] log pi_old of the sampler's top candidates (batch["top_ids"]; -inf where none), or None
+    old_top_logp: np.ndarray | None
     score_s: float  # seconds of the scoring pass before the update (pi_old / pi_ref; 0 if none)
     positions: int  # row positions run through the update's forwards (rows x widths, all epochs)
 
@@ -84,16 +87,18 @@ class BucketedUpdate:
         mesh=None,
         donate: bool = True,
         kept_k: int = 0,
+        top_k: int = 0,
     ):
         """`max_len`: the widest batch a run can produce (data.max_prompt_len +
         rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
         the run's, not each batch's (a batch whose prompts pad to another width compiles nothing).
         `kept_k`: the size of the kept sets the run's batches carry (rollout.top_k when it trains
-        with filters; 0 without): what warm_up compiles for."""
+        with filters; 0 without) and of the top candidates they record (rollout.agreement_k; 0:
+        none): what warm_up compiles for."""
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1 (data.max_prompt_len + rollout.max_new_tokens)")
         self.model_cfg, self.cfg, self.optimizer, self.max_len = model_cfg, cfg, optimizer, max_len
-        self.kept_k = kept_k
+        self.kept_k, self.top_k = kept_k, top_k
         self.mesh = mesh if mesh is not None and mesh.size > 1 else None
         u = cfg.update
         self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens))
@@ -173,8 +178,9 @@ class BucketedUpdate:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return sharding.place(x, jax.tree.map(lambda _: replicated, x))
 
-    def _micro_inputs(self, host: dict, rows: np.ndarray, width: int, norms_B) -> tuple[dict, object]:
-        mb = {k: host[k][rows, :width] for k in host if k != "advantages"}
+    def _micro_inputs(self, host: dict, rows: np.ndarray, width: int, norms_B, *, fused: bool) -> tuple[dict, object]:
+        """A micro-batch's rows at `width`; the top candidates only where pi_old is its forward."""
+        mb = {k: host[k][rows, :width] for k in host if k != "advantages" and (k != TOP or fused)}
         mb["advantages"] = host["advantages"][rows]
         return self._place(mb), None if norms_B is None else self._place(norms_B[rows])
 
@@ -198,15 +204,20 @@ class BucketedUpdate:
             }
             if self.kept_k:
                 out[KEPT] = np.full((rows, w, self.kept_k), -1, np.int32)
+            if self.top_k:
+                out[TOP] = np.full((rows, w, self.top_k), -1, np.int32)
             return out
 
         acc = self._zeros(params)
         paths = self.paths(B)
         master, params = params, self._compute_like(params)
         for w in self.widths(T):
-            if not all(p.fused for p in paths):
-                kept = self._place(zeros(s, w)[KEPT]) if self.kept_k else None
-                self._score.lower(params, self._place(np.zeros((s, w), np.int32)), kept).compile()
+            z = self._place(zeros(s, w))
+            kept, top = z.get(KEPT), z.get(TOP)
+            if not all(p.fused for p in paths):  # pi_old (with its top candidates)
+                self._score.lower(params, z["tokens"], kept, top).compile()
+            if with_ref and not all(p.ref_inside for p in paths) and top is not None:  # pi_ref
+                self._score.lower(ref_params, z["tokens"], kept, None).compile()
             for path in {(p.fused, p.ref_inside) for p in paths}:
                 fused, ref_inside = path
                 host = zeros(m, w)
@@ -215,7 +226,8 @@ class BucketedUpdate:
                 if with_ref and not ref_inside:
                     host["ref_logp"] = np.zeros((m, w), np.float32)
                 host["advantages"] = np.zeros((m,), np.float32)
-                mb, norm = self._micro_inputs(host, np.arange(m), w, None if fused else np.ones(m, np.float32))
+                norms = None if fused else np.ones(m, np.float32)
+                mb, norm = self._micro_inputs(host, np.arange(m), w, norms, fused=fused)
                 self._micro.lower(params, ref_params if ref_inside else None, acc, mb, norm, fused=fused).compile()
         scalar = self._scalar(0.0)  # placed as the micro-batch programs return their scalars
         self._apply.lower(master, opt_state, acc, scalar, scalar).compile()
@@ -259,22 +271,28 @@ class BucketedUpdate:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray, kept_BxTxK=None) -> np.ndarray:
+    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray, kept_BxTxK=None, top_BxTxA=None):
         """Teacher-forced log-probs [B, T] (position t scores tokens[t + 1]) in length-sorted
         chunks of update.score_batch_size rows at their bucketed widths; 0 beyond a chunk's width.
-        With the sampler's kept sets, renormalised over them."""
+        With the sampler's kept sets, renormalised over them; with top candidates' ids, also their
+        log-probs ([B, T, A], -inf where none): then (logp, top_logp)."""
         B, T = tokens_BxT.shape
         u = self.cfg.update
         s = min(u.score_batch_size, B)
         out = np.zeros((B, T), np.float32)
+        top_out = None if top_BxTxA is None else np.full(top_BxTxA.shape, -np.inf, np.float32)
         pending = []
         for mb in buckets.plan(lengths_B, np.arange(B), s, self.widths(T), group=u.group_by_length):
             rows = np.concatenate([mb.rows, np.repeat(mb.rows[-1:], s - len(mb.rows))])  # fixed shape
-            kept = None if kept_BxTxK is None else self._place(kept_BxTxK[rows, : mb.width])
-            pending.append((mb, self._score(params, self._place(tokens_BxT[rows, : mb.width]), kept)))
-        for mb, logp in pending:
-            out[mb.rows, : mb.width] = distributed.to_host(logp)[: len(mb.rows)]
-        return out
+            cut = [None if x is None else self._place(x[rows, : mb.width]) for x in (tokens_BxT, kept_BxTxK, top_BxTxA)]
+            pending.append((mb, self._score(params, *cut)))
+        for mb, res in pending:
+            res = distributed.to_host(res)
+            logp, top = (res, None) if top_out is None else res
+            out[mb.rows, : mb.width] = logp[: len(mb.rows)]
+            if top_out is not None:
+                top_out[mb.rows, : mb.width] = top[: len(mb.rows)]
+        return out if top_out is None else (out, top_out)
 
     # ------------------------------------------------------------------ update
 
@@ -323,13 +341,21 @@ class BucketedUpdate:
             widths = ((0, 0), (0, T - T_batch)) + ((0, 0),) * (x.ndim - 2)
             return np.pad(x, widths, constant_values=-1 if x.ndim == 3 else 0)
 
-        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT) if k in batch}
+        if (TOP in batch) != bool(self.top_k):
+            raise ValueError(
+                f"the batch {'carries' if TOP in batch else 'lacks'} the sampler's top candidates "
+                f"(batch['top_ids']) and this update was built for top_k={self.top_k}"
+            )
+        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT, TOP) if k in batch}
+        old_top = None
         norms_B, metrics, score_s = None, {}, 0.0
         if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
             kept = host.get(KEPT)
             if not path.fused:
-                host["old_logp"] = self.score(policy, host["tokens"], lengths, kept)
+                host["old_logp"] = self.score(policy, host["tokens"], lengths, kept, host.get(TOP))
+                if TOP in host:
+                    host["old_logp"], old_top = host["old_logp"]
             if with_ref and not path.ref_inside:
                 host["ref_logp"] = self.score(ref_params, host["tokens"], lengths, kept)
             score_s = time.perf_counter() - t0
@@ -345,15 +371,15 @@ class BucketedUpdate:
             for start in range(0, B, u.minibatch_size):
                 acc, nums, parts = self._zeros(params), [], []
                 for mb in self._plan(path, lengths, widths, start):
-                    inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B)
-                    acc, num, m, logp = self._micro(
+                    inputs, norm = self._micro_inputs(host, mb.rows, mb.width, norms_B, fused=path.fused)
+                    acc, num, m, logp, top = self._micro(
                         policy, ref_params if path.ref_inside else None, acc, inputs, norm, fused=path.fused
                     )
                     nums.append(num)
                     parts.append(m)
                     positions += len(mb.rows) * mb.width
                     if path.fused:
-                        old_parts.append((mb, logp))
+                        old_parts.append((mb, logp, top))
                 tokens = self._micro_sum([p["tokens"] for p in parts])
                 denom = tokens if cfg.loss.aggregation == "token_mean" else self._scalar(u.minibatch_size)
                 loss = self._micro_sum(nums)
@@ -374,8 +400,12 @@ class BucketedUpdate:
         metrics["old_from_update"] = float(path.fused)
         if path.fused:
             old = np.zeros((B, T), np.float32)
-            for mb, logp in old_parts:
+            if TOP in host:
+                old_top = np.full(host[TOP].shape, -np.inf, np.float32)
+            for mb, logp, top in old_parts:
                 old[mb.rows, : mb.width] = np.asarray(distributed.to_host(logp))
+                if top is not None:
+                    old_top[mb.rows, : mb.width] = np.asarray(distributed.to_host(top))
         else:
             old = host["old_logp"]
         full = self._place({"old": old, "sampler": host["sampler_logp"], "mask": host["response_mask"]})
@@ -385,28 +415,37 @@ class BucketedUpdate:
                 for k, v in distributed.to_host(self._mismatch(full["old"], full["sampler"], full["mask"])).items()
             }
         )
-        return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], score_s, positions)
+        old_top = None if old_top is None else old_top[:, :T_batch]
+        return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], old_top, score_s, positions)
 
 
-def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None):
-    logp, _ = transformer.token_logprobs(
-        params, model_cfg, tokens, temperature=temperature, chunk_tokens=chunk_tokens, kept_ids=kept_ids
+def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None, gather_ids=None):
+    """log-probs [B, T]; with `gather_ids` also those tokens' ([B, T, A]): (logp, top)."""
+    logp, _, *top = transformer.token_logprobs(
+        params,
+        model_cfg,
+        tokens,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        kept_ids=kept_ids,
+        gather_ids=gather_ids,
     )
-    return logp
+    return (logp, top[0]) if top else logp
 
 
 def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool):
     """One micro-batch: (accumulated float32 gradient of the loss numerator, the numerator, the
-    token metrics, the learner's log-probs). With `ref_params`, log pi_ref is teacher-forced here."""
+    token metrics, the learner's log-probs, its log-probs of mb["top_ids"] or None). With
+    `ref_params`, log pi_ref is teacher-forced here."""
     u = cfg.update
     if ref_params is not None:
         ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"], mb.get(KEPT))
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
-    (num, (metrics, logp)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+    (num, (metrics, logp, top)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
         params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm, old_from_forward=fused
     )
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
-    return acc, num, metrics, logp
+    return acc, num, metrics, logp, top
 
 
 def _apply(optimizer, params, opt_state, acc, numerator, denominator):

@@ -3,8 +3,9 @@
 
 What the update's own metrics (mismatch/kl_k1|k3, sars/veto_rate, sars/token_reject_rate,
 response/length_mean) do not show: whom SARS rejects (responses with positive or negative
-advantage A), where in a response the rejected tokens sit, and how often the sampler pi_sparse
-falls into repetition loops (the paper's collapse symptom). The accept mask (SARS's, with any
+advantage A), where in a response the rejected tokens sit, how often the sampler pi_sparse
+falls into repetition loops (the paper's collapse symptom), and the low tail of the per-token
+sparse-dense agreement (Sparrow's statistic: `agreement`). The accept mask (SARS's, with any
 other correction's of the mode) comes from corrections/compose.py behaviour_terms, the
 `behaviour` the update step computes, so it is the update's own.
 
@@ -121,6 +122,44 @@ def rejection_diagnostics(accept, response_mask, advantages, n_bins: int = N_BIN
     hist = np.bincount(bins, minlength=n_bins).astype(np.float64)
     hist = hist / hist.sum() if hist.sum() else hist
     out.update({f"diag/reject_pos_{i}": float(v) for i, v in enumerate(hist)})
+    return out
+
+
+# ----------------------------------------------------------------------------- agreement
+
+AGREEMENT_QUANTILES = (0.01, 0.05, 0.5)
+
+
+def agreement(top_ids, sampler_top_logp, old_top_logp) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token agreement of the sampler with pi_old, Sparrow's acceptance rate (Zhou et al. 2026,
+    Eq. 2: sum_v min(p_sparse(v), p_dense(v)) = 1 - total variation, the speculative-decoding
+    acceptance rate), from the sampler's top candidates ([B, T, A] in; id -1: none): (lower,
+    upper) bounds, each [B, T]. lower sums over the candidates (Sparrow sums over the tokens in
+    both sides' top 20, so ours is >= theirs by the dense mass on the sampler's candidates outside
+    the dense top 20); upper adds the most the rest of the vocabulary can hold,
+    min(1 - sum p_sparse, 1 - sum p_dense) over the candidates. A sharp distribution has both close
+    (Sparrow's LLMs); a flat one leaves its truncation between them (a dense sampler: upper = 1)."""
+    ids = np.asarray(top_ids)
+    s = np.exp(np.where(ids >= 0, np.asarray(sampler_top_logp, np.float64), -np.inf))
+    o = np.exp(np.where(ids >= 0, np.asarray(old_top_logp, np.float64), -np.inf))
+    lower = np.minimum(s, o).sum(axis=-1)
+    rest = np.minimum(1.0 - s.sum(axis=-1), 1.0 - o.sum(axis=-1))
+    return lower, np.minimum(lower + np.maximum(rest, 0.0), 1.0)
+
+
+def agreement_metrics(top_ids, sampler_top_logp, old_top_logp, response_mask) -> dict[str, float]:
+    """agreement/mean and its quantiles over the batch's response tokens (agreement/p5: Sparrow's
+    tail, stable above ~0.86 for Qwen3 in their study; agreement/p1, agreement/p50), and the upper
+    bound's agreement/upper_mean and agreement/upper_p5 (see `agreement`)."""
+    mask = np.asarray(response_mask, bool)
+    lower, upper = (a[mask] for a in agreement(top_ids, sampler_top_logp, old_top_logp))
+    if lower.size == 0:
+        return {}
+    out = {"agreement/mean": float(lower.mean())}
+    for q, v in zip(AGREEMENT_QUANTILES, np.quantile(lower, AGREEMENT_QUANTILES)):
+        out[f"agreement/p{round(100 * q)}"] = float(v)
+    out["agreement/upper_mean"] = float(upper.mean())
+    out["agreement/upper_p5"] = float(np.quantile(upper, 0.05))
     return out
 
 

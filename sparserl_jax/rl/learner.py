@@ -25,7 +25,7 @@ from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.bucketed import BucketedUpdate
 from sparserl_jax.rl.config import RLConfig
-from sparserl_jax.rl.diagnostics import rollout_diagnostics
+from sparserl_jax.rl.diagnostics import agreement_metrics, rollout_diagnostics
 from sparserl_jax.rl.optim import make_optimizer
 
 
@@ -51,16 +51,26 @@ class Learner:
         *,
         max_len: int | None = None,
         kept_k: int = 0,
+        top_k: int = 0,
         log: Callable = print,
     ):
         """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run.
         `kept_k`: rollout.top_k when the run samples with top-p / top-k (its rollouts carry each
-        token's kept set, which every log-prob is renormalised over), else 0."""
+        token's kept set, which every log-prob is renormalised over), else 0. `top_k`:
+        rollout.agreement_k when the run's rollouts record their top candidates, else 0: the
+        sparse-dense agreement (rl/diagnostics.py agreement) is logged then."""
         self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
         self.tokenizer, self.reward, self.log = tokenizer, reward, log
         self.optimizer = make_optimizer(rl.optim)
         self.update = BucketedUpdate(
-            model_cfg, rl, self.optimizer, max_len=max_len, mesh=mesh, donate=rl.update.donate, kept_k=kept_k
+            model_cfg,
+            rl,
+            self.optimizer,
+            max_len=max_len,
+            mesh=mesh,
+            donate=rl.update.donate,
+            kept_k=kept_k,
+            top_k=top_k,
         )
 
     def place(self, params):
@@ -102,6 +112,7 @@ class Learner:
             out.mask,
             pad_token_id=self.tokenizer.pad_token_id,
             response_kept_ids=out.kept_ids,
+            response_top=None if out.top_ids is None else (out.top_ids, out.top_logp),
         )
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
         batch = {k: np.asarray(v) for k, v in batch.items()}
@@ -120,6 +131,10 @@ class Learner:
         metrics = rollout_diagnostics(
             batch["tokens"], batch["response_mask"], batch["sampler_logp"], out.old_logp, batch["advantages"], self.rl
         )
+        if out.old_top_logp is not None:
+            metrics.update(
+                agreement_metrics(batch["top_ids"], batch["top_logp"], out.old_top_logp, batch["response_mask"])
+            )
         t2 = time.perf_counter()
         n_tokens = float(np.sum(batch["response_mask"]))
         metrics.update({k if "/" in k else f"update/{k}": float(v) for k, v in out.metrics.items()})

@@ -49,16 +49,17 @@ def micro_batch_loss(
     denominator: Float[Array, ""] | None = None,
     weight_norm: Float[Array, ""] | Float[Array, " B"] | None = None,
     old_from_forward: bool = False,
-) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"]]]:
+) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"], Float[Array, "B T A"] | None]]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:
-    (loss, (token metrics, the learner's log-probs under stop-gradient)).
+    (loss, (token metrics, the learner's log-probs under stop-gradient, and with mb["top_ids"]
+    the learner's log-probs of the sampler's top candidates, for the agreement; else None)).
 
     `old_from_forward`: log pi_old is this forward's own log-probs under stop_gradient (exact
     when params are theta_old: the first forward of the only optimizer step); mb["old_logp"] is
     then not read. Without mb["ref_logp"] (loss.beta = 0) pi_ref is taken equal to pi_theta: the
     KL term and its metric are 0. `weight_norm` is a scalar or one value per row."""
     u = cfg.update
-    logp, entropy = transformer.token_logprobs(
+    logp, entropy, *top = transformer.token_logprobs(
         params,
         model_cfg,
         mb["tokens"],
@@ -66,8 +67,10 @@ def micro_batch_loss(
         chunk_tokens=u.chunk_tokens,
         remat=u.remat,
         kept_ids=mb.get("kept_ids"),
+        gather_ids=mb.get("top_ids"),
     )
     fixed_logp = jax.lax.stop_gradient(logp)
+    fixed_top = jax.lax.stop_gradient(top[0]) if top else None
     old = fixed_logp if old_from_forward else mb["old_logp"]
     ref = mb["ref_logp"] if "ref_logp" in mb else fixed_logp
     mask = mb["response_mask"].astype(bool)
@@ -83,7 +86,7 @@ def micro_batch_loss(
     )
     adv = token_advantages(mb["advantages"], mask)
     loss, metrics = policy_loss(corr, adv, entropy, cfg.loss, denominator=denominator)
-    return loss, (metrics, fixed_logp)
+    return loss, (metrics, fixed_logp, fixed_top)
 
 
 def _combine(metrics: dict, tokens: Array) -> dict:
@@ -114,7 +117,7 @@ def minibatch_gradients(
 
     def one(acc, mb):
         grads_acc, loss_acc = acc
-        (loss, (metrics, _)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
+        (loss, (metrics, *_)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
             params, mb, model_cfg, cfg, denominator=denominator, weight_norm=weight_norm
         )
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)

@@ -41,6 +41,10 @@ class RolloutConfig:
     # every response runs to max_new_tokens (end-of-sequence tokens do not stop it): equal-length
     # workloads for benchmarks, as serving benchmarks fix the output length
     ignore_eos: bool = False
+    # each training token's `agreement_k` most probable tokens and their sampler log-probs are
+    # recorded for the sparse-dense agreement the learner logs (rl/diagnostics.py; Sparrow's top 20,
+    # 8 bytes a candidate); 0 turns it off. The sorted scheduler does not record them yet.
+    agreement_k: int = 20
 
     def __post_init__(self):
         check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
@@ -51,6 +55,7 @@ class RolloutConfig:
         check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
         check_at_least("rollout.top_k", self.top_k, 0)
         check_bool("rollout.ignore_eos", self.ignore_eos)
+        check_at_least("rollout.agreement_k", self.agreement_k, 0)
         check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
         rows = self.prompts * self.samples
         if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):

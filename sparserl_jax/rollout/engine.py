@@ -169,6 +169,11 @@ def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) 
             "sampler.record_kept (rl masked recompute) is not supported by "
             "rollout.scheduler='sorted'; use rollout.scheduler='batch'"
         )
+    if cfg.agreement_k:
+        raise ValueError(
+            "sampler.agreement_k (the sparse-dense agreement's top candidates) is not recorded by "
+            "rollout.scheduler='sorted' yet; build its sampler with agreement_k=0"
+        )
     if cfg.replay_filters:
         raise ValueError(
             "training with rollout.top_p / rollout.top_k (the sampler records each token's kept set) is "

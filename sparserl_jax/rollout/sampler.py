@@ -38,7 +38,7 @@ from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
-from sparserl_jax.rollout.sampling import SamplingConfig, sample, sample_kept
+from sparserl_jax.rollout.sampling import SamplingConfig, kept_set, processed_logprobs, sample, sample_kept
 from sparserl_jax.validate import check_at_least, check_bool, check_in
 
 PLATFORMS = ("cpu", "gpu", "tpu")  # sampler.attn_platform: what the attention kernel is built for
@@ -62,6 +62,9 @@ class SamplerConfig:
     # Sample from and record each token's kept set (sampling.top_k candidates after top-p) for the
     # learner to renormalise over: training with top-p / top-k (rollout/sampling.py sample_kept).
     replay_filters: bool = False
+    # Record each token's `agreement_k` most probable tokens and their log-probs under the sampled
+    # distribution, for the learner's sparse-dense agreement (rl/diagnostics.py agreement); 0: none.
+    agreement_k: int = 0
 
     def __post_init__(self):
         check_at_least("sampler.max_new_tokens", self.max_new_tokens, 1)
@@ -81,6 +84,7 @@ class SamplerConfig:
         if self.record_kept and self.kv.trigger != "interval":
             raise ValueError("sampler.record_kept needs kv.trigger='interval'")
         check_bool("sampler.replay_filters", self.replay_filters)
+        check_at_least("sampler.agreement_k", self.agreement_k, 0)
         if self.replay_filters and (self.sampling.top_k < 1 or self.sampling.temperature == 0):
             raise ValueError(
                 "sampler.replay_filters records each token's kept set: it needs sampling.top_k >= 1 (the "
@@ -101,6 +105,10 @@ class Rollout:
     kept_positions: Int[Array, "R L B K C"] | None = None  # per chunk, when record_kept
     # each token's kept set (ids, -1 padded; -1 after the end), when replay_filters
     kept_ids: Int[Array, "B M K"] | None = None
+    # each token's agreement_k most probable tokens (ids, -1 where filtered out or after the end)
+    # and their log-probs under the sampled distribution, when agreement_k
+    top_ids: Int[Array, "B M A"] | None = None
+    top_logp: Float[Array, "B M A"] | None = None
 
 
 def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) -> int:
@@ -181,8 +189,9 @@ def decode_token(
     multiple of kv.buffer,) sample response token t of every live row with its request keys at
     t, and feed it through the model. t is a scalar or a [B] array (each slot its own index);
     `limit_B` optionally ends a row after limit_B tokens (forced lengths). carry = (cache, logits,
-    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B)), and the
-    token's kept set [B, top_k] after them with cfg.replay_filters."""
+    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B)), then the
+    token's kept set [B, top_k] with cfg.replay_filters, then its top candidates' ids and
+    log-probs [B, agreement_k] with cfg.agreement_k."""
     cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
     kv_cfg = cfg.kv
     at = keys.at(t)
@@ -200,6 +209,8 @@ def decode_token(
         token_B, logp_B, ids_BxK = sample_kept(logits, at.sample, cfg.sampling)
     else:
         token_B, logp_B = sample(logits, at.sample, cfg.sampling)
+    if cfg.agreement_k:  # the sampled distribution's top candidates (the same logits)
+        top_logp_BxA, top_ids_BxA = kept_set(processed_logprobs(logits, cfg.sampling), cfg.agreement_k)
     live_B = ~done_B
     token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
     logp_B = jnp.where(live_B, logp_B, 0.0)
@@ -219,6 +230,8 @@ def decode_token(
     ys = (token_B, logp_B, live_B, kept_B)
     if cfg.replay_filters:
         ys = (*ys, jnp.where(live_B[:, None], ids_BxK, -1))
+    if cfg.agreement_k:
+        ys = (*ys, jnp.where(live_B[:, None], top_ids_BxA, -1), jnp.where(live_B[:, None], top_logp_BxA, 0.0))
     return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
 
 
@@ -303,6 +316,9 @@ def generate(
     )
     if cfg.replay_filters:
         outs = (*outs, jnp.full((B, n_chunks * U, cfg.sampling.top_k), -1, jnp.int32))
+    if cfg.agreement_k:
+        A = cfg.agreement_k
+        outs = (*outs, jnp.full((B, n_chunks * U, A), -1, jnp.int32), jnp.zeros((B, n_chunks * U, A), jnp.float32))
     kept_pos = None
     if cfg.record_kept:
         K = model_cfg.n_kv_heads
@@ -311,7 +327,9 @@ def generate(
     zeros_B = jnp.zeros((B,), jnp.int32)
     carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
     _, carry, outs, kept_pos = jax.lax.while_loop(not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos))
-    tokens, logprobs, mask, kept, *kept_ids = (o[:, :M] for o in outs)
+    tokens, logprobs, mask, kept, *extra = (o[:, :M] for o in outs)
+    kept_ids = extra.pop(0) if cfg.replay_filters else None
+    top_ids, top_logp = extra if cfg.agreement_k else (None, None)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     return Rollout(
         tokens=tokens,
@@ -322,7 +340,9 @@ def generate(
         n_compressions=carry[5],
         evicted_fraction=evicted_fraction(kept, lengths, prompt_lengths),
         kept_positions=kept_pos,
-        kept_ids=kept_ids[0] if kept_ids else None,
+        kept_ids=kept_ids,
+        top_ids=top_ids,
+        top_logp=top_logp,
     )
 
 
