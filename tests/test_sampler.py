@@ -279,3 +279,39 @@ def test_a_request_depends_on_its_own_key_not_on_its_row_or_neighbours(policy, t
     # a different request id is a different draw
     other_id = smp.generate_jit(PARAMS, CFG, tokens, lengths, jax.random.key(5), cfg, ids + 1)
     assert not np.array_equal(np.asarray(other_id.tokens), np.asarray(batch.tokens))
+
+
+def test_a_budget_schedule_keeps_its_entry_for_the_tokens_seen():
+    """kv.budget_schedule: a schedule of the budget everywhere is the fixed budget, bit for bit; a
+    growing schedule keeps its entry for the tokens each row has seen at every compression, and
+    its first compression keeps what a fixed budget of that size keeps."""
+    U = 4
+    base = dict(policy="snapkv", buffer=U, window=2)
+    fixed = smp.SamplerConfig(
+        max_new_tokens=18, sampling=SamplingConfig(temperature=1.0), kv=kv.KVConfig(budget=12, **base), record_kept=True
+    )
+    flat = dataclasses.replace(fixed, kv=kv.KVConfig(budget=12, budget_schedule=(12, 12), schedule_every=16, **base))
+    grow = dataclasses.replace(fixed, kv=kv.KVConfig(budget=12, budget_schedule=(6, 9, 12), schedule_every=16, **base))
+    small = dataclasses.replace(fixed, kv=kv.KVConfig(budget=6, **base))
+    (a, _, lengths), (b, _, _) = _run(fixed, key=5), _run(flat, key=5)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    g, _, _ = _run(grow, key=5)
+    s, _, _ = _run(small, key=5)
+    kept_g, kept_s = np.asarray(g.kept_positions), np.asarray(s.kept_positions)  # [R, L, B, K, C]
+    seen = np.asarray(lengths)[None, :] + U * np.arange(kept_g.shape[0])[:, None]  # at chunk r's start
+    for r in range(1, kept_g.shape[0]):  # chunk 0 starts before any compression
+        for row in range(3):
+            if r * U > int(g.lengths[row]):
+                continue  # the row had ended
+            held = (kept_g[r, :, row] >= 0).sum(-1)  # per layer and KV head
+            want = (6, 9, 12)[min(seen[r, row] // 16, 2)]
+            assert np.all(held == min(want, int(seen[r, row]))), (r, row, held, want)
+    # the first compression: the same kept entries as the fixed budget of 6 (same cache state)
+    C = kept_s.shape[-1]  # the fixed budget's smaller cache
+    np.testing.assert_array_equal(kept_g[1][..., :C], kept_s[1])
+    assert np.all(kept_g[1][..., C:] == -1)
+    with pytest.raises(
+        ValueError, match=r"kv\.budget_schedule=\[2, 12\]: every entry must lie in \[3, kv\.budget=12\]"
+    ):
+        kv.KVConfig(budget=12, budget_schedule=(2, 12), **base)

@@ -55,12 +55,20 @@ class Arm:
     quant_mode: str = "w8a8"
     invariant_s: float = 0.0  # QuRL invariant scaling of the dense weights first (0: off)
     rows_per_call: int = 64
+    schedule: tuple[int, ...] = ()  # kv.budget_schedule (entries <= budget)
+    every: int = 2048  # kv.schedule_every
 
     @property
     def kv_config(self) -> kv.KVConfig:
         if self.policy == "none":
             return kv.KVConfig(buffer=self.buffer)
-        return kv.KVConfig(policy=self.policy, budget=self.budget, buffer=self.buffer)
+        return kv.KVConfig(
+            policy=self.policy,
+            budget=self.budget,
+            buffer=self.buffer,
+            budget_schedule=self.schedule,
+            schedule_every=self.every,
+        )
 
 
 def load(arm: Arm):

@@ -24,21 +24,30 @@ def select_slots(
     valid: Bool[Array, "B C"],
     forced: Bool[Array, "B C"],
     budget: int,
+    keep_B: Int[Array, " B"] | None = None,
 ) -> Int[Array, "B K budget"]:
     """Slots to keep, ascending (= original-position order): forced slots first, then the
     highest scores among the other filled slots; empty slots only when fewer than `budget` are
     filled (such rows are never compacted). Ties go to the lower slot (a stable sort: unlike
-    lax.top_k, which XLA's partitioner gathers whole, a sort stays split over the batch)."""
+    lax.top_k, which XLA's partitioner gathers whole, a sort stays split over the batch).
+    `keep_B` (a budget schedule's, <= budget): row b keeps only its keep_B[b] best; its other
+    entries point past the cache (C) and sort last."""
     ranked = jnp.where(forced[:, None, :], jnp.inf, jnp.where(valid[:, None, :], score, -jnp.inf))
     idx = jnp.argsort(ranked, axis=-1, descending=True, stable=True)[..., :budget]
+    if keep_B is not None:
+        rank = jnp.arange(budget)[None, None, :]
+        idx = jnp.where(rank < keep_B[:, None, None], idx, score.shape[-1])
     return jnp.sort(idx, axis=-1)
 
 
-def _compact_layer(cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, " B"]) -> tuple:
-    """Gather the kept k, v, pos (and mass) of one layer into slots [0, budget) where `do`;
-    slots [budget, C) of compacted rows become empty (pos -1, mass 0; k, v left as garbage)."""
+def _compact_layer(
+    cache: KVCache, layer: int, idx: Int[Array, "B K budget"], do: Bool[Array, " B"], keep_B: Int[Array, " B"]
+) -> tuple:
+    """Gather the kept k, v, pos (and mass) of one layer into slots [0, keep) where `do`; slots
+    [keep, C) of compacted rows become empty (pos -1, mass 0; k, v left as garbage)."""
     budget = idx.shape[-1]
-    tail_C = scoring.slots(cache.capacity) >= budget
+    idx = jnp.minimum(idx, cache.capacity - 1)  # a schedule's unkept entries: garbage, then emptied
+    tail_C = scoring.slots(cache.capacity)[None, None, :] >= keep_B[:, None, None]
     do4 = do[:, None, None, None]
     do3 = do[:, None, None]
 
@@ -60,9 +69,10 @@ def compress(
     key: jax.Array | None = None,
     active: Bool[Array, " B"] | None = None,
 ) -> KVCache:
-    """Keep `budget` entries of every sequence that is `active` (default: all) and holds more
-    than `budget`; fill becomes budget. Other sequences are returned unchanged, and so is the
-    whole cache for the dense policy. `key` is needed by the random policy only."""
+    """Keep `budget` entries (a budget schedule's for the tokens each sequence has seen:
+    kv_cfg.budget_at) of every sequence that is `active` (default: all) and holds more; fill
+    becomes that. Other sequences are returned unchanged, and so is the whole cache for the dense
+    policy. `key` is needed by the random policy only."""
     policy: Policy = POLICIES[kv_cfg.policy]
     if policy.score is None:
         return cache
@@ -71,7 +81,9 @@ def compress(
     B, C, budget, window = cache.fill.shape[0], cache.capacity, kv_cfg.budget, kv_cfg.window
     if budget >= C:
         return cache  # nothing can exceed the budget
-    do_B = cache.fill > budget
+    keep_B = kv_cfg.budget_at(cache.length).astype(cache.fill.dtype)
+    do_B = cache.fill > keep_B
+    keep_rows = keep_B if kv_cfg.budget_schedule else None
     if active is not None:
         do_B = do_B & active
     valid_BxC = scoring.valid_slots(cache.fill, C)
@@ -84,18 +96,20 @@ def compress(
 
     if kv_cfg.selection == "shared":
         score_Bx1xC = layer_score(0).sum(axis=1, keepdims=True)
-        idx = select_slots(score_Bx1xC, valid_BxC, forced_BxC, budget)
+        idx = select_slots(score_Bx1xC, valid_BxC, forced_BxC, budget, keep_rows)
         K = cache.k[0].shape[1]
         idx_per_layer = [jnp.broadcast_to(idx, (B, K, budget))] * cache.n_layers
     else:
-        idx_per_layer = [select_slots(layer_score(i), valid_BxC, forced_BxC, budget) for i in range(cache.n_layers)]
-    k, v, pos, mass = zip(*(_compact_layer(cache, i, idx, do_B) for i, idx in enumerate(idx_per_layer)))
+        idx_per_layer = [
+            select_slots(layer_score(i), valid_BxC, forced_BxC, budget, keep_rows) for i in range(cache.n_layers)
+        ]
+    k, v, pos, mass = zip(*(_compact_layer(cache, i, idx, do_B, keep_B) for i, idx in enumerate(idx_per_layer)))
     return cache.replace(
         k=tuple(k),
         v=tuple(v),
         pos=tuple(pos),
         mass=tuple(mass) if cache.mass is not None else None,
-        fill=jnp.where(do_B, budget, cache.fill).astype(cache.fill.dtype),
+        fill=jnp.where(do_B, keep_B, cache.fill).astype(cache.fill.dtype),
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in
 
@@ -51,6 +53,11 @@ class KVConfig:
       budget needs a larger cache: capacity() is max(budget, prompt) + buffer.
     trigger: "interval" (compress when the buffer is full) or "newline" (also compress when the
       previous token is one of `newline_token_ids`, as an option in the authors' code).
+    budget_schedule: a budget that moves through the generation (Sparrow's schedule,
+      docs/implementation.md#the-correction-family): a compression of a sequence that has seen L
+      tokens (prompt included) keeps budget_schedule[min(L // schedule_every, len - 1)] entries;
+      every entry is at most `budget`, which sizes the cache. Empty (the default): always `budget`.
+    schedule_every: tokens per entry of budget_schedule (Sparrow's bins are 2000 tokens).
     """
 
     policy: str = "none"
@@ -67,6 +74,8 @@ class KVConfig:
     compress_prompt: bool = False
     trigger: str = "interval"
     newline_token_ids: tuple[int, ...] = ()
+    budget_schedule: tuple[int, ...] = ()
+    schedule_every: int = 2048
 
     def __post_init__(self):
         # YAML gives lists; keep the config hashable.
@@ -75,6 +84,11 @@ class KVConfig:
         except (TypeError, ValueError):
             raise ValueError(f"kv.newline_token_ids={self.newline_token_ids!r} must be a list of token ids") from None
         object.__setattr__(self, "newline_token_ids", ids)
+        try:
+            schedule = tuple(int(b) for b in self.budget_schedule)
+        except (TypeError, ValueError):
+            raise ValueError(f"kv.budget_schedule={self.budget_schedule!r} must be a list of budgets") from None
+        object.__setattr__(self, "budget_schedule", schedule)
         check_in("kv.policy", self.policy, POLICIES)
         for name in ("budget", "buffer", "window", "pool_kernel"):
             check_at_least(f"kv.{name}", getattr(self, name), 1)
@@ -99,10 +113,27 @@ class KVConfig:
         if self.trigger == "newline" and not self.newline_token_ids:
             raise ValueError("kv.trigger='newline' needs kv.newline_token_ids (a non-empty list)")
         check_bool("kv.compress_prompt", self.compress_prompt)
+        check_at_least("kv.schedule_every", self.schedule_every, 1)
+        low = self.window + 1 + (self.n_sinks if self.policy == "streaming" else 0)
+        for b in self.budget_schedule:
+            if not low <= b <= self.budget:
+                raise ValueError(
+                    f"kv.budget_schedule={list(self.budget_schedule)}: every entry must lie in "
+                    f"[{low}, kv.budget={self.budget}] (above the always-kept window, at most the budget "
+                    "that sizes the cache)"
+                )
 
     @property
     def is_dense(self) -> bool:
         return self.policy == "none"
+
+    def budget_at(self, seen):
+        """The entries a compression keeps in a sequence that has seen `seen` tokens (an int, or
+        an int32 [B] array inside a traced program): `budget`, or the schedule's entry."""
+        if not self.budget_schedule:
+            return self.budget if isinstance(seen, int) else jnp.full(jnp.shape(seen), self.budget, jnp.int32)
+        schedule = jnp.asarray(self.budget_schedule, jnp.int32)
+        return schedule[jnp.minimum(jnp.asarray(seen) // self.schedule_every, len(self.budget_schedule) - 1)]
 
     def capacity(self, prompt_len: int) -> int:
         """Slots of a sparse cache for prompts of up to `prompt_len` tokens: the budget (or the

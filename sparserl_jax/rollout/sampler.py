@@ -142,7 +142,7 @@ def request_keys(key: jax.Array, request_ids: Int[Array, " B"]) -> RequestKeys:
 def maybe_compress(kv_cfg: kv.KVConfig, cache: kv.KVCache, active_B, key):
     """Compress the sequences in active_B that exceed the budget (a no-op when none does);
     returns the cache and which rows were compressed (int32 [B])."""
-    did_B = active_B & (cache.fill > kv_cfg.budget)
+    did_B = active_B & (cache.fill > kv_cfg.budget_at(cache.length))
     cache = jax.lax.cond(jnp.any(did_B), lambda c: kv.compress(kv_cfg, c, key, active=did_B), lambda c: c, cache)
     return cache, did_B.astype(jnp.int32)
 
@@ -167,7 +167,7 @@ def prefill_requests(
     )
     n_comp_B = jnp.zeros((B,), jnp.int32)
     if W > capacity:
-        n_comp_B = (cache.fill > kv_cfg.budget).astype(jnp.int32)
+        n_comp_B = (cache.fill > kv_cfg.budget_at(cache.length)).astype(jnp.int32)
         cache = kv.resize(kv.compress(kv_cfg, cache, keys.prompt), capacity)
     return logits, cache, n_comp_B
 

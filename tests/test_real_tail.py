@@ -1,0 +1,56 @@
+"""experiments/real_tail.py: the schedule built from calibrated bins, and the whole measurement
+end to end on a tiny HF checkpoint the test builds (random Qwen2 weights + the char tokenizer)."""
+
+import json
+import os
+import sys
+
+import jax
+import pytest
+from hf_fixtures import make_tiny_hf_checkpoint
+
+from sparserl_jax.tokenizer import CharTokenizer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+import real_tail  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("real_tail")
+
+
+def _row(budget, p5_by_bin):
+    return {"arm": {"budget": budget}, "bins": {b: {"p5": v, "tokens": 10} for b, v in p5_by_bin.items()}}
+
+
+def test_the_schedule_takes_per_bin_the_smallest_budget_reaching_tau():
+    rows = [
+        _row(16, {1: 0.90, 2: 0.70, 3: 0.50}),
+        _row(32, {1: 0.95, 2: 0.85, 3: 0.60}),
+        _row(64, {1: 0.99, 2: 0.90, 3: 0.70}),
+    ]
+    # bin 0: no tokens (nothing evicted): the smallest; bin 3: none reaches tau: the largest
+    assert real_tail.schedule_for(rows, [16, 32, 64], 0.8) == (16, 16, 32, 64)
+    assert real_tail.schedule_for(rows, [64, 16, 32], 0.5) == (16, 16, 16, 16)
+
+
+def test_smoke_measurement_and_replot(tmp_path):
+    jax.devices()  # the backend runs: workers.parallel_map runs the arms in this process
+    ckpt = make_tiny_hf_checkpoint("qwen2", tmp_path / "ckpt")
+    CharTokenizer().save(ckpt)
+    out = tmp_path / "tail"
+    argv = ["--checkpoint", str(ckpt), "--prompts", "4", "--max-new", "16", "--budgets", "10", "16"]
+    argv += ["--reference", "16", "--every", "8", "--buffer", "4", "--rows-per-call", "4", "--out", str(out)]
+    data = real_tail.main(argv)
+    assert [r["arm"]["name"] for r in data["rows"]] == ["rkv@10", "rkv@16", "rkv schedule"]
+    tau = data["tau"]
+    assert tau == data["rows"][1]["agreement_p5"]
+    assert set(data["schedule"]) <= {10, 16} and list(data["rows"][2]["arm"]["schedule"]) == data["schedule"]
+    for r in data["rows"]:
+        assert 0 <= r["agreement_p5"] <= r["agreement_mean"] <= 1 and r["agreement_p5"] <= r["agreement_upper_p5"]
+        assert 0 < r["kv_saving"] < 1 and r["kl_k3"] >= 0
+    md = (out / "results.md").read_text()
+    assert "Command: `python experiments/real_tail.py" in md and f"tau = {tau:.4f}" in md and "Outcome" in md
+    assert (out / "tail.png").stat().st_size > 0
+    before = md
+    real_tail.main(["--replot", str(out)])
+    assert (out / "results.md").read_text() == before
+    assert json.loads((out / "results.json").read_text())["schedule"] == data["schedule"]
