@@ -1,0 +1,196 @@
+"""Where does Sparse-RL hold? Each Sparse-RL run's final gap to dense (paired: the dense run of
+the same warm start and seed, same experiment) against the mismatch its rollouts carried, one
+point per run, from committed results only (no training):
+
+  python experiments/fig_threshold.py                 # experiments/results/fig_threshold/
+
+Plan, written and committed before the analysis was first run (issue 41, item 2):
+- Runs: every Sparse-RL run with a dense partner in: the default experiment (R-KV@48, 3 warm
+  starts x 2 seeds), its replicate on another CPU (the same command; other warm starts), and
+  figure a with SnapKV@48 (3 x 2). Figure a with R-KV is left out: its runs are the default's,
+  extended (not independent). Figures b and d join when their warm-start re-runs exist.
+- y: the gap, Sparse-RL's final dense-inference accuracy minus dense's, read by the shared tie
+  rule (figstats.tie_verdict at 2 SE of the difference, figstats.diff_se on each evaluation's
+  prompts): ahead, tie or behind.
+- x, primary: the run's median over its training iterations of xi/p5, the 5th percentile of
+  xi = pi_old / pi_sparse over a rollout batch's response tokens (the low tail Sparrow keeps above
+  a threshold; theirs is the per-token agreement, which these runs did not log). Secondary: the
+  run's mean k3 (mismatch/kl_k3) per token, shown beside it.
+- Test: a threshold on the primary x holds when every run at or above it ties or beats dense and
+  at least two runs lie below it; the lowest holding threshold (a midpoint between two runs' x) is
+  reported with the counts of runs behind above and below it. When none holds, or when no run is
+  behind, that is the outcome. No verdict word beyond the counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from sparserl_jax.experiments import figplot, figprov, figstats
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+SOURCES = {  # name -> (results.json, policy@budget)
+    "default": (os.path.join(RESULTS, "default", "results.json"), "R-KV@48"),
+    "default replicate": (
+        os.path.join(RESULTS, "default", "replicates", "amd-epyc-family25-model17.json"),
+        "R-KV@48",
+    ),
+    "figure a (SnapKV)": (os.path.join(RESULTS, "fig_a_curves", "walk_key", "results.json"), "SnapKV@48"),
+}
+PRIMARY, SECONDARY = "xi/p5", "mismatch/kl_k3"
+MIN_BELOW = 2
+
+
+def points(name: str, path: str) -> list[dict]:
+    """One dict per Sparse-RL run with a dense partner: its x's, gap, SE and tie-rule reading."""
+    with open(path) as f:
+        data = json.load(f)
+    n = int(data["eval_prompts"])
+    dense = {figstats.unit_of(r, i): r for i, r in enumerate(data["per_seed"]["dense"])}
+    out = []
+    for i, (row, hist) in enumerate(zip(data["per_seed"]["sparse_rl"], data["histories"]["sparse_rl"])):
+        unit = figstats.unit_of(row, i)
+        if unit not in dense:
+            continue
+        a, b = row["dense_acc"], dense[unit]["dense_acc"]
+        se = figstats.diff_se(a, n, b, n)
+        out.append(
+            {
+                "source": name,
+                "unit": f"w{unit[0]} s{unit[1]}",
+                "x": float(np.median([h[PRIMARY] for h in hist if PRIMARY in h])),
+                "k3": figstats.run_mean(hist, SECONDARY),
+                "gap": a - b,
+                "se": se,
+                "reading": figstats.tie_verdict([a - b], [se]),
+            }
+        )
+    return out
+
+
+def threshold(pts: list[dict]) -> dict:
+    """The plan's test on the primary x (see the module doc)."""
+    xs = sorted({p["x"] for p in pts})
+    behind = [p for p in pts if p["reading"] < 0]
+    cands = [(lo + hi) / 2 for lo, hi in zip(xs, xs[1:])]
+    holding = [
+        t
+        for t in cands
+        if all(p["reading"] >= 0 for p in pts if p["x"] >= t) and sum(p["x"] < t for p in pts) >= MIN_BELOW
+    ]
+    t = min(holding) if holding else None
+    return {
+        "threshold": t,
+        "runs": len(pts),
+        "behind": len(behind),
+        "behind_below": None if t is None else sum(p["x"] < t for p in behind),
+        "below": None if t is None else sum(p["x"] < t for p in pts),
+    }
+
+
+def outcome(res: dict) -> str:
+    if res["behind"] == 0:
+        return f"no run is behind dense ({res['runs']} runs): no threshold to find"
+    if res["threshold"] is None:
+        return (
+            f"no threshold holds: {res['behind']} of {res['runs']} runs are behind dense, and no xi p5 value "
+            f"has every run above it tie or beat dense with at least {MIN_BELOW} runs below"
+        )
+    return (
+        f"at xi p5 >= {res['threshold']:.3f} every run ties or beats dense ({res['runs'] - res['below']} runs); "
+        f"below it {res['behind_below']} of {res['below']} runs are behind ({res['behind']} of {res['runs']} "
+        "behind in all)"
+    )
+
+
+def figure(pts: list[dict], res: dict):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(figplot.COLUMN_W, 4.6))
+    markers = dict(zip(SOURCES, "osD"))
+    colours = {1: "tab:green", 0: "tab:grey", -1: "tab:red"}
+    for ax, key, label in (
+        (axes[0], "x", "xi p5 (median over iterations)"),
+        (axes[1], "k3", "mismatch k3 KL per token"),
+    ):
+        for p in pts:
+            ax.errorbar(
+                p[key], p["gap"], yerr=2 * p["se"], fmt=markers[p["source"]], color=colours[p["reading"]], ms=4, lw=0.8
+            )
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("Sparse-RL - dense accuracy")
+        ax.grid(alpha=0.3)
+    if res["threshold"] is not None:
+        axes[0].axvline(res["threshold"], color="black", ls="--", lw=1)
+    axes[1].set_xscale("log")
+    handles = [
+        plt.Line2D([], [], marker=m, ls="", color="black", label=f"{s} ({SOURCES[s][1]})") for s, m in markers.items()
+    ]
+    handles += [
+        plt.Line2D([], [], marker="o", ls="", color=c, label=l)
+        for l, c in (("ahead", "tab:green"), ("tie", "tab:grey"), ("behind", "tab:red"))
+    ]
+    axes[0].legend(handles=handles, fontsize=7, ncol=2)
+    axes[0].set_title("Sparse-RL's gap to dense against its rollouts' mismatch\n(one point per run, bars 2 SE)")
+    return fig
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", default=os.path.join(RESULTS, "fig_threshold"))
+    args = p.parse_args(argv)
+    pts = [q for name, (path, _) in SOURCES.items() for q in points(name, path)]
+    res = threshold(pts)
+    os.makedirs(args.out, exist_ok=True)
+    fig = figure(pts, res)
+    fig.tight_layout()
+    figplot.check_print_size(fig, "threshold")
+    fig.savefig(os.path.join(args.out, "threshold.png"), dpi=200)
+    rows = [
+        f"| {q['source']} | {q['unit']} | {q['x']:.3f} | {q['k3']:.4f} | {q['gap']:+.3f} | {2 * q['se']:.3f} "
+        f"| {({1: 'ahead', 0: 'tie', -1: 'behind'})[q['reading']]} |"
+        for q in sorted(pts, key=lambda q: q["x"])
+    ]
+    prov = figprov.provenance_line({"provenance": figprov.provenance([0], None)})
+    md = "\n".join(
+        [
+            "# Where does Sparse-RL hold?",
+            "",
+            "Command: `python experiments/fig_threshold.py`",
+            "",
+            prov,
+            "",
+            __doc__.split("\n\n", 2)[2].strip(),
+            "",
+            f"Outcome: {outcome(res)}.",
+            "",
+            "| source | run | xi p5 | k3 | gap | 2 SE | reading |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "![threshold](threshold.png)",
+            "",
+            "Top: each Sparse-RL run's final dense-inference accuracy minus its dense partner's, against the median "
+            "over training iterations of xi p5 (circles: default experiment, squares: its replicate, diamonds: figure "
+            "a with SnapKV); green ahead, grey tie, red behind by the tie rule; bars: 2 SE of the difference; dashed: "
+            "the threshold, where one holds. Bottom: the same gaps against the run's mean k3 KL (log axis).",
+        ]
+    )
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md + "\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"command": "python experiments/fig_threshold.py", "points": pts, **res}, f, indent=1)
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()
