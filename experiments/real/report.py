@@ -458,7 +458,7 @@ def tail_markdown(data: dict) -> str:
 def tail_figure(data: dict):
     s, rows, tau = data["settings"], data["rows"], data["tau"]
     every = s["every"]
-    fig, axes = plt.subplots(2, 1, figsize=(3.4, 5.0))
+    fig, axes = plt.subplots(2, 1, figsize=(3.4, 5.6))
     cmap = plt.get_cmap("viridis")
     fixed = [r for r in rows if not r["arm"]["schedule"]]
     for i, r in enumerate(fixed):
@@ -485,7 +485,8 @@ def tail_figure(data: dict):
     axes[0].axhline(tau, color="black", ls="--", lw=1, label=f"tau = {tau:.3f}")
     axes[0].set_xlabel("tokens seen, prompt included (bin centre)")
     axes[0].set_ylabel("agreement p5 in the bin")
-    axes[0].legend(fontsize=7, ncol=2)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=3, loc="lower center")
+    fig.set_layout_engine("tight", rect=(0, 0.08, 1, 1))
     axes[0].grid(alpha=0.3)
     model = os.path.basename(os.path.normpath(s["checkpoint"]))
     axes[0].set_title(f"Agreement tail through the generation\n{model}, {s['policy']}, {s['prompts']} prompts")
