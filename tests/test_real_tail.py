@@ -32,6 +32,53 @@ def test_the_schedule_takes_per_bin_the_smallest_budget_reaching_tau():
     assert real_tail.schedule_for(rows, [64, 16, 32], 0.5) == (16, 16, 16, 16)
 
 
+def test_the_report_renders_a_measurement(tmp_path):
+    """results.md and the one-column figure from a made-up measurement (the default tier; the
+    measurement itself is the extended tier's smoke below)."""
+    from sparserl_jax.experiments.real import report
+
+    def row(name, budget, schedule, p5s, saving, k3):
+        bins = {b: {"p5": v, "mean": v + 0.3, "tokens": 100} for b, v in enumerate(p5s, start=1)}
+        return {
+            "arm": {"name": name, "budget": budget, "schedule": schedule},
+            "bins": bins,
+            "agreement_mean": 0.8,
+            "agreement_p5": min(p5s),
+            "agreement_upper_p5": 0.9,
+            "kl_k3": k3,
+            "token_reject": 0.1,
+            "xi_p5": 0.5,
+            "kv_saving": saving,
+            "mean_length": 100.0,
+        }
+
+    data = {
+        "rows": [row("rkv@32", 32, [], [0.5, 0.3], 0.5, 0.1), row("rkv@64", 64, [], [0.6, 0.45], 0.3, 0.03)],
+        "tau": 0.45,
+        "schedule": [32, 32, 64],
+        "settings": {
+            "checkpoint": "/x/smollm2",
+            "prompts": 8,
+            "max_new": 64,
+            "seed": 0,
+            "policy": "rkv",
+            "buffer": 16,
+            "every": 32,
+            "reference": 64,
+        },
+        "wall_s": 1.0,
+        "cores": 1,
+        "provenance": {"commit": "abc", "wall_s": 1.0},
+    }
+    data["rows"].append(row("rkv schedule", 64, [32, 32, 64], [0.5, 0.46], 0.4, 0.05))
+    report.write("tail", str(tmp_path), data, cmd="python experiments/real_tail.py")
+    md = (tmp_path / "results.md").read_text()
+    assert "tau = 0.4500" in md and "| rkv schedule | 40.0% |" in md and "below tau in 0 of 2 bins" in md
+    assert "0.300* (100)" in md  # a bin below tau is marked
+    assert (tmp_path / "tail.png").stat().st_size > 0
+
+
+@pytest.mark.extended
 def test_smoke_measurement_and_replot(tmp_path):
     jax.devices()  # the backend runs: workers.parallel_map runs the arms in this process
     ckpt = make_tiny_hf_checkpoint("qwen2", tmp_path / "ckpt")

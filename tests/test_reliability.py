@@ -298,14 +298,19 @@ def test_bad_input_is_one_line_naming_the_setting(row, tmp_path, capsys, run_dir
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_cache_bytes_are_estimated_before_allocating():
+def test_cache_bytes_are_estimated_before_allocating(monkeypatch):
     from sparserl_jax import kvcache as kv
     from sparserl_jax.model.config import ModelConfig
 
+    # the free memory is the test's, not the machine's (which varies with whatever runs beside it)
+    monkeypatch.setattr(generate, "free_memory_bytes", lambda: 8 << 30)
     big = ModelConfig(n_layers=64, n_heads=64, n_kv_heads=64, head_dim=256, max_seq_len=1 << 30)
-    with pytest.raises(ValueError, match=r"GiB \(64 rows x"):
+    with pytest.raises(ValueError, match=r"GiB \(64 rows x .* only 8\.0 GiB are free"):
         generate.check_cache(big, kv.KVConfig(policy="rkv", budget=1 << 24, buffer=128), 64, 16, 16)
-    assert generate.check_cache(big, kv.KVConfig(), 1, 16, 16) > 0
+    assert generate.check_cache(big, kv.KVConfig(), 1, 16, 16) > 0  # 1.1 GiB
+    monkeypatch.setattr(generate, "free_memory_bytes", lambda: 1 << 30)
+    with pytest.raises(ValueError, match=r"1\.1 GiB \(1 rows x 144 slots\) but only 1\.0 GiB are free"):
+        generate.check_cache(big, kv.KVConfig(), 1, 16, 16)
 
 
 # ----------------------------------------------------------------------------- config coercion

@@ -281,9 +281,12 @@ def _with_kept_and_top(packed, n_kept=5, n_top=4):
     return kept, top
 
 
-@pytest.mark.parametrize(
-    "path", CASES["sparse_rl, IBR per micro-batch: fused keeping the rows, or scored and regrouped"][1]
-)
+_FUSED, _SCORED = CASES["sparse_rl, IBR per micro-batch: fused keeping the rows, or scored and regrouped"][1]
+
+
+# the scored path's replay also runs end to end in the default tier (tests/test_sampling_replay.py's
+# top-p run scores pi_old first); its comparison with the padded update is the extended tier's
+@pytest.mark.parametrize("path", [_FUSED, pytest.param(_SCORED, marks=pytest.mark.extended)])
 def test_replayed_kept_sets_and_top_candidates_through_both_paths(path, monkeypatch):
     """With kept sets (top-p / top-k training) and top candidates (the agreement), each exact
     path equals the padded update fed the same kept sets, and returns pi_old's log-probs of the
