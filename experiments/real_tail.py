@@ -28,7 +28,7 @@ import sys
 import time
 
 from sparserl_jax.experiments import figprov, workers  # import no JAX
-from sparserl_jax.experiments.real import report
+from sparserl_jax.experiments.real import mismatch, report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(HERE), "checkpoints", "smollm2-135m")
@@ -65,21 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _arm(args, name: str, budget: int, schedule: tuple[int, ...] = ()):
-    from sparserl_jax.experiments.real import measure
-
-    return measure.Arm(
-        name=name,
-        checkpoint=args.checkpoint,
-        prompts=args.prompts,
-        max_new=args.max_new,
-        seed=args.seed,
-        policy=args.policy,
-        budget=budget,
-        buffer=args.buffer,
-        rows_per_call=args.rows_per_call,
-        schedule=schedule,
-        every=args.every,
-    )
+    """An arm of the measurement: real/mismatch.py's arm with this policy, budget and schedule."""
+    return mismatch._arm(args, name, policy=args.policy, budget=budget, schedule=schedule, every=args.every)
 
 
 def _tail_job(job):

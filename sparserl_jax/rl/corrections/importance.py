@@ -23,9 +23,9 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean
+from sparserl_jax.rl.corrections.base import Mismatch, masked_mean
 from sparserl_jax.rl.corrections.divergence import check_bounds
-from sparserl_jax.rl.corrections.registry import register
+from sparserl_jax.rl.corrections.registry import register_each
 from sparserl_jax.rl.corrections.xi import LEVELS, level_ratio
 from sparserl_jax.validate import check_bool, check_in
 
@@ -120,17 +120,4 @@ _SOURCES = {
     ),
 }
 
-CORRECTIONS = [
-    register(
-        Correction(
-            name=settings.SECTION,
-            settings=settings,
-            weight=importance_weight,
-            metrics=importance_metrics,
-            source=source,
-            formula=formula,
-            frameworks=frameworks,
-        )
-    )
-    for settings, (source, formula, frameworks) in _SOURCES.items()
-]
+CORRECTIONS = register_each(_SOURCES, weight=importance_weight, metrics=importance_metrics)

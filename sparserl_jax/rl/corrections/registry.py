@@ -15,6 +15,19 @@ CORRECTIONS: Registry[str, Correction] = Registry("correction")
 register = CORRECTIONS.register
 
 
+def register_each(sources: dict[type, tuple[str, str, str]], **hooks) -> list[Correction]:
+    """A family of corrections sharing their hooks, one per settings class (named by its
+    SECTION): settings class -> (source, formula, frameworks), in registration order."""
+    return [
+        register(
+            Correction(
+                name=settings.SECTION, settings=settings, source=source, formula=formula, frameworks=frameworks, **hooks
+            )
+        )
+        for settings, (source, formula, frameworks) in sources.items()
+    ]
+
+
 def check_combination(setting: str, names: tuple[str, ...]) -> None:
     """The corrections a run applies: registered, and at most one of them weights tokens."""
     unknown = [n for n in names if n not in CORRECTIONS]

@@ -22,7 +22,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean
+from sparserl_jax.rl.corrections.base import Mismatch, masked_mean
 from sparserl_jax.rl.corrections.divergence import (
     AGGREGATIONS,
     STATISTICS,
@@ -30,7 +30,7 @@ from sparserl_jax.rl.corrections.divergence import (
     statistic_value,
     within_bounds,
 )
-from sparserl_jax.rl.corrections.registry import register
+from sparserl_jax.rl.corrections.registry import register_each
 from sparserl_jax.validate import check_bool, check_in
 
 
@@ -133,17 +133,4 @@ _SOURCES = {
     ),
 }
 
-CORRECTIONS = [
-    register(
-        Correction(
-            name=settings.SECTION,
-            settings=settings,
-            accept=rejection_accept,
-            metrics=rejection_metrics,
-            source=source,
-            formula=formula,
-            frameworks=frameworks,
-        )
-    )
-    for settings, (source, formula, frameworks) in _SOURCES.items()
-]
+CORRECTIONS = register_each(_SOURCES, accept=rejection_accept, metrics=rejection_metrics)
