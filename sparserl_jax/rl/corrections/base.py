@@ -84,6 +84,13 @@ def masked_mean(x: Array, mask: Array, axis=None) -> Array:
     return jnp.sum(jnp.where(mask, x, 0.0), axis=axis) / jnp.maximum(jnp.sum(m, axis=axis), 1.0)
 
 
+def effective_sample_size(w: Array, mask: Array) -> Array:
+    """1 / mean((w / mean w)^2) over the mask, in (0, 1]: the effective sample size of weights w
+    as a fraction (verl's rollout_is_eff_sample_size; mean w + 1e-8 in the denominator)."""
+    wn = w / (masked_mean(w, mask) + 1e-8)
+    return 1.0 / masked_mean(wn * wn, mask)
+
+
 def masked_quantiles(x: Array, mask: Array, qs: tuple[float, ...]) -> list[Array]:
     """Quantiles of x over mask (linear interpolation, as numpy.quantile); 1 if the mask is
     empty."""

@@ -31,8 +31,13 @@ from flax import struct
 from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.rl.config import RLConfig
-from sparserl_jax.rl.corrections.base import Correction, Mismatch, masked_mean, masked_quantiles
-from sparserl_jax.rl.corrections.importance import effective_sample_size
+from sparserl_jax.rl.corrections.base import (
+    Correction,
+    Mismatch,
+    effective_sample_size,
+    masked_mean,
+    masked_quantiles,
+)
 from sparserl_jax.rl.corrections.registry import CORRECTIONS
 from sparserl_jax.rl.corrections.xi import mismatch
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from sparserl_jax.rl.corrections.base import Mismatch, masked_mean
+from sparserl_jax.rl.corrections.base import Mismatch, effective_sample_size, masked_mean
 from sparserl_jax.rl.corrections.divergence import check_bounds
 from sparserl_jax.rl.corrections.registry import register_each
 from sparserl_jax.rl.corrections.xi import LEVELS, level_ratio
@@ -94,12 +94,6 @@ def importance_metrics(m: Mismatch, cfg: ImportanceConfig) -> dict[str, Float[Ar
         f"{cfg.SECTION}/out_of_bounds_frac": masked_mean(out.astype(jnp.float32), m.mask),
         f"{cfg.SECTION}/ess": effective_sample_size(importance_weight(m, cfg), m.mask),
     }
-
-
-def effective_sample_size(w: Float[Array, "B T"], mask) -> Float[Array, ""]:
-    """1 / mean((w / mean w)^2) over the mask (verl: mean w + 1e-8 in the denominator)."""
-    wn = w / (masked_mean(w, mask) + 1e-8)
-    return 1.0 / masked_mean(wn * wn, mask)
 
 
 _SOURCES = {
