@@ -329,23 +329,19 @@ class BucketedUpdate:
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
         path = self.choose(lengths, widths)
-        if (KEPT in batch) != bool(self.kept_k):
-            raise ValueError(
-                f"the batch {'carries' if KEPT in batch else 'lacks'} the sampler's kept sets "
-                f"(batch['kept_ids']) and this update was built for kept_k={self.kept_k}"
-            )
+        for key, k, what in ((KEPT, self.kept_k, "kept sets"), (TOP, self.top_k, "top candidates")):
+            if (key in batch) != bool(k):
+                raise ValueError(
+                    f"the batch {'carries' if key in batch else 'lacks'} the sampler's {what} "
+                    f"(batch[{key!r}]) and this update was built for {key.split('_')[0]}_k={k}"
+                )
 
-        def pad(x):  # [B, T_batch, ...] -> [B, T, ...]; kept sets padded with -1 (none)
+        def pad(x):  # [B, T_batch, ...] -> [B, T, ...]; kept sets and top ids padded with -1 (none)
             if x.ndim == 1:
                 return x
             widths = ((0, 0), (0, T - T_batch)) + ((0, 0),) * (x.ndim - 2)
             return np.pad(x, widths, constant_values=-1 if x.ndim == 3 else 0)
 
-        if (TOP in batch) != bool(self.top_k):
-            raise ValueError(
-                f"the batch {'carries' if TOP in batch else 'lacks'} the sampler's top candidates "
-                f"(batch['top_ids']) and this update was built for top_k={self.top_k}"
-            )
         host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT, TOP) if k in batch}
         old_top = None
         norms_B, metrics, score_s = None, {}, 0.0
