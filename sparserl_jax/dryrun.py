@@ -286,6 +286,11 @@ def estimate(
         one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(params["layers"][0]))
         gathers = (2 * one_layer + V * D) * a // t
     batch_bytes = b_roll * T * (4 + 1 + 3 * f32) + b_roll * f32  # tokens, mask, 3 log-probs, adv.
+    # per token: the kept set when training with top-p / top-k (int32 ids), and the agreement's top
+    # candidates (int32 ids + float32 log-probs; the batch scheduler records them)
+    kept_tok = 4 * r.top_k if r.filters else 0
+    top_tok = 8 * r.agreement_k if r.scheduler == "batch" else 0
+    batch_bytes += b_roll * T * (kept_tok + top_tok // 2)  # the update reads the ids, not the log-probs
 
     per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
     items = [
@@ -318,8 +323,9 @@ def estimate(
         Item(
             "rollout outputs",
             "rollout",
-            b_call * (M * 13 + P_len * 4),
-            f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)",
+            b_call * (M * (13 + kept_tok + top_tok) + P_len * 4),
+            f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)"
+            + (f" + {kept_tok + top_tok} B a token of kept sets / top candidates" if kept_tok + top_tok else ""),
         ),
         Item("update batch", "score+update", batch_bytes, f"[b={b_roll}, T={T}] tokens, mask, log-probs"),
         Item(
