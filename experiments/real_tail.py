@@ -4,6 +4,7 @@ CPU, R-KV rollouts, no training).
 
   python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m
   python experiments/real_tail.py                 # calibrate fixed budgets, then run the schedule
+  python experiments/real_tail.py --calibration sequential --out experiments/results/real/tail_sequential
   python experiments/real_tail.py --replot experiments/results/real/tail
 
 Plan, fixed before the run. Sparrow (Zhou et al. 2026) finds sparse-rollout RL stable while the
@@ -33,6 +34,7 @@ from sparserl_jax.experiments.real import mismatch, report
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(HERE), "checkpoints", "smollm2-135m")
 DEFAULT_OUT = os.path.join(HERE, "results", "real", "tail")
+CALIBRATIONS = ("per_bin", "sequential")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,6 +51,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reference", type=int, default=48, help="the fixed budget whose pooled tail sets tau")
     p.add_argument("--every", type=int, default=32, help="tokens seen per bin and per schedule entry")
     p.add_argument("--rows-per-call", type=int, default=64, help="prompts per sampler call")
+    p.add_argument(
+        "--calibration",
+        choices=CALIBRATIONS,
+        default="per_bin",
+        help="per_bin: each bin's budget from the fixed budgets' percentile there (Sparrow's way); sequential: "
+        "bin by bin, the candidates sampled with the earlier bins' chosen budgets in force",
+    )
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args(argv)
     if not os.path.isdir(args.checkpoint):
@@ -93,15 +102,54 @@ def schedule_for(rows: list[dict], budgets: list[int], tau: float) -> tuple[int,
     return tuple(out)
 
 
+def sequential_schedule(n_bins: int, budgets: list[int], tau: float, reached: set[int], measure) -> tuple:
+    """Bin by bin: the smallest budget whose percentile in that bin reaches tau when sampled with
+    the earlier bins' chosen budgets in force (and the largest after it), the largest where none
+    does; a bin no token reached takes the smallest (nothing is evicted there). `measure(list of
+    schedules) -> list of rows` samples candidates (in parallel). Returns (schedule, rows
+    sampled, the row of the final schedule or None)."""
+    budgets = sorted(budgets)
+    chosen, sampled = [], []
+    for b in range(n_bins):
+        if b not in reached:
+            chosen.append(budgets[0])
+            continue
+        cands = [tuple(chosen + [B] + [budgets[-1]] * (n_bins - b - 1)) for B in budgets]
+        rows = measure(cands)
+        sampled += rows
+        ok = [
+            (B, r)
+            for B, r in zip(budgets, rows)
+            if {int(k): v for k, v in r["bins"].items()}.get(b, {"p5": tau})["p5"] >= tau
+        ]
+        chosen.append(ok[0][0] if ok else budgets[-1])
+    chosen = tuple(chosen)
+    final = next((r for r in sampled if tuple(r["arm"]["schedule"]) == chosen), None)
+    return chosen, sampled, final
+
+
 def run(args) -> dict:
     fixed = [_arm(args, f"{args.policy}@{b}", b) for b in args.budgets]
     rows = workers.parallel_map(_tail_job, [(a, args.every) for a in fixed])
     ref = next(r for r in rows if r["arm"]["budget"] == args.reference)
     tau = ref["agreement_p5"]
-    schedule = schedule_for(rows, args.budgets, tau)
-    sched = _arm(args, f"{args.policy} schedule", max(schedule), schedule)
-    rows.append(workers.parallel_map(_tail_job, [(sched, args.every)])[0])
-    return {"rows": rows, "tau": tau, "schedule": list(schedule)}
+    name = f"{args.policy} schedule"
+    trials = 0
+    if args.calibration == "per_bin":
+        schedule, final = schedule_for(rows, args.budgets, tau), None
+    else:
+        reached = {int(b) for r in rows for b in r["bins"]}
+
+        def measure(schedules):
+            arms = [_arm(args, name, max(s), s) for s in schedules]
+            return workers.parallel_map(_tail_job, [(a, args.every) for a in arms])
+
+        schedule, sampled, final = sequential_schedule(max(reached) + 1, args.budgets, tau, reached, measure)
+        trials = len(sampled)
+    if final is None:
+        final = workers.parallel_map(_tail_job, [(_arm(args, name, max(schedule), schedule), args.every)])[0]
+    rows.append(final)
+    return {"rows": rows, "tau": tau, "schedule": list(schedule), "calibration": args.calibration, "trials": trials}
 
 
 def main(argv=None) -> dict | None:

@@ -101,3 +101,42 @@ def test_smoke_measurement_and_replot(tmp_path):
     real_tail.main(["--replot", str(out)])
     assert (out / "results.md").read_text() == before
     assert json.loads((out / "results.json").read_text())["schedule"] == data["schedule"]
+
+
+def test_the_sequential_calibration_samples_each_bin_with_the_earlier_choices_in_force():
+    """A fake model whose bin-b percentile is the mean of the budgets in force up to b over 100:
+    small early budgets drag the later bins down, which the per-bin rule cannot see."""
+    calls = []
+
+    def measure(schedules):
+        calls.append(schedules)
+        return [
+            {
+                "arm": {"schedule": s},
+                "bins": {b: {"p5": sum(s[: b + 1]) / (b + 1) / 100} for b in (1, 2, 3)},
+            }
+            for s in schedules
+        ]
+
+    schedule, sampled, final = real_tail.sequential_schedule(4, [64, 16, 32], 0.3, {1, 2, 3}, measure)
+    # bin 0: no token, the smallest (16); bin 1: (16 + B) / 2 reaches 30 only at B = 64; bin 2:
+    # (16 + 64 + 16) / 3 = 32 at B = 16; bin 3: (96 + 16) / 4 = 28 < 30, (96 + 32) / 4 = 32 at B = 32
+    assert schedule == (16, 64, 16, 32)
+    assert [len(c) for c in calls] == [3, 3, 3] and len(sampled) == 9
+    assert calls[1][0] == (16, 64, 16, 64) and final["arm"]["schedule"] == schedule
+    # no candidate reaches tau: the largest
+    assert real_tail.sequential_schedule(2, [16, 32], 0.9, {1}, measure)[0] == (16, 32)
+
+
+@pytest.mark.extended
+def test_smoke_sequential_calibration(tmp_path):
+    jax.devices()
+    ckpt = make_tiny_hf_checkpoint("qwen2", tmp_path / "ckpt")
+    CharTokenizer().save(ckpt)
+    out = tmp_path / "tail"
+    argv = ["--checkpoint", str(ckpt), "--prompts", "4", "--max-new", "16", "--budgets", "10", "16"]
+    argv += ["--reference", "16", "--every", "8", "--buffer", "4", "--rows-per-call", "4", "--out", str(out)]
+    data = real_tail.main([*argv, "--calibration", "sequential"])
+    assert data["calibration"] == "sequential" and data["trials"] >= 2
+    assert list(data["rows"][-1]["arm"]["schedule"]) == data["schedule"]
+    assert "calibrated bin by bin" in (out / "results.md").read_text()

@@ -414,7 +414,12 @@ def tail_markdown(data: dict) -> str:
         "(1 - total variation) over the sampler's 20 most probable tokens (`rl/diagnostics.py agreement`; a lower "
         "bound, the logged upper bound in the last column), p5 its 5th percentile over the response tokens. "
         f"tau = {tau:.4f}, the pooled p5 of the reference budget {s['reference']}. Schedule (kv.budget_schedule, one "
-        f"entry per {every} tokens seen, prompt included): {data['schedule']}.",
+        f"entry per {every} tokens seen, prompt included): {data['schedule']}, "
+        + (
+            f"calibrated bin by bin with the earlier bins' budgets in force ({data['trials']} candidate runs)."
+            if data.get("calibration") == "sequential"
+            else "each bin's budget taken from the fixed budgets' percentile there (Sparrow's way)."
+        ),
         "",
         "| rollouts | KV saving | agreement mean | agreement p5 | p5 upper bound | k3 KL | xi p5 | SARS token reject "
         "| mean length |",
