@@ -121,12 +121,14 @@ def test_dense_top_p_training_runs_end_to_end(tmp_path):
     trainer = Trainer(cfg)
     assert trainer.sampler_cfg.replay_filters and trainer.learner.update.kept_k == 20
     trainer.start()
+    # the float noise of decode against teacher forcing for this model over the run's widest rows
+    tol = logprob_tol(trainer.model_cfg, trainer.params, keys=cfg.data.max_prompt_len + cfg.rollout.max_new_tokens)
     metrics = list(trainer.run())
     assert len(metrics) == 2
     for m in metrics:
         assert np.isfinite(m["update/loss"]) and m["update/skipped"] == 0
-        assert m["mismatch/abs_dlogp_max"] < 1e-3, m["mismatch/abs_dlogp_max"]
-        assert m["xi/p5"] > 0.999 and m["xi/p95"] < 1.001
+        assert m["mismatch/abs_dlogp_max"] <= tol, (m["mismatch/abs_dlogp_max"], tol)
+        assert np.exp(-tol) <= m["xi/p5"] and m["xi/p95"] <= np.exp(tol)
         # the agreement with pi_old: a dense sampler's upper bound is 1 (its truncation is all
         # that separates the bounds)
         assert 0 < m["agreement/p5"] <= m["agreement/mean"] <= 1 and m["agreement/upper_p5"] > 0.999

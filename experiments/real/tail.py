@@ -16,7 +16,6 @@ import numpy as np
 
 from sparserl_jax.experiments.real import measure
 from sparserl_jax.model import transformer
-from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.diagnostics import agreement
 from sparserl_jax.rollout.stats import kv_statistics
 
@@ -57,17 +56,7 @@ def tail_arm(arm: measure.Arm, every: int) -> dict:
     model_cfg, params, tok, ids, lengths = measure.load(arm)
     cfg = dataclasses.replace(measure.sampler_config(arm, tok), agreement_k=TOP_K)
     out = measure.sample(params, model_cfg, ids, lengths, cfg, arm.seed, arm.rows_per_call)
-    batch = jax.device_get(
-        assemble(
-            jnp.asarray(ids),
-            jnp.asarray(lengths),
-            jnp.asarray(out.tokens),
-            jnp.asarray(out.logprobs),
-            jnp.asarray(out.mask),
-            pad_token_id=tok.pad_token_id,
-            response_top=(jnp.asarray(out.top_ids), jnp.asarray(out.top_logp)),
-        )
-    )
+    batch = jax.device_get(measure.assemble_rollout(ids, lengths, out, tok))
     old, old_top = dense_top_logp(model_cfg, params, batch["tokens"], batch["top_ids"])
     mask = np.asarray(batch["response_mask"], bool)
     lower, upper = agreement(batch["top_ids"], batch["top_logp"], old_top)

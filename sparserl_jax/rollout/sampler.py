@@ -205,12 +205,14 @@ def decode_token(
             need_B = need_B & (t > 0)
         cache, did_B = maybe_compress(kv_cfg, cache, need_B, at.evict)
         n_comp_B = n_comp_B + did_B
+    # the processed distribution once, for the draw and the recorded top candidates alike
+    proc_BxV = processed_logprobs(logits, cfg.sampling) if cfg.agreement_k else None
     if cfg.replay_filters:
-        token_B, logp_B, ids_BxK = sample_kept(logits, at.sample, cfg.sampling)
+        token_B, logp_B, ids_BxK = sample_kept(logits, at.sample, cfg.sampling, proc_BxV)
     else:
-        token_B, logp_B = sample(logits, at.sample, cfg.sampling)
-    if cfg.agreement_k:  # the sampled distribution's top candidates (the same logits)
-        top_logp_BxA, top_ids_BxA = kept_set(processed_logprobs(logits, cfg.sampling), cfg.agreement_k)
+        token_B, logp_B = sample(logits, at.sample, cfg.sampling, proc_BxV)
+    if cfg.agreement_k:  # the sampled distribution's top candidates
+        top_logp_BxA, top_ids_BxA = kept_set(proc_BxV, cfg.agreement_k)
     live_B = ~done_B
     token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
     logp_B = jnp.where(live_B, logp_B, 0.0)

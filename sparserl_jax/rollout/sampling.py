@@ -56,13 +56,15 @@ def processed_logprobs(logits: Float[Array, "B V"], cfg: SamplingConfig) -> Floa
 
 
 def sample(
-    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
+    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig, logp_BxV: Float[Array, "B V"] | None = None
 ) -> tuple[Int[Array, " B"], Float[Array, " B"]]:
     """Draw one token per row; return it with its log-prob under the processed distribution.
 
     `key` is one key for the whole batch, or a [B] array of keys, one per row (the sampler's
-    per-request keys: a row's token then depends on its own key and logits only)."""
-    logp_BxV = processed_logprobs(logits, cfg)
+    per-request keys: a row's token then depends on its own key and logits only). `logp_BxV`: the
+    processed log-probs when the caller has them (processed_logprobs(logits, cfg))."""
+    if logp_BxV is None:
+        logp_BxV = processed_logprobs(logits, cfg)
     if cfg.temperature == 0:
         token_B = jnp.argmax(logits, axis=-1)
     elif key.ndim == 1:
@@ -81,7 +83,7 @@ def kept_set(logp_BxV: Float[Array, "B V"], k: int) -> tuple[Float[Array, "B K"]
 
 
 def sample_kept(
-    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig
+    logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig, logp_BxV: Float[Array, "B V"] | None = None
 ) -> tuple[Int[Array, " B"], Float[Array, " B"], Int[Array, "B K"]]:
     """Draw one token per row from the kept set (top_k candidates after top-p) and return it, its
     log-prob under the distribution renormalised over that set, and the set's ids ([B, top_k],
@@ -93,7 +95,9 @@ def sample_kept(
             f"sample_kept needs sampling.top_k >= 1 (the kept set's size) and a temperature > 0, got "
             f"top_k={cfg.top_k}, temperature={cfg.temperature}"
         )
-    vals_BxK, ids_BxK = kept_set(processed_logprobs(logits, cfg), cfg.top_k)
+    if logp_BxV is None:
+        logp_BxV = processed_logprobs(logits, cfg)
+    vals_BxK, ids_BxK = kept_set(logp_BxV, cfg.top_k)
     logp_BxK = vals_BxK - jax.nn.logsumexp(vals_BxK, axis=-1, keepdims=True)
     if key.ndim == 1:
         j_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxK)
