@@ -241,12 +241,6 @@ def claims(data: dict, n_eval: int) -> list[tuple[str, int, int, dict]]:
     ]
 
 
-def _claim_cell(k: int, n: int, others: dict) -> str:
-    """verdict_phrase's reading, then the other outcomes' counts."""
-    phrase = figlib.verdict_phrase(k, n)
-    return phrase + "".join(f"; {name} {count}" for name, count in others.items())
-
-
 def machine_of(data: dict) -> str:
     """A result's machine as its provenance names it (CPU model, family and model)."""
     return data.get("provenance", {}).get("cpu", "machine not recorded").replace(", AVX-512)", ")")
@@ -266,7 +260,7 @@ def verdicts_table(data: dict, n_eval: int, folder: str = "replicates") -> list[
     for i, (claim, _, _, names) in enumerate(read[0]):
         k, n = sum(r[i][1] for r in read), sum(r[i][2] for r in read)
         pooled = {name: sum(r[i][3][name] for r in read) for name in names}
-        body.append([claim, *(_claim_cell(*r[i][1:]) for r in read), _claim_cell(k, n, pooled)])
+        body.append([claim, *(figlib.claim_cell(*r[i][1:]) for r in read), figlib.claim_cell(k, n, pooled)])
     arms = [d["per_seed"] for d in results.values()]
     acc = [([r["dense_acc"] for r in a["sparse_rl"]], [r["dense_acc"] for r in a["dense"]]) for a in arms]
     body.append(

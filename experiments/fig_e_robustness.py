@@ -4,10 +4,17 @@ Sparse-RL-trained model are evaluated under every eviction policy and budget.
 
   python experiments/fig_e_robustness.py                   # 5 policies x 3 budgets, seed 0
   python experiments/fig_e_robustness.py --policies snapkv --budgets 24 --smoke
+  python experiments/fig_e_robustness.py --config experiments/configs/walk_key_rkv.yaml \
+      --budgets 32 48 64 96 --warm-starts 0 1 2 --seeds 0 1 --eval-every 0 \
+      --runs-dir runs/figures train.iterations=40      # the default experiment's models
 
 The models are the runs of figure a (same configs, fig_a_curves.arm_extra included, reused from
-the run cache when present); the Sparse-RL model was trained with the base config's policy and
-budget. Accuracies are avg@1 on --eval-prompts held-out prompts (at least figlib.EVAL_PROMPTS).
+the run cache when present), or with --eval-every 0 the default experiment's (no held-out
+evaluation during training: the same configs as its runs); the Sparse-RL model was trained with
+the base config's policy and budget, from each warm start (--warm-starts, SFT seeds) with each
+seed. Accuracies are avg@1 on --eval-prompts held-out prompts (at least figlib.EVAL_PROMPTS). The
+claim (the paper's: a model trained with Sparse-RL is more robust under sparse inference), read at
+every run pair of each cell by the tie rule: Sparse-RL-trained ahead of dense-trained.
 
   python experiments/fig_e_robustness.py --replot experiments/results/fig_e_robustness/walk_key
 re-renders robustness.png and results.md from a committed results.json (no training).
@@ -24,45 +31,92 @@ from sparserl_jax.kvcache.policies import POLICIES
 SPARSE_POLICIES = [p for p in POLICIES if p != "none"]
 
 
+def arguments(p) -> None:
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        help="the models' held-out evaluation interval during training: figure a's runs (default "
+        f"{fig_a_curves.EVAL_EVERY}; 1 with --smoke), or 0: none, the default experiment's runs",
+    )
+
+
+MODELS = {  # the trained models: name -> (rl.mode, trained with sparse rollouts)
+    "dense-trained": ("dense", False),
+    "sparse_rl-trained": ("sparse_rl", True),
+}
+
+
 def run(args, study) -> dict:
     train_policy = study.base.kv.policy
     n_eval = figlib.eval_prompts(args, study)
-    extra = fig_a_curves.arm_extra(args.smoke)  # figure a's runs
-    specs = {
-        "dense-trained": lambda s: dict(name=f"dense/seed{s}", mode="dense", policy="none", seed=s, extra=extra),
-        "sparse_rl-trained": lambda s: dict(
-            name=f"sparse_rl/seed{s}", mode="sparse_rl", policy=train_policy, seed=s, extra=extra
-        ),
+    warms = figlib.warms_of(args)
+    extra = [] if args.eval_every == 0 else fig_a_curves.arm_extra(args.smoke, args.eval_every)
+    columns = {
+        "dense": {"policy": "none"},
+        **{f"{p}@{b}": {"policy": p, "budget": b} for p in args.policies for b in args.budgets},
     }
-    study.train_all([spec(s) for spec in specs.values() for s in args.seeds])
+    evals = [(kv, n_eval) for kv in columns.values()]
+    specs = [
+        dict(
+            name=f"{mode}/seed{s}" if w == 0 else f"{mode}/w{w}/seed{s}",
+            mode=mode,
+            policy=train_policy if sparse else "none",
+            seed=s,
+            extra=extra,
+            warm=w,
+        )
+        for mode, sparse in MODELS.values()
+        for w in warms
+        for s in args.seeds
+    ]
+    study.train_all([*({"warm_start": w} for w in warms), *specs], evals)  # the workers evaluate every cell
     models = {
-        "warm start": [study.warm_start()],
-        **{name: [study.arm(**spec(s)) for s in args.seeds] for name, spec in specs.items()},
+        "warm start": [(w, 0, study.warm_start(warm=w)) for w in warms],
+        **{
+            name: [(sp["warm"], sp["seed"], study.arm(**sp)) for sp in specs if sp["mode"] == mode]
+            for name, (mode, _) in MODELS.items()
+        },
     }
     grid = {
-        name: {
-            "dense": figlib.accuracies(runs, {"policy": "none"}, n_eval),  # [accuracy per seed]
-            **{
-                f"{p}@{b}": figlib.accuracies(runs, {"policy": p, "budget": b}, n_eval)
-                for p in args.policies
-                for b in args.budgets
-            },
-        }
+        name: {c: figlib.accuracies([r for _, _, r in runs], kv, n_eval) for c, kv in columns.items()}
         for name, runs in models.items()
     }
     return {
-        "grid": grid,
+        "grid": grid,  # model -> column -> [accuracy per run, in the order of "units"]
+        "units": {name: [[w, s] for w, s, _ in runs] for name, runs in models.items()},
         "retained_sparse_over_dense": retained_ratios(grid, args.policies, args.budgets),
         "seeds": args.seeds,
+        "warm_start_ids": warms,
         "policies": args.policies,
         "budgets": args.budgets,
         "eval_prompts": n_eval,
         "collapse_iteration": {
-            name: [figlib.reward_collapse_iteration(r.history) for r in runs]
+            name: [figlib.reward_collapse_iteration(r.history) for _, _, r in runs]
             for name, runs in models.items()
             if name != "warm start"
         },
     }
+
+
+def _inference(column: str) -> str:
+    return "dense inference" if column == "dense" else f"sparse inference {column}"
+
+
+def rows_of(data: dict, name: str) -> list[dict]:
+    """The model's runs as rows {warm_start, seed, column: accuracy, collapse_iteration} (results
+    of one warm start before "units": warm start 0, the seed its index)."""
+    row = data["grid"][name]
+    units = data.get("units", {}).get(name) or [[0, i] for i in range(len(row["dense"]))]
+    its = data.get("collapse_iteration", {}).get(name)
+    return [
+        {
+            "warm_start": w,
+            "seed": s,
+            **{c: v[i] for c, v in row.items()},
+            **({} if its is None else {"collapse_iteration": its[i]}),
+        }
+        for i, (w, s) in enumerate(units)
+    ]
 
 
 def retained_ratios(grid: dict, policies, budgets) -> dict:
@@ -79,38 +133,44 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     policies, budgets = data["policies"], data["budgets"]
     n_eval = data.get("eval_prompts", base.train.eval_prompts)
     columns = ["dense"] + [f"{p}@{b}" for p in policies for b in budgets]
-    warm_dense = grid["warm start"]["dense"][0]
-    its = data.get("collapse_iteration", {})
+    warms = {r["warm_start"]: {"dense_acc": r["dense"]} for r in rows_of(data, "warm start")}
+    warm_ids = sorted(warms)
     retained = retained_ratios(grid, policies, budgets)
     body = []
     for name, row in grid.items():  # both collapse rules for the trained models, '-' for the warm start
-        collapse = (
-            ("-", "-") if name == "warm start" else figlib.seed_collapse_cells(row["dense"], its.get(name), warm_dense)
-        )
+        rows = [{**r, "dense_acc": r["dense"]} for r in rows_of(data, name)]
+        collapse = ("-", "-") if name == "warm start" else figlib.arm_cells(rows, (), warms)
         body.append([name, *(fmt(row[c]) for c in columns), f"{retained[name]:.0%}", *collapse])
     lines = [
         f"Accuracy (avg@1, {n_eval} held-out prompts) under dense inference "
         f"and under each policy@budget (buffer {base.kv.buffer}); Sparse-RL trained with "
-        f"{base.kv.policy}@{base.kv.budget} from warm start 0; seeds {seeds}. Last columns: mean accuracy "
+        f"{base.kv.policy}@{base.kv.budget} from warm start(s) {warm_ids} with seeds {seeds} on each "
+        "(mean ± std over runs; the warm starts are one model each). Last columns: mean accuracy "
         "over the sparse columns divided by the model's dense accuracy, and both collapse rules.",
         "",
         *figlib.md_table(["model", *columns, "sparse / dense", *figlib.COLLAPSE_HEADERS], body),
     ]
     paired = "sparse_rl-trained" in grid and "dense-trained" in grid
     if paired:
-        rows = {
-            "Sparse-RL-trained": figlib.seed_rows(grid["sparse_rl-trained"]),
-            "dense-trained": figlib.seed_rows(grid["dense-trained"]),
-        }
-        cs = figlib.compare_arms(rows, [("Sparse-RL-trained", "dense-trained")], {c: c for c in columns}, n_eval)
-        signs = [c.sign for c in cs]
+        a, b = rows_of(data, "sparse_rl-trained"), rows_of(data, "dense-trained")
+        cs = [figlib.compare("Sparse-RL-trained", a, "dense-trained", b, c, n_eval, metric=c) for c in columns]
+        signs = [c[-1].sign for c in cs]
         lines += [
             "",
             figlib.COLLAPSE_NOTE,
             *figlib.comparison_lines(
-                cs,
-                f"Sparse-RL-trained minus dense-trained, per cell (by seed): Sparse-RL ahead in {signs.count(1)}, "
-                f"dense-trained ahead in {signs.count(-1)}, tie in {signs.count(0)} of {len(cs)} cells.",
+                [c[-1] for c in cs],
+                f"Sparse-RL-trained minus dense-trained, per cell (paired by warm start and seed; the tie rule over "
+                f"every pair): Sparse-RL ahead in {signs.count(1)}, dense-trained ahead in {signs.count(-1)}, tie in "
+                f"{signs.count(0)} of {len(cs)} cells.",
+            ),
+            *figlib.claims_table(
+                [
+                    figlib.comparison_claim(
+                        f"Sparse-RL-trained ahead of dense-trained, {_inference(c[-1].metric)}", c[-1]
+                    )
+                    for c in cs
+                ]
             ),
         ]
 
@@ -139,22 +199,32 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             command,
             seeds,
             f"Figure e, sparse-inference robustness (Sparse-RL trained with {base.kv.policy}@{base.kv.budget})",
+            warm_ids,
         )
     )
     caption = (
         f"Figure: held-out accuracy (avg@1 on {n_eval} prompts) of the warm start, a dense-trained "
         "and a Sparse-RL-trained model under sparse inference with each eviction policy (rows) and "
-        "KV budget (columns); each cell gives the mean and, with more than one seed, ± one sample "
-        "standard deviation over the trained models' seeds (the warm start is one model). Colour: "
-        "the mean, on one scale for the three model panels; bottom right: the Sparse-RL-trained "
-        "minus the dense-trained model's accuracy, mean (± std) of the per-seed differences, on a "
-        f"diverging scale. Seeds {seeds}."
+        "KV budget (columns); each cell gives the mean and, with more than one run, ± one sample "
+        "standard deviation over the runs (warm starts x seeds; the warm start panel: over its warm "
+        "starts, one model each). Colour: the mean, on one scale for the three model panels; bottom "
+        "right: the Sparse-RL-trained minus the dense-trained model's accuracy, mean (± std) of the "
+        "differences paired by warm start and seed, on a "
+        f"diverging scale. Warm starts {warm_ids}, seeds {seeds} on each."
     )
     return figlib.Rendered("Figure e: sparse-inference robustness", "\n".join(lines), {"robustness": fig}, caption)
 
 
 FIGURE = figlib.Figure(
-    "fig_e_robustness", __doc__, run, render, seeds=(0,), choices={"--policies": SPARSE_POLICIES}, budgets=(16, 24, 48)
+    "fig_e_robustness",
+    __doc__,
+    run,
+    render,
+    arguments,
+    seeds=(0,),
+    warm_starts=(0,),
+    choices={"--policies": SPARSE_POLICIES},
+    budgets=(16, 24, 48),
 )
 
 main = FIGURE.main

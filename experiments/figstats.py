@@ -244,6 +244,67 @@ def verdict_phrase(k: int, n: int, word: str = "supported", negation: str = "not
     return f"{k} of {n}"
 
 
+def claim_cell(k: int, n: int, others: dict[str, int]) -> str:
+    """`verdict_phrase`'s reading of k of n runs, then the other outcomes' counts."""
+    return verdict_phrase(k, n) + "".join(f"; {name} {count}" for name, count in others.items())
+
+
+HOLDS = "holds"  # a run's outcome where the claim holds (any other outcome is named: 'tie', 'behind'...)
+
+
+@dataclasses.dataclass
+class Claim:
+    """A claim read at every run: `outcomes[i]` is HOLDS or the name of what happened instead at
+    the run `units[i]` = (warm start, seed)."""
+
+    text: str
+    units: list[tuple[int, int]]
+    outcomes: list[str]
+
+    def cell(self, warm: int | None = None) -> str:
+        """claim_cell over the runs of warm start `warm` (None: every run)."""
+        mine = [o for (w, _), o in zip(self.units, self.outcomes) if warm in (None, w)]
+        others = {o: mine.count(o) for o in sorted(set(mine)) if o != HOLDS}
+        return claim_cell(mine.count(HOLDS), len(mine), others)
+
+
+_PAIR_OUTCOME = {1: "ahead", 0: "tie", -1: "behind"}
+
+
+def comparison_claim(text: str, c: Comparison, holds: Sequence[int] = (1,)) -> Claim:
+    """The claim that a's reading against b at each run pair of `c` (the tie rule's threshold:
+    +1 ahead, 0 tie, -1 behind) is one of `holds`, e.g. (1,) 'a ahead of b', (0, 1) 'a not behind b',
+    (0,) 'a level with b'."""
+    units = [(int(u.split()[0][1:]), int(u.split()[1][1:])) for u in c.units]
+    return Claim(text, units, [HOLDS if o in holds else _PAIR_OUTCOME[o] for o in c.outcomes()])
+
+
+def survival_claims(name: str, rows: Sequence[dict], warms: dict[int, dict]) -> list[Claim]:
+    """'`name` does not collapse' by the accuracy rule (each run against its own warm start) and,
+    beside it, by the reward rule (where the rows carry 'collapse_iteration': results that kept no
+    history have no reward-rule claim)."""
+    units = [unit_of(r, i) for i, r in enumerate(rows)]
+    acc = [
+        "warm start not recorded" if w is None else "collapsed" if collapsed(r["dense_acc"], w) else HOLDS
+        for r, w in zip(rows, warm_dense_of(rows, warms))
+    ]
+    out = [Claim(f"{name} does not collapse (accuracy rule)", units, acc)]
+    if all("collapse_iteration" in r for r in rows):
+        reward = ["collapsed" if r["collapse_iteration"] is not None else HOLDS for r in rows]
+        out.append(Claim(f"{name} does not collapse (reward rule, beside it)", units, reward))
+    return out
+
+
+def claims_table(claims: Sequence[Claim]) -> list[str]:
+    """results.md's verdict block: one row per claim, its reading on each warm start (with several)
+    and over every run (verdict_phrase: a word only where every run agrees), then the rule's note."""
+    warms = sorted({w for c in claims for w, _ in c.units})
+    per_warm = warms if len(warms) > 1 else []
+    header = ["claim (rule)", *(f"warm start {w}" for w in per_warm), "every run" if per_warm else "runs"]
+    body = [[c.text, *(c.cell(w) for w in per_warm), c.cell()] for c in claims]
+    return ["", "Verdicts (runs where each claim holds):", "", *md_table(header, body), "", VERDICT_NOTE]
+
+
 VERDICT_NOTE = (
     "Verdicts by one rule (figlib.verdict_phrase, docs/reproducing.md#one-rule-for-every-verdict): a "
     "claim is read at every run (the accuracy collapse rule first, the reward rule beside it; a "
@@ -300,7 +361,9 @@ def per_warm_start_table(results: dict[str, list[dict]], warms: dict[int, dict])
         mine = [[r for r in rows if r.get("warm_start", 0) == w] for rows in results.values()]
         body.append(
             [
-                f"{w} ({row['dense_acc']:.3f} / {row.get('sparse_acc', float('nan')):.3f})",
+                f"{w} ({row['dense_acc']:.3f} / {row['sparse_acc']:.3f})"
+                if "sparse_acc" in row
+                else f"{w} ({row['dense_acc']:.3f} / -)",
                 *(
                     f"{fmt([r['dense_acc'] for r in m])} / {fmt([r['sparse_acc'] for r in m])} "
                     f"({collapse_cells(m, [row['dense_acc']] * len(m))[0]})"

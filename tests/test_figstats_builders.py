@@ -66,6 +66,36 @@ def test_one_rule_turns_counts_into_a_verdict():
     assert c.outcomes() == [1, 0, -1] and c.counts() == (1, 1, 1) and c.sign == 0
 
 
+def test_claims_read_at_every_run_per_warm_start_and_pooled():
+    """figlib.claims_table: each claim's count of runs on each warm start and over every run, a verdict
+    word only where all agree; survival by both collapse rules (the reward rule only where recorded);
+    comparison claims from the tie rule's reading at each pair."""
+    a = _rows([0.9, 0.2], warm=0, its=[None, 4]) + _rows([0.9, 0.9], warm=1, its=[None, None])
+    b = _rows([0.5, 0.5], warm=0) + _rows([0.89, 0.5], warm=1)
+    warms = {0: {"dense_acc": 0.8}, 1: {"dense_acc": 0.8}}
+    acc, reward = figlib.survival_claims("a", a, warms)
+    assert acc.outcomes == ["holds", "collapsed", "holds", "holds"]  # 0.2 < 0.5 x 0.8
+    assert reward.cell(0) == "1 of 2; collapsed 1" and reward.cell(1) == "**supported** (2 of 2)"
+    assert len(figlib.survival_claims("b", b, warms)) == 1  # no reward rule recorded: no such claim
+    (c,) = [x for x in figlib.compare("a", a, "b", b, "dense_acc", 512) if x.metric == "dense_acc"]
+    ahead = figlib.comparison_claim("a ahead of b", c)
+    assert ahead.units == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert ahead.outcomes == ["holds", "behind", "tie", "holds"]
+    assert figlib.comparison_claim("a not behind b", c, (0, 1)).cell() == "3 of 4; behind 1"
+    assert figlib.comparison_claim("a level with b", c, (0,)).cell(1) == "1 of 2; ahead 1"
+    table = figlib.claims_table([acc, ahead])
+    assert "| claim (rule) | warm start 0 | warm start 1 | every run |" in table
+    assert "| a ahead of b | 1 of 2; behind 1 | 1 of 2; tie 1 | 2 of 4; behind 1; tie 1 |" in table
+    assert (
+        "| a does not collapse (accuracy rule) | 1 of 2; collapsed 1 | **supported** (2 of 2) | 3 of 4; collapsed 1 |"
+        in table
+    )
+    one = figlib.claims_table([figlib.survival_claims("b", b[:2], warms)[0]])
+    assert (
+        "| claim (rule) | runs |" in one and "| b does not collapse (accuracy rule) | **supported** (2 of 2) |" in one
+    )
+
+
 def test_print_size_and_one_colour_per_arm():
     """figplot: a figure wider than two columns, or with text under MIN_FONT_PT, is refused; a
     figure wider than one column is declared two-column; every arm has its own colour."""

@@ -270,9 +270,17 @@ def test_mean_std_formatting():
 def test_fig_b_budget(runs_dir, tmp_path):
     data = fig_b_budget.main(["--smoke", "--budgets", "16", "48", "--out", str(tmp_path), "--runs-dir", runs_dir])
     _outputs(tmp_path, "budget")
-    small, large = data["rows"]
-    assert small["kv_saving"][0] > large["kv_saving"][0]  # a larger budget keeps more entries
-    assert all(_acc_ok(r["trained_sparse_acc"]) for r in data["rows"])
+    (small,), (large,) = data["results"]["sparse_rl@16"], data["results"]["sparse_rl@48"]
+    assert small["kv_saving"] > large["kv_saving"]  # a larger budget keeps more entries
+    assert _acc_ok([small["sparse_acc"], large["sparse_acc"]])
+    (dense,) = data["results"]["dense"]  # the dense-trained run, evaluated at every budget
+    assert {"sparse_acc@16", "sparse_acc@48"} <= set(dense) and set(data["warm_starts"]["0"]) == {
+        "dense_acc",
+        "sparse_acc@16",
+        "sparse_acc@48",
+    }
+    md = (tmp_path / "results.md").read_text()
+    assert "| sparse_rl@48 level with dense-trained, dense inference (a tie at each run) |" in md
 
 
 def test_fig_c_policies(runs_dir, tmp_path):
@@ -339,6 +347,7 @@ def test_fig_e_robustness(runs_dir, tmp_path):
     )
     _outputs(tmp_path, "robustness")
     assert set(data["grid"]) == {"warm start", "dense-trained", "sparse_rl-trained"}
+    assert data["units"]["sparse_rl-trained"] == [[0, 0]] and data["units"]["warm start"] == [[0, 0]]
     assert set(data["grid"]["dense-trained"]) == {"dense", "streaming@16", "snapkv@16"}
     assert all(_acc_ok(v) for row in data["grid"].values() for v in row.values())
 
