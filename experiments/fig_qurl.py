@@ -107,8 +107,15 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
         *figlib.comparison_lines(cs, "Paired differences from full-precision rollouts (by seed):"),
     ]
     title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also evict KV)")
+    shown = {  # a run-mean KL within float rounding of 0 is drawn as 0, not as a bar of rounding noise
+        name: [{**r, "kl_drawn": 0.0 if abs(r["mismatch_kl_k3"]) < KL_ROUNDING else r["mismatch_kl_k3"]} for r in rows]
+        for name, rows in results.items()
+    }
+    rounded = sorted(
+        r["mismatch_kl_k3"] for rows in results.values() for r in rows if abs(r["mismatch_kl_k3"]) < KL_ROUNDING
+    )
     fig = figlib.ablation_figure(
-        results,
+        shown,
         data["histories"],
         [
             (
@@ -117,7 +124,7 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
                 ".2f",
                 False,
             ),
-            ("mismatch_kl_k3", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)", ".1e", True),
+            ("kl_drawn", "mismatch KL(pi_behav || pi_old), k3,\nnats per token (run mean, symlog)", ".1e", True),
         ],
         LABELS,
         title,
@@ -127,13 +134,19 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
         "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "
-        "token, mean over the run; symmetric-log axis, linear around 0, since the full-precision "
-        "arm's KL is ~0 and can be slightly negative) of each rollout variant (top; dots: the seeds); "
+        "token, mean over the run; symmetric-log axis, linear around 0; a run mean within "
+        f"{KL_ROUNDING:.0e} of 0 is float rounding of a KL that is 0, drawn as 0"
+        + (f": {len(rounded)} runs, {rounded[0]:.1e} to {rounded[-1]:.1e}" if rounded else "")
+        + ") of each rollout variant (top; dots: the seeds); "
         "train reward per iteration, one panel per variant, grey dashed: full-precision rollouts "
         f"(bottom). {figlib.BAND_CAPTION} Seeds {seeds}."
     )
     return figlib.Rendered("Figure QuRL: quantized rollouts", "\n".join(lines), {"qurl": fig}, caption)
 
+
+# Full-precision rollouts sample from pi_old itself: their k3 is 0 up to float rounding (run means of
+# order 1e-9 here, either sign), four orders below the smallest int8 arm's (1e-5).
+KL_ROUNDING = 1e-6
 
 FIGURE = figlib.Figure("fig_qurl", __doc__, run, render, seeds=(0, 1, 2), choices={"--variants": VARIANTS})
 
