@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=CALIBRATIONS,
         default="per_bin",
         help="per_bin: each bin's budget from the fixed budgets' percentile there (Sparrow's way); sequential: "
-        "bin by bin, the candidates sampled with the earlier bins' chosen budgets in force",
+        "bin by bin, the candidates sampled with the earlier bins' chosen budgets in force, each kept only if "
+        "its bin and every later bin hold their target",
     )
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args(argv)
@@ -102,13 +103,26 @@ def schedule_for(rows: list[dict], budgets: list[int], tau: float) -> tuple[int,
     return tuple(out)
 
 
-def sequential_schedule(n_bins: int, budgets: list[int], tau: float, reached: set[int], measure) -> tuple:
-    """Bin by bin: the smallest budget whose percentile in that bin reaches tau when sampled with
-    the earlier bins' chosen budgets in force (and the largest after it), the largest where none
-    does; a bin no token reached takes the smallest (nothing is evicted there). `measure(list of
-    schedules) -> list of rows` samples candidates (in parallel). Returns (schedule, rows
-    sampled, the row of the final schedule or None)."""
+def _holds(row: dict, bins, target: dict[int, float]) -> bool:
+    """Every bin of `bins` the row reached at its target percentile."""
+    p5 = {int(k): v["p5"] for k, v in row["bins"].items()}
+    return all(p5.get(b, target[b]) >= target[b] for b in bins)
+
+
+def sequential_schedule(
+    n_bins: int, budgets: list[int], tau: float, reached: set[int], measure, ceiling: dict[int, float] | None = None
+) -> tuple:
+    """Bin by bin: the smallest budget that, sampled with the earlier bins' chosen budgets in force
+    (and the largest after it), keeps the percentile of that bin and of every later bin at its
+    target, the largest where none does; a bin no token reached takes the smallest (nothing is
+    evicted there). A bin's target is tau, or where `ceiling` (bin -> the largest budget's own
+    percentile there) is lower, that: a bin the largest budget cannot hold at tau is held at the
+    largest budget's level. Later bins count because eviction is irreversible: a small early
+    budget can pass its own bin and lose what a later bin needs. `measure(list of schedules) ->
+    list of rows` samples candidates (in parallel). Returns (schedule, rows sampled, the row of
+    the final schedule or None)."""
     budgets = sorted(budgets)
+    target = {b: min(tau, (ceiling or {}).get(b, tau)) for b in range(n_bins)}
     chosen, sampled = [], []
     for b in range(n_bins):
         if b not in reached:
@@ -117,12 +131,9 @@ def sequential_schedule(n_bins: int, budgets: list[int], tau: float, reached: se
         cands = [tuple(chosen + [B] + [budgets[-1]] * (n_bins - b - 1)) for B in budgets]
         rows = measure(cands)
         sampled += rows
-        ok = [
-            (B, r)
-            for B, r in zip(budgets, rows)
-            if {int(k): v for k, v in r["bins"].items()}.get(b, {"p5": tau})["p5"] >= tau
-        ]
-        chosen.append(ok[0][0] if ok else budgets[-1])
+
+        ok = [B for B, r in zip(budgets, rows) if _holds(r, range(b, n_bins), target)]
+        chosen.append(ok[0] if ok else budgets[-1])
     chosen = tuple(chosen)
     final = next((r for r in sampled if tuple(r["arm"]["schedule"]) == chosen), None)
     return chosen, sampled, final
@@ -144,7 +155,9 @@ def run(args) -> dict:
             arms = [_arm(args, name, max(s), s) for s in schedules]
             return workers.parallel_map(_tail_job, [(a, args.every) for a in arms])
 
-        schedule, sampled, final = sequential_schedule(max(reached) + 1, args.budgets, tau, reached, measure)
+        top = next(r for r in rows if r["arm"]["budget"] == max(args.budgets))
+        ceiling = {int(b): v["p5"] for b, v in top["bins"].items()}
+        schedule, sampled, final = sequential_schedule(max(reached) + 1, args.budgets, tau, reached, measure, ceiling)
         trials = len(sampled)
     if final is None:
         final = workers.parallel_map(_tail_job, [(_arm(args, name, max(schedule), schedule), args.every)])[0]

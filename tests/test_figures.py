@@ -25,6 +25,7 @@ from sparserl_jax.experiments import (
     fig_f_throughput,
     fig_qurl,
     fig_sortedrl,
+    fig_tail,
     figlib,
     memo_choice,
     real_rl,
@@ -113,6 +114,29 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
     assert "Task cycle_walk" in (tmp_path / "a" / "results.md").read_text()
     assert figlib.default_out("fig_a_curves", WALK).endswith(os.path.join("fig_a_curves", "walk_memo"))
     assert figlib.default_out("fig_a_curves", figlib.DEFAULT_CONFIG).endswith("fig_a_curves")
+
+
+@pytest.mark.extended
+def test_fig_tail_calibrates_a_schedule_and_trains_naive_with_it(runs_dir, tmp_path):
+    """Figure tail at smoke size: the warm start's tail per bin for each fixed budget, the schedule
+    calibrated sequentially from them (its own measured row), and naive sparse training at the base
+    budget, the reference budget and the schedule, with the claims read at every run."""
+    argv = ["--smoke", "--budgets", "32", "48", "--base", "32", "--reference", "48", "--seeds", "0"]
+    data = fig_tail.main(
+        [*argv, "--warm-starts", "0", "--every", "32", "--tail-prompts", "4"]
+        + ["--out", str(tmp_path), "--runs-dir", runs_dir]
+    )
+    _outputs(tmp_path, "tail")
+    cal = data["calibration"]
+    assert set(data["schedule"]) <= {32, 48} and cal["schedule_row"]["arm"]["schedule"] == data["schedule"]
+    assert [r["arm"]["budget"] for r in cal["fixed"]] == [32, 48]
+    assert data["tau"] == cal["fixed"][1]["agreement_p5"] and 0.0 < data["tau"] <= 1.0
+    assert cal["fixed"][0]["kv_saving"] > cal["fixed"][1]["kv_saving"]  # the smaller budget keeps fewer entries
+    assert set(data["results"]) == {"base", "reference", "schedule"}
+    assert f"kv.budget_schedule=[{','.join(map(str, data['schedule']))}]" in data["arm_overrides"]["schedule"]
+    assert all(np.isfinite(r["agreement_p5"]) for rows in data["results"].values() for r in rows)  # logged in training
+    md = (tmp_path / "results.md").read_text()
+    assert "| the schedule not behind the reference budget (tie rule at each run) |" in md
 
 
 def _table(md: str) -> list[str]:

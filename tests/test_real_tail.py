@@ -128,6 +128,23 @@ def test_the_sequential_calibration_samples_each_bin_with_the_earlier_choices_in
     assert real_tail.sequential_schedule(2, [16, 32], 0.9, {1}, measure)[0] == (16, 32)
 
 
+def test_the_sequential_calibration_keeps_every_later_bin_at_its_target():
+    """A fake model whose bin 2 keeps at most 20 fewer than bin 1's budget (what bin 1 evicted is
+    gone): 32 passes bin 1 itself (0.32 >= 0.3) but leaves bin 2 at 0.12 under any budget, so bin 1
+    takes 64; a bin the largest budget cannot hold at tau (the ceiling) is held at its level."""
+
+    def measure(schedules):
+        return [
+            {"arm": {"schedule": s}, "bins": {1: {"p5": s[1] / 100}, 2: {"p5": min(s[1] - 20, s[2]) / 100}}}
+            for s in schedules
+        ]
+
+    assert real_tail.sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure)[0] == (16, 64, 32)
+    # bin 2's ceiling 0.12 (the largest budget's own percentile there) is its target: 32 in bin 1 suffices
+    capped = real_tail.sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure, {1: 0.64, 2: 0.12})
+    assert capped[0] == (16, 32, 16)
+
+
 @pytest.mark.extended
 def test_smoke_sequential_calibration(tmp_path):
     jax.devices()

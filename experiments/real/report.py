@@ -416,7 +416,8 @@ def tail_markdown(data: dict) -> str:
         f"tau = {tau:.4f}, the pooled p5 of the reference budget {s['reference']}. Schedule (kv.budget_schedule, one "
         f"entry per {every} tokens seen, prompt included): {data['schedule']}, "
         + (
-            f"calibrated bin by bin with the earlier bins' budgets in force ({data['trials']} candidate runs)."
+            f"calibrated bin by bin with the earlier bins' budgets in force, each bin's budget kept only where it "
+            f"and every later bin hold their target ({data['trials']} candidate runs)."
             if data.get("calibration") == "sequential"
             else "each bin's budget taken from the fixed budgets' percentile there (Sparrow's way)."
         ),
