@@ -118,7 +118,7 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
 
 @pytest.mark.extended
 def test_fig_tail_calibrates_a_schedule_and_trains_naive_with_it(runs_dir, tmp_path):
-    """Figure tail at smoke size: the warm start's tail per bin for each fixed budget, the schedule
+    """Figure tail (experiments/fig_tail.py) at smoke size: the warm start's tail per bin for each fixed budget, the schedule
     calibrated sequentially from them (its own measured row), and naive sparse training at the base
     budget, the reference budget and the schedule, with the claims read at every run."""
     argv = ["--smoke", "--budgets", "32", "48", "--base", "32", "--reference", "48", "--seeds", "0"]
