@@ -238,17 +238,22 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         ),
         *figlib.claims_table(claims(results, warms, n_eval)),
     ]
-    fig, (ax_cal, ax_acc) = figlib.plt.subplots(2, 1, figsize=(figlib.COLUMN_W, 6.4), layout="constrained")
+    fig, (ax_cal, ax_acc) = figlib.plt.subplots(
+        2, 1, figsize=(figlib.COLUMN_W, 5.6), layout="constrained", height_ratios=[3, 2]
+    )
     centres = (np.arange(n_bins) + 0.5) * every
-    colours = figlib.arm_colours(ARMS, {"base": "naive_sparse", "reference": "dense", "schedule": "sparse_rl"})
-    for name, r in zip(names, rows):
+    shades = figlib.plt.cm.viridis(np.linspace(0.1, 0.85, len(cal["fixed"])))
+    for i, r in enumerate(rows):
+        fixed = i < len(cal["fixed"])
         ys = [r["bins"].get(str(b), {}).get("p5", np.nan) for b in range(n_bins)]
-        style = dict(color="black", lw=1.6) if name.startswith("schedule") else dict(lw=0.9, alpha=0.8)
-        ax_cal.plot(centres, ys, marker=".", label=f"{name} ({r['kv_saving']:.0%} saved)", **style)
-    ax_cal.axhline(tau, color="0.4", ls="--", lw=0.8, label=f"tau = {tau:.2f}")
-    ax_cal.set(xlabel="tokens seen (prompt + response)", ylabel="agreement, 5th percentile\n(pooled per bin)")
-    ax_cal.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=1, frameon=False)
+        label = f"{r['arm']['budget'] if fixed else 'schedule'} ({r['kv_saving']:.0%})"
+        style = dict(color=shades[i], lw=0.9) if fixed else dict(color="black", lw=1.6, ls=":")
+        ax_cal.plot(centres, ys, marker=".", label=label, **style)
+    ax_cal.axhline(tau, color="0.4", ls="--", lw=0.8, label=f"tau {tau:.2f}")
+    ax_cal.set(xlabel="tokens seen (prompt + response)", ylabel="agreement p5 (pooled per bin)")
+    ax_cal.legend(fontsize=7, loc="lower left", ncol=2, title="budget (KV saved)", title_fontsize=7)
     ax_cal.set_title("calibration (warm starts, no training)", fontsize=8)
+    colours = figlib.arm_colours(ARMS, {"base": "naive_sparse", "reference": "dense", "schedule": "sparse_rl"})
     figlib.run_bars(
         ax_acc,
         list(ARMS),
@@ -256,9 +261,11 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         colours,
         horizontal=True,
         value_fmt=".2f",
-        labels=[LABELS[a] for a in ARMS],
+        labels=[f"{data['base']}", f"{data['reference']}", "schedule"],
     )
-    ax_acc.set(xlabel=f"final accuracy (avg@1, {n_eval} prompts, dense inference)", xlim=(0, 1.15))
+    ax_acc.set(
+        xlabel=f"final accuracy (avg@1, {n_eval} prompts,\ndense inference)", ylabel="naive sparse at", xlim=(0, 1.15)
+    )
     ax_acc.set_title("naive sparse training", fontsize=8)
     fig.suptitle(
         figlib.run_title(base, command, data["seeds"], "Figure tail: holding the agreement tail", sorted(warms))
@@ -266,7 +273,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     caption = (
         "Figure: top, the 5th percentile of the per-token agreement sum_v min(p_sparse, p_dense) over the "
         f"sampler's top {TOP_K}, pooled per bin of {every} tokens over the warm starts' samples, for each fixed "
-        "budget and the sequentially calibrated schedule (black); dashed: tau, the reference budget's pooled "
+        "budget (coloured by budget) and the sequentially calibrated schedule (black, dotted); legend: each one's KV saving; dashed: tau, the reference budget's pooled "
         "percentile. Bottom: final dense-inference accuracy of naive sparse training at the base budget, the "
         "reference budget and the schedule; bars: mean over runs (warm starts x seeds), error bars ± one sample "
         "standard deviation, dots: the runs."
