@@ -34,6 +34,7 @@ import os
 import numpy as np
 
 from sparserl_jax.experiments import figlib, real_tail, workers
+from sparserl_jax.experiments.real import report
 
 TOP_K = 20  # Sparrow's top 20 (experiments/real/tail.py)
 ARMS = ("base", "reference", "schedule")  # naive sparse at --base, at --reference, with the schedule
@@ -207,7 +208,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         f"Calibration (no training): the warm starts {sorted(warms)} sample their training prompts with each "
         f"budget of {base.kv.policy} (buffer {base.kv.buffer}), tokens pooled over warm starts, bins of {every} "
         f"tokens seen; tau = the reference budget {data['reference']}'s 5th percentile = {tau:.3f}; the sequential "
-        f"calibration sampled {len(cal['sequential_trials'])} candidate schedules.",
+        f"calibration sampled {len(cal['sequential_trials'])} candidate schedules. "
+        + report.equal_mismatch_sentence(cal["fixed"], cal["schedule_row"]),
         "",
         *figlib.md_table(
             [

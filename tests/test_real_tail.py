@@ -6,9 +6,11 @@ import os
 import sys
 
 import jax
+import numpy as np
 import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
+from sparserl_jax.experiments.real import report
 from sparserl_jax.tokenizer import CharTokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
@@ -157,3 +159,17 @@ def test_smoke_sequential_calibration(tmp_path):
     assert data["calibration"] == "sequential" and data["trials"] >= 2
     assert list(data["rows"][-1]["arm"]["schedule"]) == data["schedule"]
     assert "calibrated bin by bin" in (out / "results.md").read_text()
+
+
+def test_the_fixed_budgets_at_the_schedules_mismatch_interpolate_in_k3():
+    rows = [
+        {"arm": {"budget": b}, "kl_k3": k, "kv_saving": v, "agreement_p5": p}
+        for b, k, v, p in ((32, 0.12, 0.6, 0.30), (48, 0.04, 0.4, 0.40), (96, 0.01, 0.1, 0.50))
+    ]
+    eq = report.at_equal_mismatch(rows, 0.08)  # halfway between 48 and 32
+    assert eq["between"] == (48, 32)
+    np.testing.assert_allclose([eq["kv_saving"], eq["agreement_p5"]], [0.5, 0.35])
+    assert report.at_equal_mismatch(rows, 0.2) is None
+    line = report.equal_mismatch_sentence(rows, {"kl_k3": 0.08, "kv_saving": 0.45, "agreement_p5": 0.37})
+    assert "save 50.0% at agreement p5 0.3500; the schedule saves 45.0% at 0.3700" in line
+    assert "outside" in report.equal_mismatch_sentence(rows, {"kl_k3": 0.5, "kv_saving": 0.0, "agreement_p5": 0.0})
