@@ -22,6 +22,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import SlotEngine, bubble_ratio
+from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.rollout.stats import rollout_bubble
 
@@ -52,6 +53,14 @@ def _assert_same(got, ref, rows=None):
     np.testing.assert_array_equal(got.n_compressions, np.asarray(ref.n_compressions)[rows])
 
 
+def _assert_same_records(got, ref, rtol=1e-5, atol=1e-6):
+    """Engine rows' per-token records (kept sets, top candidates) equal the static sampler's rows,
+    every position (-1 / 0 after the end): the ids exactly, the log-probs as the sampler's."""
+    for name in ("kept_ids", "top_ids"):
+        np.testing.assert_array_equal(getattr(got, name), np.asarray(getattr(ref, name)), err_msg=name)
+    np.testing.assert_allclose(got.top_logp, np.asarray(ref.top_logp), rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize(
     "policy,trigger",
     [(p, "interval") for p in ("none", "streaming", "h2o", "snapkv", "rkv", "random")]
@@ -74,14 +83,18 @@ def test_engine_with_enough_slots_equals_the_static_sampler(policy, trigger):
 N = 5  # requests in the refill tests, on Q = 3 slots
 M = 12
 ENGINES = {}
+# top-p 0.9 within top-k 20, recording each token's kept set and its 20 most probable tokens
+RECORDS = dict(sampling=SamplingConfig(top_p=0.9, top_k=20), replay_filters=True, agreement_k=20)
 
 
-def _engine(policy, trigger="interval"):
-    """One engine (and its compiled programs) per KV setting for the whole module: Q = 3."""
-    if (policy, trigger) not in ENGINES:
-        cfg = smp.SamplerConfig(max_new_tokens=M, eos_token_ids=(5,), kv=_kv(policy, trigger))
-        ENGINES[policy, trigger] = SlotEngine(CFG, cfg, 3, P, segment_chunks=1)
-    return ENGINES[policy, trigger]
+def _engine(policy, trigger="interval", records=False):
+    """One engine (and its compiled programs) per KV setting for the whole module: Q = 3;
+    `records`: the sampler records each token's kept set and top candidates (RECORDS)."""
+    if (policy, trigger, records) not in ENGINES:
+        extra = RECORDS if records else {}
+        cfg = smp.SamplerConfig(max_new_tokens=M, eos_token_ids=(5,), kv=_kv(policy, trigger), **extra)
+        ENGINES[policy, trigger, records] = SlotEngine(CFG, cfg, 3, P, segment_chunks=1)
+    return ENGINES[policy, trigger, records]
 
 
 REFS = {}
@@ -120,6 +133,29 @@ def test_refills_give_each_request_its_own_generation(policy, order, limits):
         assert (got.tokens[j, n:] == 0).all() and (got.logprobs[j, n:] == 0).all()
 
 
+def test_refills_record_each_requests_kept_sets_and_top_candidates():
+    """With filters and records on (RECORDS), Q = 3 < N = 5 requests in a shuffled order with
+    forced lengths: each request's kept sets, top ids and top log-probs are its generation's
+    without refills (up to the forced end; -1 / 0 after it), and so are its tokens."""
+    eng = _engine("snapkv", records=True)
+    tokens, lengths = _prompts(N, seed=3)
+    order, limits = np.array([3, 0, 4, 1, 2]), np.array([M, 2, 7, M, 5])
+    got = eng.run(PARAMS, jax.random.key(4), tokens[order], lengths[order], order, limits=limits)
+    ref = smp.generate_jit(
+        PARAMS,
+        CFG,
+        jnp.asarray(tokens[order]),
+        jnp.asarray(lengths[order]),
+        jax.random.key(4),
+        eng.cfg,
+        jnp.asarray(order),
+        jnp.asarray(limits),
+    )
+    _assert_same(got, ref)
+    _assert_same_records(got, ref)
+    assert (got.kept_ids[:, :, 1] >= 0).any() and (got.kept_ids[:, :, -1] == -1).any()  # top-p cut inside the 20
+
+
 def test_bubble_ratio_equals_a_hand_computed_schedule():
     # Eq. 4: intervals (running, seconds) with Q = 4: (0 * 1 + 2 * 1 + 4 * 0.5) / (2.5 * 4)
     assert bubble_ratio([(4, 1.0), (2, 1.0), (0, 0.5)], 4) == pytest.approx(0.4)
@@ -140,8 +176,8 @@ def test_bubble_ratio_equals_a_hand_computed_schedule():
 # ----------------------------------------------------------------------------- scheduler
 
 
-def _scheduler(mode, group_batches=2, limits=None, resume="cache"):
-    eng = _engine("none")
+def _scheduler(mode, group_batches=2, limits=None, resume="cache", records=False):
+    eng = _engine("none", records=records)
     sched = SortedScheduler(
         eng,
         SortedConfig(mode=mode, slots=3, group_batches=group_batches, resume=resume),
@@ -210,6 +246,44 @@ def test_partial_responses_resume_exactly_under_unchanged_weights(resume):
     assert resumed > 0  # some response did span two versions
 
 
+def _static_reference(sched, params, examples, ptok, plen, out):
+    """The static sampler's generation of a harvest's rows: the same request ids and forced
+    lengths (the rows are prompt-major, 2 samples each), the group's key."""
+    rows_limits = sched.limits[np.repeat(examples, 2), np.tile([0, 1], len(examples))]
+    return smp.generate_jit(
+        params,
+        CFG,
+        jnp.asarray(ptok),
+        jnp.asarray(plen),
+        sched.key,
+        sched.engine.cfg,
+        jnp.asarray(out.request),
+        jnp.asarray(rows_limits),
+    )
+
+
+@pytest.mark.parametrize("mode,resume", [("partial", "cache"), ("partial", "prefill"), ("on_policy", "cache")])
+def test_records_stay_aligned_with_tokens_across_resumes_and_drops(mode, resume):
+    """Records on (RECORDS), the same weights in both versions: a response resumed in its slot
+    (cache), harvested and re-prefilled (prefill), or dropped and re-sampled afresh (on-policy)
+    has the kept sets and top candidates of its uninterrupted generation at every position, as
+    its tokens: the partial response's records travel with it and a slot's earlier records are
+    not carried over."""
+    sched = _scheduler(mode, limits=np.array([[2, 3], [4, 5], [12, 12], [6, 6]]), resume=resume, records=True)
+    interrupted = 0
+    for version in range(2):
+        examples, ptok, plen, out, metrics = sched.next_batch(PARAMS, version)
+        ref = _static_reference(sched, PARAMS, examples, ptok, plen, out)
+        np.testing.assert_array_equal(out.tokens, np.asarray(ref.tokens))
+        np.testing.assert_allclose(out.logprobs, np.asarray(ref.logprobs), rtol=1e-4, atol=1e-5)
+        _assert_same_records(out, ref, rtol=1e-4, atol=1e-5)
+        if mode == "partial":
+            interrupted += int(sum(len(set(v[:n])) > 1 for v, n in zip(out.version, out.lengths)))
+        else:
+            interrupted += metrics["sorted/discarded_token_fraction"] > 0
+    assert interrupted > 0  # some response was resumed (partial) or dropped and re-sampled
+
+
 PARAMS_V1 = jax.tree.map(lambda x: x * 1.25 if x.ndim >= 2 else x, PARAMS)  # other weights
 
 
@@ -226,17 +300,7 @@ def test_a_token_carries_the_version_of_the_logits_it_was_sampled_from():
     t_s = {r.uid: int(t_now[q]) for q, r in sched.occupant.items()}
     assert t_s, "the example needs a response mid-way at the first harvest"
     examples, ptok, plen, out, metrics = sched.next_batch(PARAMS_V1, 1)
-    rows_limits = limits[np.repeat(examples, 2), np.tile([0, 1], len(examples))]
-    ref = smp.generate_jit(
-        PARAMS,
-        CFG,
-        jnp.asarray(ptok),
-        jnp.asarray(plen),
-        sched.key,
-        sched.engine.cfg,
-        jnp.asarray(out.request),
-        jnp.asarray(rows_limits),
-    )
+    ref = _static_reference(sched, PARAMS, examples, ptok, plen, out)
     ref_tokens, ref_logp = np.asarray(ref.tokens), np.asarray(ref.logprobs)
     resumed = 0
     for i, uid in enumerate(out.request):

@@ -7,14 +7,16 @@ prompt + max new tokens; sparse: budget + buffer). A request flows through it as
      fresh or resumed, or before it by warm_up) and dispatches one jitted program that prefills
      them (prompt, or prompt + partial response when resumed) into a fresh cache and scatters
      every cache leaf (keys, values, fill, length, positions, H2O mass, window queries) into
-     free slots, so nothing of the previous occupant survives. It returns at once (JAX async
+     free slots, so nothing of the previous occupant survives (a resumed request brings its
+     tokens and records so far, a fresh one starts them empty). It returns at once (JAX async
      dispatch); the device runs it before the next segment.
   2. segment: a jitted program of up to `segment_chunks` x kv.buffer decode steps (the slot
      state donated) with the static sampler's own step (sampler.decode_token), every slot at its
      own token index t. `segment_start` dispatches it; `segment_wait` fetches only the slots'
      done flags and t (two [Q] arrays).
   3. harvest: `harvest_start` dispatches a copy of every slot's response (tokens, sampler
-     log-probs, kept counts, the policy version of each token; one compiled shape, all Q rows);
+     log-probs, kept counts, the policy version of each token, and the sampler's per-token
+     records when its config asks for them: kept sets, top candidates; one compiled shape, all Q rows);
      the slots are free to insert into at once, and `harvest_read` brings the copy to the host
      later: the SortedScheduler reads it after dispatching the next segment, so the device
      decodes while the host copies and books the finished responses.
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +72,11 @@ from sparserl_jax.rollout.sampler import (
     SamplerConfig,
     cache_capacity,
     decode_token,
+    empty_records,
     evicted_fraction,
     prefill_requests,
     request_keys,
+    token_records,
 )
 from sparserl_jax.validate import check_at_least
 
@@ -95,6 +100,10 @@ class SlotState:
     logprobs: Float[Array, "Q M"]
     kept_tok: Int[Array, "Q M"]
     version: Int[Array, "Q M"]  # policy version whose logits each token was sampled from
+    # the sampler's per-token records (sampler.token_records), when its config asks for them
+    kept_ids: Int[Array, "Q M K"] | None = None
+    top_ids: Int[Array, "Q M A"] | None = None
+    top_logp: Float[Array, "Q M A"] | None = None
 
 
 @dataclasses.dataclass
@@ -109,6 +118,19 @@ class Finished:
     lengths: np.ndarray  # [n]
     n_compressions: np.ndarray
     prompt_lengths: np.ndarray
+    kept_ids: np.ndarray | None = None  # [n, M, K], with the sampler's replay_filters
+    top_ids: np.ndarray | None = None  # [n, M, A], with its agreement_k
+    top_logp: np.ndarray | None = None
+
+    def row(self, i: int) -> Finished:
+        """Row i, as a one-row Finished."""
+        return Finished(**{f.name: _rows(getattr(self, f.name), i) for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def concat(rows: Sequence[Finished]) -> Finished:
+        """Rows joined in order (one Finished)."""
+        names = (f.name for f in dataclasses.fields(Finished))
+        return Finished(**{k: _cat_rows([getattr(r, k) for r in rows]) for k in names})
 
     def to_rollout(self) -> Rollout:
         """The same rows as the static sampler's Rollout (host arrays)."""
@@ -121,7 +143,18 @@ class Finished:
             kept=self.kept,
             n_compressions=self.n_compressions,
             evicted_fraction=np.asarray(evicted_fraction(self.kept, self.lengths, self.prompt_lengths)),
+            kept_ids=self.kept_ids,
+            top_ids=self.top_ids,
+            top_logp=self.top_logp,
         )
+
+
+def _rows(x: np.ndarray | None, i: int):
+    return None if x is None else x[i : i + 1]
+
+
+def _cat_rows(xs: list):
+    return None if xs[0] is None else np.concatenate(xs)
 
 
 @dataclasses.dataclass
@@ -169,16 +202,6 @@ def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) 
             "sampler.record_kept (rl masked recompute) is not supported by "
             "rollout.scheduler='sorted'; use rollout.scheduler='batch'"
         )
-    if cfg.agreement_k:
-        raise ValueError(
-            "sampler.agreement_k (the sparse-dense agreement's top candidates) is not recorded by "
-            "rollout.scheduler='sorted' yet; build its sampler with agreement_k=0"
-        )
-    if cfg.replay_filters:
-        raise ValueError(
-            "training with rollout.top_p / rollout.top_k (the sampler records each token's kept set) is "
-            "not supported by rollout.scheduler='sorted' yet; use rollout.scheduler='batch' or no filters"
-        )
     check_at_least("sorted.slots", slots, 1)
     check_at_least("prompt_len (data.max_prompt_len)", prompt_len, 1)
     check_at_least("sorted.segment_chunks", segment_chunks, 1)
@@ -219,6 +242,7 @@ class SlotEngine:
         self.mesh = mesh
         self.model_cfg, self.cfg, self.Q, self.P = model_cfg, cfg, slots, prompt_len
         self.M = cfg.max_new_tokens
+        self.records = tuple(token_records(cfg))  # the per-token records beside tokens and log-probs
         self.C = cache_capacity(cfg.kv, prompt_len, self.M)
         self.segment_chunks = segment_chunks
         self.stats = EngineStats()
@@ -252,6 +276,7 @@ class SlotEngine:
             logprobs=jnp.zeros((Q, M), jnp.float32),
             kept_tok=jnp.zeros((Q, M), jnp.int32),
             version=jnp.zeros((Q, M), jnp.int32),
+            **empty_records(self.cfg, (Q, M)),
         )
         if self.mesh is None:
             # committed to the device, as every program's output is: a jit cache key includes
@@ -278,7 +303,7 @@ class SlotEngine:
         def step(c, _):
             st, active = c
             carry = (st.cache, st.logits, st.kept, st.prev, st.done, st.n_comp)
-            carry, (token_Q, logp_Q, live_Q, kept_Q) = decode_token(
+            carry, (token_Q, logp_Q, live_Q, kept_Q, rec_Q) = decode_token(
                 params, self.model_cfg, cfg, self.C, keys, carry, st.t, interval=True, limit_B=st.limit
             )
             cache, logits, kept, prev, done, n_comp = carry
@@ -300,6 +325,7 @@ class SlotEngine:
                 logprobs=put(st.logprobs, logp_Q),
                 kept_tok=put(st.kept_tok, kept_Q),
                 version=put(st.version, st.logits_version),
+                **{name: put(getattr(st, name), x) for name, x in rec_Q.items()},
             )
             return (st, active + jnp.sum(live_Q, dtype=jnp.int32)), None
 
@@ -332,7 +358,8 @@ class SlotEngine:
     ):
         """Prefill `prompts` (prompt, or prompt + partial response when `resume`) with the
         weights of `version` into a fresh cache and scatter every leaf into `slots` (index Q: a
-        padding row, dropped)."""
+        padding row, dropped). `prefix`: the rows' tokens so far and their records (resumed: the
+        partial responses'; fresh: none, the records then start empty here)."""
         keys = request_keys(key, request)
         logits, cache, n_comp = prefill_requests(
             params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg, self.C
@@ -341,8 +368,10 @@ class SlotEngine:
         def put(dst, src):
             return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
 
-        tokens, logprobs, kept_tok, token_version, prev_n_comp = prefix
+        tokens, logprobs, kept_tok, token_version, prev_n_comp, records = prefix
         n = prompts.shape[0]
+        if not resume:
+            records = empty_records(self.cfg, (n, self.M))
         prev = jnp.take_along_axis(tokens, jnp.maximum(t0 - 1, 0)[:, None], axis=1)[:, 0]
         return state.replace(
             cache=jax.tree.map(put, state.cache, cache),
@@ -360,10 +389,12 @@ class SlotEngine:
             logprobs=put(state.logprobs, logprobs),
             kept_tok=put(state.kept_tok, kept_tok),
             version=put(state.version, token_version),
+            **{name: put(getattr(state, name), x) for name, x in records.items()},
         )
 
     def _harvest_fn(self, state: SlotState, slots):
         s = state
+        records = {name: getattr(s, name)[slots] for name in self.records}
         return (
             s.request[slots],
             s.tokens[slots],
@@ -373,6 +404,7 @@ class SlotEngine:
             s.t[slots],
             s.n_comp[slots],
             s.prompt_len[slots],
+            records,
         )
 
     # ------------------------------------------------------------------ host side
@@ -483,6 +515,7 @@ class SlotEngine:
                     lengths=ones,
                     n_compressions=ones * 0,
                     prompt_lengths=ones,
+                    **empty_records(self.cfg, (nb, self.M), np),
                 )
             state = self._insert_rows(
                 params,
@@ -524,11 +557,13 @@ class SlotEngine:
         tokens = np.full((n, M), self.cfg.pad_token_id, np.int32)
         logprobs, kept, versions = np.zeros((n, M), np.float32), np.zeros((n, M), np.int32), np.zeros((n, M), np.int32)
         n_comp = np.zeros((n,), np.int32)
+        records = {}  # fresh: the insert starts them empty on the device
         resume = partial is not None
         if resume:
             t0 = partial.lengths.astype(np.int32)
             tokens, logprobs, kept, versions = partial.tokens, partial.logprobs, partial.kept, partial.version
             n_comp = partial.n_compressions
+            records = {name: getattr(partial, name) for name in self.records}
             width = self.P + M
             joined = np.full((n, width), self.cfg.pad_token_id, np.int32)
             for i in range(n):
@@ -540,7 +575,7 @@ class SlotEngine:
         args = [np.asarray(slots, np.int32), prompts, lengths, np.asarray(request, np.int32), t0, limit]
         fills = [self.Q, 0, 1, 0, 0, M]
         args = [pad(a, f) for a, f in zip(args, fills)]
-        prefix = tuple(pad(np.asarray(a), 0) for a in (tokens, logprobs, kept, versions, n_comp))
+        prefix = jax.tree.map(lambda a: pad(np.asarray(a), 0), (tokens, logprobs, kept, versions, n_comp, records))
         args, prefix = self._place((args, prefix)) if self.mesh is not None else (args, prefix)
         state = self._insert(params, state, key, *args, prefix, jnp.int32(version), resume=resume)
         self._host_call(tic, compiled, state.done)
@@ -561,10 +596,11 @@ class SlotEngine:
         """Host copies of the responses of `slots` in a harvest_start copy; `idle`: the wait is
         idle time (False while a segment is running: its interval covers the wait)."""
         tic, compiled = time.perf_counter(), compile_clock.Since()
-        out = [np.asarray(x)[np.asarray(slots, np.int64)] for x in self._fetch(pending)]
+        rows = np.asarray(slots, np.int64)
+        *out, records = jax.tree.map(lambda x: np.asarray(x)[rows], self._fetch(pending))
         if idle:
             self._idle(time.perf_counter() - tic - self._compiled(compiled) + self._take_device_s())
-        return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7])
+        return Finished(*out[:5], lengths=out[5], n_compressions=out[6], prompt_lengths=out[7], **records)
 
     def harvest(self, state: SlotState, slots) -> Finished:
         """Host copies of the responses in `slots` (the slots are then free to insert into)."""
@@ -612,7 +648,6 @@ class SlotEngine:
             if finished:
                 got = self.harvest(state, finished)
                 for j, s in enumerate(finished):
-                    results[occupant.pop(s)] = jax.tree.map(lambda x: x[j], dataclasses.asdict(got))  # noqa: B023 (called within the iteration)
+                    results[occupant.pop(s)] = got.row(j)
                 free.extend(finished)
-        rows = [results[i] for i in range(N)]
-        return Finished(**{k: np.stack([r[k] for r in rows]) for k in rows[0]})
+        return Finished.concat([results[i] for i in range(N)])

@@ -26,6 +26,7 @@ it (rollout.rows_per_call) or, in the slot engine, on the slot and segment it ra
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +112,34 @@ class Rollout:
     top_logp: Float[Array, "B M A"] | None = None
 
 
+class TokenRecord(NamedTuple):
+    """A per-token record beside a token and its log-prob: its trailing width, dtype and the value
+    where there is none (after the end, padding)."""
+
+    width: int
+    dtype: jnp.dtype
+    fill: int | float
+
+
+def token_records(cfg: SamplerConfig) -> dict[str, TokenRecord]:
+    """The per-token records cfg asks for, by their Rollout field: `kept_ids` [top_k] with
+    replay_filters (4 * top_k bytes a token), `top_ids` and `top_logp` [agreement_k] with
+    agreement_k (8 * agreement_k bytes a token)."""
+    records = {}
+    if cfg.replay_filters:
+        records["kept_ids"] = TokenRecord(cfg.sampling.top_k, jnp.int32, -1)
+    if cfg.agreement_k:
+        records["top_ids"] = TokenRecord(cfg.agreement_k, jnp.int32, -1)
+        records["top_logp"] = TokenRecord(cfg.agreement_k, jnp.float32, 0.0)
+    return records
+
+
+def empty_records(cfg: SamplerConfig, shape: tuple[int, ...], xp=jnp) -> dict:
+    """Every record of cfg for `shape` tokens ([B, M]: arrays [B, M, width]), filled with its
+    no-value; `xp`: jax.numpy (device) or numpy (host)."""
+    return {name: xp.full((*shape, r.width), r.fill, r.dtype) for name, r in token_records(cfg).items()}
+
+
 def cache_capacity(kv_cfg: kv.KVConfig, prompt_len: int, max_new_tokens: int) -> int:
     """Slots of the cache the sampler decodes with (dense: the whole sequence, rounded to chunks)."""
     if kv_cfg.is_dense:
@@ -189,9 +218,10 @@ def decode_token(
     multiple of kv.buffer,) sample response token t of every live row with its request keys at
     t, and feed it through the model. t is a scalar or a [B] array (each slot its own index);
     `limit_B` optionally ends a row after limit_B tokens (forced lengths). carry = (cache, logits,
-    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B)), then the
-    token's kept set [B, top_k] with cfg.replay_filters, then its top candidates' ids and
-    log-probs [B, agreement_k] with cfg.agreement_k."""
+    kept_B, prev_B, done_B, n_comp_B); returns (carry, (token_B, logp_B, live_B, kept_B,
+    records)), records the token_records of cfg ({name: [B, width]}, the no-value where not live):
+    its kept set with cfg.replay_filters, its top candidates' ids and log-probs with
+    cfg.agreement_k."""
     cache, logits, kept_B, prev_B, done_B, n_comp_B = carry
     kv_cfg = cfg.kv
     at = keys.at(t)
@@ -205,14 +235,7 @@ def decode_token(
             need_B = need_B & (t > 0)
         cache, did_B = maybe_compress(kv_cfg, cache, need_B, at.evict)
         n_comp_B = n_comp_B + did_B
-    # the processed distribution once, for the draw and the recorded top candidates alike
-    proc_BxV = processed_logprobs(logits, cfg.sampling) if cfg.agreement_k else None
-    if cfg.replay_filters:
-        token_B, logp_B, ids_BxK = sample_kept(logits, at.sample, cfg.sampling, proc_BxV)
-    else:
-        token_B, logp_B = sample(logits, at.sample, cfg.sampling, proc_BxV)
-    if cfg.agreement_k:  # the sampled distribution's top candidates
-        top_logp_BxA, top_ids_BxA = kept_set(proc_BxV, cfg.agreement_k)
+    token_B, logp_B, rec = _draw(logits, at.sample, cfg)
     live_B = ~done_B
     token_B = jnp.where(live_B, token_B, cfg.pad_token_id)
     logp_B = jnp.where(live_B, logp_B, 0.0)
@@ -229,12 +252,23 @@ def decode_token(
         attn_platform=cfg.attn_platform,
         mesh=cfg.mesh,
     )
-    ys = (token_B, logp_B, live_B, kept_B)
+    records = token_records(cfg)
+    rec = {name: jnp.where(live_B[:, None], x, records[name].fill) for name, x in rec.items()}
+    return (cache, logits, cache.fill, token_B, done_B, n_comp_B), (token_B, logp_B, live_B, kept_B, rec)
+
+
+def _draw(logits: Float[Array, "B V"], key: jax.Array, cfg: SamplerConfig):
+    """Sample a token per row from the processed distribution, computed once for the draw and the
+    recorded top candidates alike; returns (token_B, logp_B, {record name: [B, width]})."""
+    proc_BxV = processed_logprobs(logits, cfg.sampling) if cfg.agreement_k else None
+    rec = {}
     if cfg.replay_filters:
-        ys = (*ys, jnp.where(live_B[:, None], ids_BxK, -1))
-    if cfg.agreement_k:
-        ys = (*ys, jnp.where(live_B[:, None], top_ids_BxA, -1), jnp.where(live_B[:, None], top_logp_BxA, 0.0))
-    return (cache, logits, cache.fill, token_B, done_B, n_comp_B), ys
+        token_B, logp_B, rec["kept_ids"] = sample_kept(logits, key, cfg.sampling, proc_BxV)
+    else:
+        token_B, logp_B = sample(logits, key, cfg.sampling, proc_BxV)
+    if cfg.agreement_k:  # the sampled distribution's top candidates
+        rec["top_logp"], rec["top_ids"] = kept_set(proc_BxV, cfg.agreement_k)
+    return token_B, logp_B, rec
 
 
 def _ids(ids: tuple[int, ...]):
@@ -301,8 +335,8 @@ def generate(
             kept_pos = kept_pos.at[r].set(jnp.stack(kv.kept_positions(cache)))
         carry = (cache, logits, kept_B, prev_B, done_B, n_comp_B)
         carry, ys = jax.lax.scan(step, carry, r * U + jnp.arange(U))
-        outs = tuple(
-            jax.lax.dynamic_update_slice_in_dim(o, jnp.moveaxis(y, 0, 1), r * U, axis=1) for o, y in zip(outs, ys)
+        outs = jax.tree.map(
+            lambda o, y: jax.lax.dynamic_update_slice_in_dim(o, jnp.moveaxis(y, 0, 1), r * U, axis=1), outs, ys
         )
         return r + 1, carry, outs, kept_pos
 
@@ -315,12 +349,8 @@ def generate(
         jnp.zeros((B, n_chunks * U), jnp.float32),
         jnp.zeros((B, n_chunks * U), bool),
         jnp.zeros((B, n_chunks * U), jnp.int32),
+        empty_records(cfg, (B, n_chunks * U)),
     )
-    if cfg.replay_filters:
-        outs = (*outs, jnp.full((B, n_chunks * U, cfg.sampling.top_k), -1, jnp.int32))
-    if cfg.agreement_k:
-        A = cfg.agreement_k
-        outs = (*outs, jnp.full((B, n_chunks * U, A), -1, jnp.int32), jnp.zeros((B, n_chunks * U, A), jnp.float32))
     kept_pos = None
     if cfg.record_kept:
         K = model_cfg.n_kv_heads
@@ -329,9 +359,7 @@ def generate(
     zeros_B = jnp.zeros((B,), jnp.int32)
     carry = (cache, logits, kept_B, zeros_B - 1, jnp.zeros((B,), bool), n_comp_B)
     _, carry, outs, kept_pos = jax.lax.while_loop(not_finished, chunk, (jnp.int32(0), carry, outs, kept_pos))
-    tokens, logprobs, mask, kept, *extra = (o[:, :M] for o in outs)
-    kept_ids = extra.pop(0) if cfg.replay_filters else None
-    top_ids, top_logp = extra if cfg.agreement_k else (None, None)
+    tokens, logprobs, mask, kept, records = jax.tree.map(lambda o: o[:, :M], outs)
     lengths = jnp.sum(mask, axis=1).astype(jnp.int32)
     return Rollout(
         tokens=tokens,
@@ -342,9 +370,7 @@ def generate(
         n_compressions=carry[5],
         evicted_fraction=evicted_fraction(kept, lengths, prompt_lengths),
         kept_positions=kept_pos,
-        kept_ids=kept_ids,
-        top_ids=top_ids,
-        top_logp=top_logp,
+        **records,
     )
 
 

@@ -56,14 +56,6 @@ class Request:
     limit: int = 1 << 30  # forced response length (benchmarks, tests)
 
 
-def _row(f: Finished, i: int) -> Finished:
-    return Finished(**{k: v[i : i + 1] for k, v in dataclasses.asdict(f).items()})
-
-
-def _cat(rows: Sequence[Finished]) -> Finished:
-    return Finished(**{k: np.concatenate([getattr(r, k) for r in rows]) for k in dataclasses.asdict(rows[0])})
-
-
 class SortedScheduler:
     """Drives a SlotEngine over groups of prompts; `next_batch` returns one update batch."""
 
@@ -193,7 +185,7 @@ class SortedScheduler:
                 self.prompt_lengths[idx],
                 [r.uid for r in reqs],
                 limits=[r.limit for r in reqs],
-                partial=_cat([r.partial for r in reqs]) if resume else None,
+                partial=Finished.concat([r.partial for r in reqs]) if resume else None,
                 version=version,
             )
             self.occupant.update(part)
@@ -225,7 +217,7 @@ class SortedScheduler:
             rows.extend(f for _, f in sorted(self.done.pop(p), key=lambda x: x[0]))
             del self.n_done[p]
             self.trained.add(p)
-        out = _cat(rows)
+        out = Finished.concat(rows)
         discarded = self._after_harvest(version)
         generated = eng.stats.tokens - stats0.tokens
         idx = np.repeat(np.asarray(take), self.n)
@@ -237,7 +229,7 @@ class SortedScheduler:
         for copy, reqs in self.pending:
             got = self.engine.harvest_read(copy, [q for q, _ in reqs], idle=idle)
             for j, (_, req) in enumerate(reqs):
-                self.done[req.prompt].append((req.sample, _row(got, j)))
+                self.done[req.prompt].append((req.sample, got.row(j)))
         self.pending = []
 
     def _after_harvest(self, version: int) -> int:
@@ -262,7 +254,7 @@ class SortedScheduler:
             self.occupant.clear()
             self._release_held()
             return discarded
-        resumed = [dataclasses.replace(self.occupant[q], partial=_row(partial, j)) for j, q in enumerate(slots)]
+        resumed = [dataclasses.replace(self.occupant[q], partial=partial.row(j)) for j, q in enumerate(slots)]
         resumed.sort(key=lambda r: (r.prompt, r.sample))
         self.queue = collections.deque(resumed + list(self.queue))
         self.occupant.clear()
