@@ -164,12 +164,6 @@ class TrainConfig:
     def __post_init__(self):
         r = self.rollout
         check_training_sampling(self.rl.update, r.temperature, r.top_p, r.top_k)
-        if r.scheduler == "sorted" and r.filters:
-            raise ValueError(
-                f"rollout.top_p={r.top_p}, rollout.top_k={r.top_k}: training with filters (the learner "
-                "replays each token's kept set) is not supported by rollout.scheduler='sorted' yet; "
-                "use rollout.scheduler='batch' or top_p=1.0 and top_k=0"
-            )
         if r.scheduler == "sorted" and r.rows_per_call:
             raise ValueError(
                 "rollout.rows_per_call is for rollout.scheduler='batch'; the sorted "

@@ -287,9 +287,9 @@ def estimate(
         gathers = (2 * one_layer + V * D) * a // t
     batch_bytes = b_roll * T * (4 + 1 + 3 * f32) + b_roll * f32  # tokens, mask, 3 log-probs, adv.
     # per token: the kept set when training with top-p / top-k (int32 ids), and the agreement's top
-    # candidates (int32 ids + float32 log-probs; the batch scheduler records them)
+    # candidates (int32 ids + float32 log-probs)
     kept_tok = 4 * r.top_k if r.filters else 0
-    top_tok = 8 * r.agreement_k if r.scheduler == "batch" else 0
+    top_tok = 8 * r.agreement_k
     batch_bytes += b_roll * T * (kept_tok + top_tok // 2)  # the update reads the ids, not the log-probs
 
     per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"

@@ -43,8 +43,6 @@ class Trainer:
         self.log = log if self.coordinator else (lambda *args, **kwargs: None)
         r = cfg.rollout
         self.batch_rows, self.call_rows = r.rows, r.call_rows
-        # the sorted scheduler's slot engine does not record the agreement's top candidates yet
-        self.agreement_k = r.agreement_k if r.scheduler == "batch" else 0
         check_minibatch(self.batch_rows, cfg.rl.update.minibatch_size)
         parts = self.parts = components.build_model(cfg)
         components.check_lengths(cfg, parts.model_cfg)
@@ -62,7 +60,7 @@ class Trainer:
             parts.reward,
             max_len=cfg.data.max_prompt_len + r.max_new_tokens,
             kept_k=r.top_k if r.filters else 0,
-            top_k=self.agreement_k,
+            top_k=r.agreement_k,
             log=self.log,
         )
         self.params = self.learner.place(parts.params)
@@ -70,7 +68,7 @@ class Trainer:
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.opt_state = self.learner.init_opt_state(self.params)
         self.sampler_cfg = components.sampler_config(
-            cfg, self.tokenizer, replay_filters=r.filters, agreement_k=self.agreement_k
+            cfg, self.tokenizer, replay_filters=r.filters, agreement_k=r.agreement_k
         )
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         check_prompt_lengths(

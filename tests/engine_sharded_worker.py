@@ -1,8 +1,9 @@
 """Run in a subprocess with 8 fake CPU devices (tests/test_engine.py): the slot engine on a mesh
 data 2 x fsdp 2 x tensor 2 (slots over data x fsdp, params by the partition rules), with Q = 4
 slots < N = 7 requests (refills), equals the same engine on one device per request (tokens
-exactly, sampler log-probs to 1e-5) for a dense cache and SnapKV, and its slot state's KV cache
-is split over the slots (a quarter of them per device). Prints ENGINE SHARDED OK."""
+exactly, sampler log-probs to 1e-5) for a dense cache and SnapKV (sampled with top-p within a
+top-k, recording each token's kept set and top candidates: the same records), and its slot
+state's KV cache is split over the slots (a quarter of them per device). Prints ENGINE SHARDED OK."""
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.engine import SlotEngine
+from sparserl_jax.rollout.sampling import SamplingConfig
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64, n_layers=1)
 PARAMS = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(CFG, jax.random.key(0)))
@@ -26,9 +28,10 @@ def prompts():
     return tokens, lengths
 
 
-def check(policy: str, mesh) -> None:
+def check(policy: str, mesh, records: bool) -> None:
     kv_cfg = kv.KVConfig(policy=policy, budget=6, buffer=4, window=2)
-    cfg = smp.SamplerConfig(max_new_tokens=M, eos_token_ids=(5,), kv=kv_cfg)
+    extra = dict(sampling=SamplingConfig(top_p=0.9, top_k=20), replay_filters=True, agreement_k=8) if records else {}
+    cfg = smp.SamplerConfig(max_new_tokens=M, eos_token_ids=(5,), kv=kv_cfg, **extra)
     tokens, lengths = prompts()
     ids = np.array([4, 0, 9, 2, 7, 1, 3], np.int32)
     limits = np.array([3, 10, 5, 8, 2, 10, 6], np.int32)  # staggered finishes: refills mid-run
@@ -49,6 +52,11 @@ def check(policy: str, mesh) -> None:
     np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(got.kept, ref.kept)
     np.testing.assert_array_equal(got.n_compressions, ref.n_compressions)
+    if records:
+        np.testing.assert_array_equal(got.kept_ids, ref.kept_ids)
+        np.testing.assert_array_equal(got.top_ids, ref.top_ids)
+        np.testing.assert_allclose(got.top_logp, ref.top_logp, rtol=1e-5, atol=1e-5)
+        assert (ref.kept_ids[:, :, 0] >= 0).any()
     if policy != "none":
         assert ref.n_compressions.max() >= 1, ref.n_compressions
 
@@ -72,5 +80,5 @@ if __name__ == "__main__":
     assert jax.device_count() == 8, jax.device_count()
     mesh = shd.make_mesh(shd.MeshConfig(data=2, fsdp=2, tensor=2))
     for policy in ("none", "snapkv"):
-        check(policy, mesh)
+        check(policy, mesh, records=policy == "snapkv")
     print("ENGINE SHARDED OK")

@@ -407,14 +407,14 @@ def test_training_sampling_must_match_the_scorer():
     C.check_training_sampling(u, 0.9, 0.9, 20)
     with pytest.raises(ValueError, match=r"rollout\.top_p=0\.95 with rollout\.top_k=0: .* set rollout\.top_k"):
         C.check_training_sampling(u, 0.9, 0.95, 0)
-    # the run config refuses it too, and filters with the sorted scheduler
+    # the run config refuses it too, with either scheduler; filters within a top-k train with both
     from sparserl_jax.config import load_config
 
-    with pytest.raises(ValueError, match=r"rollout\.top_p=0\.9 with rollout\.top_k=0"):
-        load_config([], ["rollout.top_p=0.9"])
-    with pytest.raises(ValueError, match=r"not supported by rollout\.scheduler='sorted'"):
-        load_config([], ["rollout.top_k=20", "rollout.scheduler=sorted"])
-    assert load_config([], ["rollout.top_p=0.9", "rollout.top_k=20"]).rollout.filters
+    for scheduler in ("batch", "sorted"):
+        with pytest.raises(ValueError, match=r"rollout\.top_p=0\.9 with rollout\.top_k=0"):
+            load_config([], ["rollout.top_p=0.9", f"rollout.scheduler={scheduler}"])
+        for filters in (["rollout.top_k=20"], ["rollout.top_p=0.9", "rollout.top_k=20"]):
+            assert load_config([], [*filters, f"rollout.scheduler={scheduler}"]).rollout.filters
     with pytest.raises(ValueError, match=r"rollout\.temperature=0\.7 differs"):
         load_config([], ["rollout.temperature=0.7"])
     assert load_config([], ["rollout.temperature=0.7", "rl.update.temperature=0.7"])

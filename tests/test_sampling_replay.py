@@ -19,7 +19,10 @@ from sparserl_jax.rl import config as C
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.update import make_score_fn
 from sparserl_jax.rollout import sampler as smp
+from sparserl_jax.rollout.config import SortedConfig
+from sparserl_jax.rollout.engine import Finished, SlotEngine
 from sparserl_jax.rollout.sampling import SamplingConfig, processed_logprobs, sample_kept
+from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.train import Trainer
 
 CFG = ModelConfig.tiny("qwen2", vocab_size=64)
@@ -73,28 +76,51 @@ def test_sample_kept_draws_from_the_recorded_set():
     assert 1 < np.mean([(i >= 0).sum() for i in ids]) < FILTERS.top_k  # top-p cut inside the top 20
 
 
-def _on_policy_xi(replay: bool):
+def _sorted_rollout(prompts, lengths, cfg):
+    """The SortedRL scheduler's rollout of 2 prompts x 2 samples on Q = 3 slots in partial mode,
+    resume 'prefill', the same weights at both harvests: prompt 1's first sample is harvested
+    mid-way at the first harvest and resumed after re-prefilling (forced lengths 3, 4 and M, M).
+    Returns the two harvests' (prompt tokens, prompt lengths, Rollout) joined."""
+    M = cfg.max_new_tokens
+    engine = SlotEngine(CFG, cfg, 3, prompts.shape[1], segment_chunks=1)
+    sched = SortedScheduler(
+        engine, SortedConfig(mode="partial", group_batches=2, resume="prefill"), prompts_per_batch=1, samples=2
+    )
+    sched.load_group([0, 1], np.asarray(prompts[::2]), np.asarray(lengths[::2]), jax.random.key(1), [[3, 4], [M, M]])
+    (ptok0, plen0, first), (ptok1, plen1, second) = (sched.next_batch(PARAMS, v)[1:4] for v in range(2))
+    assert len(set(second.version[0])) == 2  # prompt 1's first sample was resumed at the harvest
+    ptok, plen = np.concatenate([ptok0, ptok1]), np.concatenate([plen0, plen1])
+    return ptok, plen, Finished.concat([first, second]).to_rollout()
+
+
+def _on_policy_xi(scheduler: str):
     """log xi = log pi_old - log pi_sampler on the response tokens of a dense rollout sampled
-    with top-p 0.9 / top-k 20, pi_old = the sampler's own weights, scored with or without the
-    replay of the kept sets."""
+    with top-p 0.9 / top-k 20 by the static sampler or the SortedRL scheduler, pi_old = the
+    sampler's own weights: (scored with the replay of the kept sets, scored without)."""
     B, P, M = 4, 6, 10
     prompts = jax.random.randint(jax.random.key(7), (B, P), 1, CFG.vocab_size)
     lengths = jnp.full((B,), P)
     cfg = smp.SamplerConfig(max_new_tokens=M, sampling=FILTERS, kv=KVConfig(buffer=5), replay_filters=True)
-    out = smp.generate_jit(PARAMS, CFG, prompts, lengths, jax.random.key(1), cfg)
+    if scheduler == "batch":
+        out = smp.generate_jit(PARAMS, CFG, prompts, lengths, jax.random.key(1), cfg)
+    else:
+        prompts, lengths, out = _sorted_rollout(prompts, lengths, cfg)
     batch = assemble(prompts, lengths, out.tokens, out.logprobs, out.mask, response_kept_ids=out.kept_ids)
     score = make_score_fn(CFG, C.UpdateConfig(minibatch_size=4, micro_batch_size=4, score_batch_size=2))
-    old = score(PARAMS, batch["tokens"], batch["kept_ids"] if replay else None)
-    mask = np.asarray(batch["response_mask"])
-    return (np.asarray(old) - np.asarray(batch["sampler_logp"]))[mask]
+    mask, sampler_logp = np.asarray(batch["response_mask"]), np.asarray(batch["sampler_logp"])
+    return tuple(
+        (np.asarray(score(PARAMS, batch["tokens"], ids)) - sampler_logp)[mask] for ids in (batch["kept_ids"], None)
+    )
 
 
-def test_on_policy_ratios_are_one_with_the_replay_and_biased_without():
+@pytest.mark.parametrize("scheduler", ["batch", "sorted"])
+def test_on_policy_ratios_are_one_with_the_replay_and_biased_without(scheduler):
     """The acceptance check of the replay: xi = pi_old / pi_sampler (and so r, TIS, SARS) is 1 on
-    policy with top-p 0.9 and top-k 20 to the float noise of decode vs teacher forcing; scored
-    over the whole vocabulary it is the kept mass, < 1 by far more than that noise."""
+    policy with top-p 0.9 and top-k 20 to the float noise of decode vs teacher forcing, from the
+    static sampler and from the SortedRL scheduler (a response resumed after a harvest among
+    them); scored over the whole vocabulary it is the kept mass, < 1 by far more than that noise."""
     tol = logprob_tol(CFG, PARAMS, keys=16)
-    with_replay, without = _on_policy_xi(True), _on_policy_xi(False)
+    with_replay, without = _on_policy_xi(scheduler)
     assert np.abs(with_replay).max() <= tol, (np.abs(with_replay).max(), tol)
     assert np.all(without <= tol) and np.mean(without) < -20 * tol, (np.mean(without), tol)
     # every correction reads that xi: SARS accepts every token, IBR's weights are 1
@@ -102,10 +128,16 @@ def test_on_policy_ratios_are_one_with_the_replay_and_biased_without():
     assert float(np.mean((np.exp(with_replay) >= rl.sars.token_lo) & (np.exp(with_replay) <= rl.sars.token_hi))) == 1
 
 
+# the SortedRL scheduler on-policy: every trained token sampled by the current weights
+SCHEDULERS = {"batch": (), "sorted": ("rollout.scheduler=sorted", "sorted.mode=on_policy", "sorted.group_batches=2")}
+
+
 @pytest.mark.slow
-def test_dense_top_p_training_runs_end_to_end(tmp_path):
-    """A dense run sampled with top-p 0.9 within top-k 20 trains: finite updates, and pi_old
-    replayed over the kept sets equals the sampler's log-probs (mismatch at float noise)."""
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_dense_top_p_training_runs_end_to_end(tmp_path, scheduler):
+    """A dense run sampled with top-p 0.9 within top-k 20 trains, with the static sampler or the
+    SortedRL scheduler: finite updates, pi_old replayed over the kept sets equals the sampler's
+    log-probs (mismatch at float noise), and the agreement's tail is logged."""
     cfg = load_config(
         [SMOKE],
         [
@@ -116,6 +148,7 @@ def test_dense_top_p_training_runs_end_to_end(tmp_path):
             "kv.policy=none",
             "rollout.top_p=0.9",
             "rollout.top_k=20",
+            *SCHEDULERS[scheduler],
         ],
     )
     trainer = Trainer(cfg)

@@ -1,5 +1,5 @@
-"""The trainer with rollout.scheduler='sorted': the same seed gives the same run, and a run killed
-at a group boundary and resumed gives the same metrics."""
+"""The trainer with rollout.scheduler='sorted': the same seed gives the same run, a run killed at a
+group boundary and resumed gives the same metrics, and the agreement's tail is logged."""
 
 import os
 import shutil
@@ -66,6 +66,10 @@ def test_sorted_run_resumes_exactly_from_a_group_boundary(tmp_path):
     a, b = _strip(read_metrics(tmp_path / "a")), _strip(read_metrics(tmp_path / "b"))
     assert [r["step"] for r in b] == [1, 2, 3]
     assert a[-1]["sorted/group"] == 1.0 and a[1]["sorted/staleness_max"] <= 1.0
+    # the slot engine records the sampler's top candidates: every iteration logs the agreement
+    for r in a:
+        assert all(0 < r[f"agreement/{k}"] <= 1 for k in ("mean", "p1", "p5", "p50", "upper_mean", "upper_p5")), r
+        assert r["agreement/mean"] <= r["agreement/upper_mean"]
     for ra, rb in zip(a, b):
         assert ra.keys() == rb.keys()
         for k in ra:

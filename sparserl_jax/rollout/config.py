@@ -43,7 +43,7 @@ class RolloutConfig:
     ignore_eos: bool = False
     # each training token's `agreement_k` most probable tokens and their sampler log-probs are
     # recorded for the sparse-dense agreement the learner logs (rl/diagnostics.py; Sparrow's top 20,
-    # 8 bytes a candidate); 0 turns it off. The sorted scheduler does not record them yet.
+    # 8 bytes a candidate); 0 turns it off.
     agreement_k: int = 20
 
     def __post_init__(self):
