@@ -133,7 +133,12 @@ SCHEDULERS = {"batch": (), "sorted": ("rollout.scheduler=sorted", "sorted.mode=o
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize(
+    "scheduler",
+    # the sorted run in the extended tier: its replay is the on-policy ratio test's above (sorted,
+    # a resumed row among them), its agreement logging test_train_sorted's
+    [pytest.param("batch"), pytest.param("sorted", marks=pytest.mark.extended)],
+)
 def test_dense_top_p_training_runs_end_to_end(tmp_path, scheduler):
     """A dense run sampled with top-p 0.9 within top-k 20 trains, with the static sampler or the
     SortedRL scheduler: finite updates, pi_old replayed over the kept sets equals the sampler's
