@@ -35,6 +35,24 @@ def commit() -> str | None:
     return _git("rev-parse", "--short=12", "HEAD")
 
 
+def library_commit() -> str | None:
+    """The commit of the checkout the imported sparserl_jax package comes from, when that is another
+    checkout than this one's experiments (a long study run with its library pinned in a worktree);
+    None when they are the same checkout or it is not a git checkout."""
+    import sparserl_jax
+
+    lib = os.path.dirname(os.path.dirname(os.path.realpath(sparserl_jax.__file__)))
+    if lib == os.path.realpath(REPO):
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=lib, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def command_line(cores: Sequence[int] | None = None) -> str:
     """This process's command as the docs write it, with the pinning it ran under: `taskset -c`
     when the command may use fewer cores than the machine has, SPARSERL_PORTABLE_CPU=0 when the
@@ -89,8 +107,10 @@ def provenance(cores: Sequence[int], seconds: float | None) -> dict:
     import jax
 
     dirty = _git("status", "--porcelain", "--untracked-files=no")
+    lib = library_commit()
     return {
         "commit": commit(),
+        **({"library_commit": lib} if lib else {}),
         "uncommitted_changes": bool(dirty),
         **({"commit_at": "start"} if seconds is None else {}),
         "portable_cpu": workers.portable_cpu_enabled(),
@@ -147,6 +167,8 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
         }.get(p.get("portable_cpu"), nr)
         arms = " Every run's resolved config: [arms.json](arms.json)." if p.get("arms_json") else ""
         commit = f"{p['commit']} {at}" if p.get("commit") else nr
+        if p.get("library_commit"):  # the library imported from another checkout
+            commit += f" (its sparserl_jax package from commit {p['library_commit']})"
         fields = _fields(commit, tree, p.get("cpu"), p.get("jax"), p.get("cores"), p.get("wall_s"))
         return f"Provenance: {fields}; portable CPU settings {portable} (experiments/workers.py).{arms}"
     if results_json is None:

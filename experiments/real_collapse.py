@@ -267,6 +267,7 @@ def collect(records: dict[str, dict | None], seeds) -> dict:
     runs = {
         name: {
             "commit": r["provenance"]["commit"],
+            **{k: r["provenance"][k] for k in ("library_commit",) if k in r["provenance"]},
             "uncommitted_changes": r["provenance"]["uncommitted_changes"],
             "cpu": r["provenance"]["cpu"],
             "jax": r["provenance"]["jax"],
@@ -469,7 +470,9 @@ def record_lines(data: dict) -> list[str]:
         [
             name,
             r["finished"],
-            r["commit"] + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
+            r["commit"]
+            + (f" (sparserl_jax from {r['library_commit']})" if r.get("library_commit") else "")
+            + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
             r["cpu"],
             r["jax"],
             f"{r['wall_s'] / 60:.0f} min",

@@ -63,6 +63,16 @@ def test_provenance_fields_are_figprovs():
     assert set(FIELD_WORDS) == set(figprov.FIELDS)
 
 
+def test_a_library_from_another_checkout_is_named_beside_the_commit():
+    """A study whose sparserl_jax package is imported from another worktree records that
+    checkout's commit too (figprov.library_commit); in this checkout there is none to record."""
+    assert figprov.library_commit() is None
+    base = {"commit": "aaaa", "commit_at": "start", "uncommitted_changes": False, "cpu": "x", "jax": "0.10.2"}
+    line = figprov.provenance_line({"provenance": {**base, "library_commit": "bbbb"}})
+    assert "commit aaaa at the start of the run (its sparserl_jax package from commit bbbb)" in line
+    assert "sparserl_jax package" not in figprov.provenance_line({"provenance": base})
+
+
 @pytest.mark.parametrize("path", MDS, ids=[str(p.relative_to(RESULTS)) for p in MDS])
 def test_every_results_md_says_what_produced_it(path):
     assert missing_provenance(path.read_text()) == []
