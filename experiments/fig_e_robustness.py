@@ -187,7 +187,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         diffs = [[np.subtract(a[f"{p}@{bb}"], b[f"{p}@{bb}"]) for bb in budgets] for p in policies]
         lim = max(0.05, max(abs(float(np.mean(d))) for r in diffs for d in r))
         im = figlib.heatmap(axes[3], diffs, policies, budgets, -lim, lim, "RdBu", "{:+.2f}")
-        axes[3].set_title("Sparse-RL-trained minus dense-trained\n(paired by seed)")
+        axes[3].set_title("Sparse-RL-trained minus dense-trained\n(paired by warm start and seed)")
         fig.colorbar(im, ax=axes[3], label="accuracy difference", shrink=0.8, pad=0.02)
     for ax in axes[2:]:
         ax.set_xlabel(f"inference KV budget (tokens, + buffer {base.kv.buffer})")

@@ -107,13 +107,14 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
         *figlib.comparison_lines(cs, "Paired differences from full-precision rollouts (by seed):"),
     ]
     title = figlib.run_title(b, command, seeds, "Figure QuRL, INT8 rollouts (the sparse rows also evict KV)")
-    shown = {  # a run-mean KL within float rounding of 0 is drawn as 0, not as a bar of rounding noise
-        name: [{**r, "kl_drawn": 0.0 if abs(r["mismatch_kl_k3"]) < KL_ROUNDING else r["mismatch_kl_k3"]} for r in rows]
-        for name, rows in results.items()
-    }
-    rounded = sorted(
-        r["mismatch_kl_k3"] for rows in results.values() for r in rows if abs(r["mismatch_kl_k3"]) < KL_ROUNDING
-    )
+
+    # full-precision rollouts sample from pi_old itself: a run-mean KL of theirs within float rounding
+    # of 0 is drawn as 0, not as a bar of rounding noise (every other arm as measured)
+    def drawn(name: str, r: dict) -> float:
+        return 0.0 if name == "fp" and abs(r["mismatch_kl_k3"]) < KL_ROUNDING else r["mismatch_kl_k3"]
+
+    shown = {name: [{**r, "kl_drawn": drawn(name, r)} for r in rows] for name, rows in results.items()}
+    rounded = sorted(r["mismatch_kl_k3"] for r in results.get("fp", []) if drawn("fp", r) == 0.0)
     fig = figlib.ablation_figure(
         shown,
         data["histories"],
@@ -134,8 +135,9 @@ def render(data: dict, b, command: str) -> figlib.Rendered:
     caption = (
         f"Figure: final held-out accuracy (avg@1 on {n_eval} prompts, full-precision weights, dense "
         "inference) and the behaviour-vs-old-policy mismatch KL (k3 estimator, nats per response "
-        "token, mean over the run; symmetric-log axis, linear around 0; a run mean within "
-        f"{KL_ROUNDING:.0e} of 0 is float rounding of a KL that is 0, drawn as 0"
+        "token, mean over the run; symmetric-log axis, linear around 0; the full-precision arm samples "
+        f"from pi_old itself, so its run means within {KL_ROUNDING:.0e} of 0 are float rounding of a KL "
+        "that is 0, drawn as 0"
         + (f": {len(rounded)} runs, {rounded[0]:.1e} to {rounded[-1]:.1e}" if rounded else "")
         + ") of each rollout variant (top; dots: the seeds); "
         "train reward per iteration, one panel per variant, grey dashed: full-precision rollouts "

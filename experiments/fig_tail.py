@@ -13,8 +13,9 @@ p_dense(v)) (over the sampler's top 20) stays above a threshold through the gene
    all warm starts are pooled per bin of --every tokens seen. tau = the pooled 5th percentile of
    the --reference budget (the larger budget, whose tail the schedule is to hold).
 2. The schedule, calibrated sequentially (eviction is irreversible, so bins are not independent:
-   experiments/results/real/tail): bin by bin the smallest budget whose percentile there reaches
-   tau with the earlier bins' choices in force (real_tail.sequential_schedule).
+   experiments/results/real/tail): bin by bin, with the earlier bins' choices in force, the
+   smallest budget under which that bin and every later bin hold their target: tau, or where the
+   largest budget's own percentile in a bin is lower, that (real_tail.sequential_schedule).
 3. Training: naive sparse rollouts (rl.mode=naive_sparse, no correction) at the config's own
    budget (--base, the default experiment's naive arm: the same runs), at the reference budget,
    and with the schedule, from every warm start with every seed; final accuracy on held-out
@@ -41,7 +42,7 @@ ARMS = ("base", "reference", "schedule")  # naive sparse at --base, at --referen
 
 
 def arguments(p) -> None:
-    p.add_argument("--base", type=int, default=48, help="the config's budget: naive sparse's collapsing arm")
+    p.add_argument("--base", type=int, help="naive sparse's collapsing arm's budget (default: the config's kv.budget)")
     p.add_argument("--reference", type=int, default=96, help="the fixed budget whose pooled tail sets tau")
     p.add_argument("--every", type=int, default=32, help="tokens seen per bin and per schedule entry")
     p.add_argument("--tail-prompts", type=int, default=32, help="training prompts a warm start samples (x samples)")
@@ -100,6 +101,7 @@ def _calibrate_job(job) -> dict:
 
 
 def run(args, study) -> dict:
+    args.base = args.base or study.base.kv.budget
     if args.reference not in args.budgets or args.base not in args.budgets:
         raise ValueError(f"--reference={args.reference} and --base={args.base} must be among --budgets={args.budgets}")
     warms = figlib.warms_of(args)

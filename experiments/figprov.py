@@ -22,12 +22,7 @@ PORTABLE_SINCE = "de5812a"
 
 
 def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return _git_in(REPO, *args)
 
 
 def commit() -> str | None:
@@ -42,15 +37,19 @@ def library_commit() -> str | None:
     import sparserl_jax
 
     lib = os.path.dirname(os.path.dirname(os.path.realpath(sparserl_jax.__file__)))
-    if lib == os.path.realpath(REPO):
-        return None
+    if lib == os.path.realpath(REPO) or _git_in(lib, "rev-parse", "--show-toplevel") != lib:
+        return None  # the same checkout, or a package not at a checkout's top (an installed copy)
+    head = _git_in(lib, "rev-parse", "--short=12", "HEAD")
+    dirty = _git_in(lib, "status", "--porcelain", "--untracked-files=no")
+    return head and head + (" with uncommitted changes" if dirty else "")
+
+
+def _git_in(folder: str, *args: str) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=lib, capture_output=True, text=True, timeout=10, check=True
-        )
+        out = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip()
 
 
 def command_line(cores: Sequence[int] | None = None) -> str:

@@ -262,8 +262,10 @@ class Claim:
     outcomes: list[str]
 
     def cell(self, warm: int | None = None) -> str:
-        """claim_cell over the runs of warm start `warm` (None: every run)."""
+        """claim_cell over the runs of warm start `warm` (None: every run); '-' where it has none."""
         mine = [o for (w, _), o in zip(self.units, self.outcomes) if warm in (None, w)]
+        if not mine:
+            return "-"
         others = {o: mine.count(o) for o in sorted(set(mine)) if o != HOLDS}
         return claim_cell(mine.count(HOLDS), len(mine), others)
 
@@ -280,15 +282,15 @@ def comparison_claim(text: str, c: Comparison, holds: Sequence[int] = (1,)) -> C
 
 
 def survival_claims(name: str, rows: Sequence[dict], warms: dict[int, dict]) -> list[Claim]:
-    """'`name` does not collapse' by the accuracy rule (each run against its own warm start) and,
-    beside it, by the reward rule (where the rows carry 'collapse_iteration': results that kept no
-    history have no reward-rule claim)."""
+    """'`name` does not collapse' by the accuracy rule (each run against its own warm start; no such
+    claim where a run's warm start was not recorded) and, beside it, by the reward rule (where the
+    rows carry 'collapse_iteration': results that kept no history have no reward-rule claim)."""
     units = [unit_of(r, i) for i, r in enumerate(rows)]
-    acc = [
-        "warm start not recorded" if w is None else "collapsed" if collapsed(r["dense_acc"], w) else HOLDS
-        for r, w in zip(rows, warm_dense_of(rows, warms))
-    ]
-    out = [Claim(f"{name} does not collapse (accuracy rule)", units, acc)]
+    warm_dense = warm_dense_of(rows, warms)
+    out = []
+    if all(w is not None for w in warm_dense):
+        acc = ["collapsed" if collapsed(r["dense_acc"], w) else HOLDS for r, w in zip(rows, warm_dense)]
+        out.append(Claim(f"{name} does not collapse (accuracy rule)", units, acc))
     if all("collapse_iteration" in r for r in rows):
         reward = ["collapsed" if r["collapse_iteration"] is not None else HOLDS for r in rows]
         out.append(Claim(f"{name} does not collapse (reward rule, beside it)", units, reward))

@@ -77,6 +77,8 @@ def test_claims_read_at_every_run_per_warm_start_and_pooled():
     assert acc.outcomes == ["holds", "collapsed", "holds", "holds"]  # 0.2 < 0.5 x 0.8
     assert reward.cell(0) == "1 of 2; collapsed 1" and reward.cell(1) == "**supported** (2 of 2)"
     assert len(figlib.survival_claims("b", b, warms)) == 1  # no reward rule recorded: no such claim
+    assert figlib.survival_claims("b", b, {}) == []  # no warm start recorded: no accuracy-rule claim either
+    assert acc.cell(7) == "-"  # a warm start without runs of this claim
     (c,) = [x for x in figlib.compare("a", a, "b", b, "dense_acc", 512) if x.metric == "dense_acc"]
     ahead = figlib.comparison_claim("a ahead of b", c)
     assert ahead.units == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -304,7 +304,7 @@ def test_fig_b_budget(runs_dir, tmp_path):
         "sparse_acc@48",
     }
     md = (tmp_path / "results.md").read_text()
-    assert "| sparse_rl@48 level with dense-trained, dense inference (a tie at each run) |" in md
+    assert "| sparse_rl@48 not behind dense-trained, dense inference (tie rule at each run) |" in md
 
 
 def test_fig_c_policies(runs_dir, tmp_path):

@@ -107,8 +107,11 @@ def pooled_tail(batches: list[Sampled], every: int) -> dict:
         log_xi = np.concatenate(
             [(np.asarray(b.old_logp) - np.asarray(b.sampler_logp))[np.asarray(b.mask, bool)] for b in batches]
         )
-        res["xi_p5"] = float(np.quantile(np.exp(log_xi), TAIL))
-    res["kv_saving"] = float(np.mean([b.kv["kv/saving"] for b in batches]))
+        clamp = measure.SARS.log_ratio_clamp  # as the one-batch xi/p5 clamps it
+        res["xi_p5"] = float(np.quantile(np.exp(np.clip(log_xi, -clamp, clamp)), TAIL))
+    res["kv_saving"] = float(
+        np.average([b.kv["kv/saving"] for b in batches], weights=[b.lengths.size for b in batches])
+    )
     res["mean_length"] = float(np.mean(np.concatenate([b.lengths for b in batches])))
     return res
 
