@@ -86,7 +86,6 @@ def run(args, study) -> dict:
         "units": {name: [[w, s] for w, s, _ in runs] for name, runs in models.items()},
         "retained_sparse_over_dense": retained_ratios(grid, args.policies, args.budgets),
         "seeds": args.seeds,
-        "warm_start_ids": warms,
         "policies": args.policies,
         "budgets": args.budgets,
         "eval_prompts": n_eval,

@@ -54,7 +54,7 @@ def _warm_models(config: str, overrides: list[str], runs_dir: str, warms) -> lis
     return [study.warm_start(warm=w).trainer(study.log) for w in warms]
 
 
-def pooled_tail(trainers, warms, kv: dict, every: int, n_prompts: int) -> dict:
+def warm_starts_tail(trainers, warms, kv: dict, every: int, n_prompts: int) -> dict:
     """The tail of KV settings `kv` (a budget, or a schedule) pooled over the warm starts' samples:
     each warm start samples `n_prompts` training prompts x rollout.samples (sampling seed = its
     SFT seed, the same draws for every setting), the dense warm start scores them."""
@@ -83,13 +83,13 @@ def _calibrate_job(job) -> dict:
     """Worker: the calibration (the module doc's steps 1 and 2) in one single-core process."""
     config, overrides, runs_dir, warms, budgets, reference, every, n_prompts = job
     trainers = _warm_models(config, overrides, runs_dir, warms)
-    fixed = [pooled_tail(trainers, warms, {"budget": b}, every, n_prompts) for b in budgets]
+    fixed = [warm_starts_tail(trainers, warms, {"budget": b}, every, n_prompts) for b in budgets]
     tau = fixed[list(budgets).index(reference)]["agreement_p5"]
     reached = {int(b) for r in fixed for b in r["bins"]}
 
     def measure(schedules):
         kvs = [{"budget": max(s), "budget_schedule": tuple(s), "schedule_every": every} for s in schedules]
-        return [pooled_tail(trainers, warms, kv, every, n_prompts) for kv in kvs]
+        return [warm_starts_tail(trainers, warms, kv, every, n_prompts) for kv in kvs]
 
     top = fixed[list(budgets).index(max(budgets))]
     ceiling = {int(b): v["p5"] for b, v in top["bins"].items()}

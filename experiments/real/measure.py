@@ -117,7 +117,7 @@ def sample(params, model_cfg, ids, lengths, cfg: SamplerConfig, seed: int, rows:
     return concat_rollouts(outs)
 
 
-def assemble_rollout(ids, lengths, out, tok) -> dict:
+def assemble_rollout(ids, lengths, out, pad_token_id: int) -> dict:
     """The sampler's rollout as an update batch (rl/batch.py; its top candidates when recorded)."""
     top = None if out.top_ids is None else (jnp.asarray(out.top_ids), jnp.asarray(out.top_logp))
     return assemble(
@@ -126,7 +126,7 @@ def assemble_rollout(ids, lengths, out, tok) -> dict:
         jnp.asarray(out.tokens),
         jnp.asarray(out.logprobs),
         jnp.asarray(out.mask),
-        pad_token_id=tok.pad_token_id,
+        pad_token_id=pad_token_id,
         response_top=top,
     )
 
@@ -134,7 +134,7 @@ def assemble_rollout(ids, lengths, out, tok) -> dict:
 def rollout_batch(model_cfg, dense_params, ids, lengths, out, tok) -> dict:
     """Prompt + response tokens, response mask, sampler log-probs and the dense teacher-forced
     log-probs of the same tokens (host arrays, [B, P + M])."""
-    batch = assemble_rollout(ids, lengths, out, tok)
+    batch = assemble_rollout(ids, lengths, out, tok.pad_token_id)
     score = make_score_fn(model_cfg, UpdateConfig(temperature=TEMPERATURE, score_batch_size=16))
     batch["old_logp"] = score(dense_params, batch["tokens"])
     return jax.device_get(batch)

@@ -67,7 +67,7 @@ def sample_tail(model_cfg, params, ids, lengths, cfg, pad_token_id, seed: int, r
     """Sample `ids` with sampler config `cfg` (its agreement_k set), teacher-force the dense model
     over the same tokens, and return the batch's per-token agreement (Sampled)."""
     out = measure.sample(params, model_cfg, ids, lengths, cfg, seed, rows)
-    batch = jax.device_get(measure.assemble_rollout(ids, lengths, out, _Pad(pad_token_id)))
+    batch = jax.device_get(measure.assemble_rollout(ids, lengths, out, pad_token_id))
     old, old_top = dense_top_logp(model_cfg, params, batch["tokens"], batch["top_ids"], temperature)
     mask = np.asarray(batch["response_mask"], bool)
     lower, upper = agreement(batch["top_ids"], batch["top_logp"], old_top)
@@ -83,13 +83,6 @@ def sample_tail(model_cfg, params, ids, lengths, cfg, pad_token_id, seed: int, r
         kv_stats,
         np.asarray(out.lengths),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Pad:
-    """The one tokenizer attribute assemble_rollout reads."""
-
-    pad_token_id: int
 
 
 def pooled_tail(batches: list[Sampled], every: int) -> dict:
