@@ -26,8 +26,10 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> str | None:
-    """The checkout's commit (12 hex digits), None outside a git checkout."""
-    return _git("rev-parse", "--short=12", "HEAD")
+    """The checkout's commit (12 hex digits); outside a git checkout, the commit a copy of the tree
+    was made from where SPARSERL_COMMIT names it (a lent GPU machine gets the working tree without
+    its .git), else None."""
+    return _git("rev-parse", "--short=12", "HEAD") or os.environ.get("SPARSERL_COMMIT") or None
 
 
 def library_commit() -> str | None:

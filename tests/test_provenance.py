@@ -116,3 +116,16 @@ def test_the_checkers_find_what_is_missing(tmp_path):
     fig = figplot.plt.figure(figsize=(7.0, 2))
     assert not undeclared_wide(wide, f"Figure: a caption.\n\n{figplot.width_note({'wide': fig})}\n")
     figplot.plt.close(fig)
+
+
+def test_a_copy_without_git_takes_its_commit_from_the_environment(monkeypatch, tmp_path):
+    """A lent GPU machine receives the working tree without .git: the commit it was copied from
+    comes from SPARSERL_COMMIT there, and only where git has none."""
+    here = figprov.commit()
+    assert here and len(here) == 12
+    monkeypatch.setenv("SPARSERL_COMMIT", "0123456789ab")
+    assert figprov.commit() == here  # a checkout's own commit wins
+    monkeypatch.setattr(figprov, "REPO", str(tmp_path))  # a folder outside any checkout
+    assert figprov.commit() == "0123456789ab"
+    monkeypatch.delenv("SPARSERL_COMMIT")
+    assert figprov.commit() is None
