@@ -281,14 +281,19 @@ def bench_row(
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_dense = tokens/s over the dense row's at the same length (None without one)."""
+    """speedup_vs_dense = tokens/s over the dense row's at the same length and batch (None without
+    one); speedup_vs_full_precision likewise over the same policy's unquantized row."""
     rows = [r for r in rows if "error" not in r]
-    dense = {(r["new_tokens"], r.get("quant", "none")): r["tokens_per_s"] for r in rows if r["policy"] == DENSE}
-    full = {(r["policy"], r["new_tokens"]): r["tokens_per_s"] for r in rows if r.get("quant", "none") == "none"}
+    dense = {
+        (r["new_tokens"], r["batch"], r.get("quant", "none")): r["tokens_per_s"] for r in rows if r["policy"] == DENSE
+    }
+    full = {
+        (r["policy"], r["new_tokens"], r["batch"]): r["tokens_per_s"] for r in rows if r.get("quant", "none") == "none"
+    }
     for r in rows:
-        base = dense.get((r["new_tokens"], r.get("quant", "none")))
+        base = dense.get((r["new_tokens"], r["batch"], r.get("quant", "none")))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
-        base = full.get((r["policy"], r["new_tokens"]))
+        base = full.get((r["policy"], r["new_tokens"], r["batch"]))
         r["speedup_vs_full_precision"] = r["tokens_per_s"] / base if base else None
 
 

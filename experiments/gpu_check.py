@@ -8,7 +8,7 @@ memory plan and a training run on one GPU, and writes what it measured as it goe
 
 Steps, in order, with their budgets in seconds (full / quick / smoke; a step's process is killed
 past its budget, or past the check's --time-limit: 560 / 180 / 900 s):
-  env        20 /  20 / 60   device, memory, jax / jaxlib / CUDA plugin versions, the commit and
+  env        15 /  20 / 60   device, memory, jax / jaxlib / CUDA plugin versions, the commit and
                              whether the tree is clean (figprov.py's provenance); no GPU: the other
                              steps are skipped
   numerics   90 /  35 / 120  Pallas decode attention (Triton) against its jnp reference on the
@@ -16,17 +16,17 @@ past its budget, or past the check's --time-limit: 560 / 180 / 900 s):
                              slots, batch 1 / 8 / 64 / 256 (quick: 1 / 256), fills empty to full;
                              max error beside a bound derived from the computation
                              (gpu_kernel_check.py), plain and under shard_map on the one device's mesh
-  bandwidth  30 /  25 / 60   bytes the kernel must read per call / its time, beside a device copy
+  bandwidth  25 /  25 / 60   bytes the kernel must read per call / its time, beside a device copy
                              measured in the same process: % of copy bandwidth per shape (goal >= 70%)
-  sampler   170 /  90 / 120  decode tokens/s of the jitted sampler (bench_decode.py's gpu profile:
+  sampler   200 /  90 / 120  decode tokens/s of the jitted sampler (bench_decode.py's gpu profile:
                              Qwen2.5-1.5B shape, random bf16 weights), R-KV 512 + 128 vs dense at a
                              4096-token generation, B = 64 and 256 (quick: 64), compile apart
-  update     90 /   - / 120  one jitted update step (rl/update.py), Qwen2.5-1.5B config + 1-GPU
+  update     80 /   - / 120  one jitted update step (rl/update.py), Qwen2.5-1.5B config + 1-GPU
                              overlay at the authors' micro-batch of 4, 8 rows x 5120 tokens: tokens/s,
                              model FLOP utilisation, whether the step moves the weights at lr 1e-6,
                              peak device memory beside `python -m sparserl_jax.dryrun`'s plan; the
                              param and compute dtypes are the config's
-  e2e       160 /   - / 180  the default experiment's config at smoke size: train with a checkpoint
+  e2e       150 /   - / 180  the default experiment's config at smoke size: train with a checkpoint
                              every iteration, evaluate (dense and sparse inference), stop and resume,
                              compare; then `python experiments/default.py --smoke` (full size only)
 
@@ -63,7 +63,7 @@ TITLES = {
     "e2e": "end to end: train, evaluate, checkpoint, resume",
 }
 BUDGETS = {  # seconds per step (the module docstring's table)
-    "full": {"env": 20, "numerics": 90, "bandwidth": 30, "sampler": 170, "update": 90, "e2e": 160},
+    "full": {"env": 15, "numerics": 90, "bandwidth": 25, "sampler": 200, "update": 80, "e2e": 150},
     "quick": {"env": 20, "numerics": 35, "bandwidth": 25, "sampler": 90},
     "smoke": {"env": 60, "numerics": 120, "bandwidth": 60, "sampler": 120, "update": 120, "e2e": 180},
 }

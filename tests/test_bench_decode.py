@@ -122,6 +122,14 @@ def test_speedups_and_acceptance(bench):
     bench.add_speedups(no_dense)
     assert all(r["speedup_vs_dense"] is None for r in no_dense)
     assert not bench.acceptance(no_dense, prof)["passed"]
+    # rows of several batches (the device check's sampler step): each against its own batch's dense
+    # (the H200's B=256 R-KV row was divided by B=64's dense before this)
+    mixed = [_row("none", 4096, 2.0, batch=64), _row("rkv", 4096, 1.0, batch=64), _row("rkv", 4096, 4.0, batch=256)]
+    bench.add_speedups(mixed)
+    assert [r["speedup_vs_dense"] for r in mixed[:2]] == pytest.approx([1, 2]) and mixed[2]["speedup_vs_dense"] is None
+    mixed.append(_row("none", 4096, 5.0, batch=256))
+    bench.add_speedups(mixed)
+    assert [r["speedup_vs_dense"] for r in mixed] == pytest.approx([1, 2, 1.25, 1])
 
 
 def test_gpu_profile_dry_run_lowers(bench):

@@ -147,8 +147,9 @@ def test_the_docstring_states_every_step_and_its_budgets():
         assert re.search(rf"^  {name} +{cells[0]} / +{cells[1]} / {cells[2]} ", doc, re.MULTILINE), name
     for mode, limit in gpu_check.TIME_LIMITS.items():
         assert sum(gpu_check.BUDGETS[mode].values()) <= limit, mode  # the steps fit the check's limit
-    assert "480 / 180 / 900 s" in doc
-    assert gpu_check.TIME_LIMITS["full"] <= 8 * 60 and gpu_check.TIME_LIMITS["quick"] <= 3 * 60
+    assert "{full} / {quick} / {smoke} s".format(**gpu_check.TIME_LIMITS) in doc
+    # the whole check inside one 10-minute command on a lent GPU machine, with room for the install
+    assert gpu_check.TIME_LIMITS["full"] <= 10 * 60 - 30 and gpu_check.TIME_LIMITS["quick"] <= 3 * 60
 
 
 def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
