@@ -26,10 +26,16 @@ def _git(*args: str) -> str | None:
 
 
 def commit() -> str | None:
-    """The checkout's commit (12 hex digits); outside a git checkout, the commit a copy of the tree
-    was made from where SPARSERL_COMMIT names it (a lent GPU machine gets the working tree without
-    its .git), else None."""
-    return _git("rev-parse", "--short=12", "HEAD") or os.environ.get("SPARSERL_COMMIT") or None
+    """The commit a copy of the tree was made from where SPARSERL_COMMIT names it (a lent GPU
+    machine receives the working tree with a .git that can be older than it), else the checkout's
+    commit (12 hex digits), None outside a git checkout."""
+    return os.environ.get("SPARSERL_COMMIT") or _git("rev-parse", "--short=12", "HEAD")
+
+
+def uncommitted_changes() -> bool:
+    """Whether tracked files differ from the commit; False where SPARSERL_COMMIT names the commit
+    (whoever set it says the tree is that commit's) or outside a checkout."""
+    return not os.environ.get("SPARSERL_COMMIT") and bool(_git("status", "--porcelain", "--untracked-files=no"))
 
 
 def library_commit() -> str | None:
@@ -107,12 +113,11 @@ def provenance(cores: Sequence[int], seconds: float | None) -> dict:
     with `seconds` None at a run's start (its commit and tree then), the wall time added at the end."""
     import jax
 
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
     lib = library_commit()
     return {
         "commit": commit(),
         **({"library_commit": lib} if lib else {}),
-        "uncommitted_changes": bool(dirty),
+        "uncommitted_changes": uncommitted_changes(),
         **({"commit_at": "start"} if seconds is None else {}),
         "portable_cpu": workers.portable_cpu_enabled(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -118,14 +118,15 @@ def test_the_checkers_find_what_is_missing(tmp_path):
     figplot.plt.close(fig)
 
 
-def test_a_copy_without_git_takes_its_commit_from_the_environment(monkeypatch, tmp_path):
-    """A lent GPU machine receives the working tree without .git: the commit it was copied from
-    comes from SPARSERL_COMMIT there, and only where git has none."""
+def test_the_commit_a_copy_was_made_from_comes_from_the_environment(monkeypatch, tmp_path):
+    """A lent GPU machine receives the working tree with a .git that can be older than it (the
+    session's start): SPARSERL_COMMIT names the commit the tree is, and then the tree is clean."""
+    monkeypatch.delenv("SPARSERL_COMMIT", raising=False)
     here = figprov.commit()
     assert here and len(here) == 12
     monkeypatch.setenv("SPARSERL_COMMIT", "0123456789ab")
-    assert figprov.commit() == here  # a checkout's own commit wins
+    assert figprov.commit() == "0123456789ab" and figprov.uncommitted_changes() is False
     monkeypatch.setattr(figprov, "REPO", str(tmp_path))  # a folder outside any checkout
     assert figprov.commit() == "0123456789ab"
     monkeypatch.delenv("SPARSERL_COMMIT")
-    assert figprov.commit() is None
+    assert figprov.commit() is None and figprov.uncommitted_changes() is False
