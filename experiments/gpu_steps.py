@@ -64,6 +64,7 @@ class Sizes:
     update_arch: str | None
     update_overrides: tuple[str, ...]
     update_steps: int
+    update_attention: tuple[str, ...]  # the model.attention values the update step measures, in order
     e2e_overrides: tuple[str, ...] | None  # the resume check's (None: default.py's --smoke overrides)
     run_default: bool  # also `python experiments/default.py --smoke` (minutes even at its smoke size)
 
@@ -91,6 +92,9 @@ _GPU = dict(
         "rl.optim.lr=1e-6",
     ),
     update_steps=2,
+    # cuDNN's fused attention first: the device's peak memory is a high-water mark over the step's
+    # process, so the variant expected to hold less is measured before the one that holds more
+    update_attention=("cudnn", "xla"),
     e2e_overrides=None,
 )
 
@@ -154,6 +158,7 @@ SIZES = {
             "model.arch.n_layers=1",
         ),
         update_steps=2,
+        update_attention=("xla",),
         e2e_overrides=(
             "sft.steps=0",
             "sft.curriculum.steps=0",
@@ -453,17 +458,41 @@ def _sample(params, n: int = 1 << 16):
 
 
 def step_update(sizes: Sizes, ctx: dict, record):
-    """One jitted update step (rl/update.py) at the config's shapes, dtypes and micro-batch, with
-    the master weights, the optimizer state and pi_ref (in the compute dtype, as the trainer and
-    the dry run hold it) on the device. Memory: the device's peak beside the dry run's persistent
-    + update phase, and the step's own share (peak - bytes held before it) beside its update phase."""
+    """One jitted update step (rl/update.py) at the config's shapes, dtypes and micro-batch, once
+    per model.attention in sizes.update_attention (a variant that raises is recorded and the next
+    one runs), each with the master weights, the optimizer state and pi_ref (in the compute dtype,
+    as the trainer and the dry run hold it) on the device. Memory: XLA's plan of the step, and the
+    device's peak beside the dry run's persistent + update phase (the peak is a high-water mark
+    over the process: a later variant's reads the earlier ones' too)."""
+    checks, lines, figures, variants = [], [], [], []
+    for attention in sizes.update_attention:
+        done = variants.copy()
+        try:
+            c, ls, fig, res = _update_variant(sizes, attention, lambda r, done=done: record({"variants": [*done, r]}))
+        except Exception as err:  # e.g. cuDNN refusing a shape: recorded, the next variant runs
+            msg = f"{type(err).__name__}: {gpu_report.one_line(str(err))}"
+            c = [check(f"model.attention={attention}: the step compiles and runs", msg, "no error", False)]
+            ls, fig, res = [f"Failed: {msg}"], f"failed ({msg[:80]})", {"attention": attention, "error": msg}
+        variants.append(res)
+        record({"variants": variants})
+        many = len(sizes.update_attention) > 1
+        checks += [dict(x, name=f"[{attention}] {x['name']}") for x in c] if many else c
+        lines += ([f"### model.attention={attention}", ""] if many else []) + ls + [""]
+        figures.append(f"{attention}: {fig}" if many else fig)
+        jax.clear_caches()
+    return checks, lines[:-1], "; ".join(figures), {"variants": variants}
+
+
+def _update_variant(sizes: Sizes, attention: str, record):
+    """step_update's measurement at one model.attention."""
     from sparserl_jax.config import load_config
     from sparserl_jax.dryrun import dry_run, model_config
     from sparserl_jax.model import transformer
     from sparserl_jax.rl.optim import make_optimizer
     from sparserl_jax.rl.update import make_update_fn
 
-    cfg = load_config(list(sizes.update_configs), list(sizes.update_overrides))
+    overrides = [*sizes.update_overrides, f"model.attention={attention}"]
+    cfg = load_config(list(sizes.update_configs), overrides)
     m, _ = model_config(cfg, sizes.update_arch)
     device = jax.devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")
@@ -489,7 +518,8 @@ def step_update(sizes: Sizes, ctx: dict, record):
     held = (device.memory_stats() or {}).get("bytes_in_use")
     result = {
         "config": [os.path.relpath(c, os.path.dirname(HERE)) for c in sizes.update_configs],
-        "overrides": list(sizes.update_overrides),
+        "overrides": overrides,
+        "attention": attention,
         "rows": rows,
         "T": T,
         "micro_batch": u.micro_batch_size,
@@ -573,7 +603,7 @@ def step_update(sizes: Sizes, ctx: dict, record):
         )
     mfu = "n/a (unknown device peak)" if peak is None else f"{flops / step_s / peak:.1%} of {peak / 1e12:.0f} TFLOP/s"
     lines = [
-        f"Config: {' + '.join(result['config'])} with {' '.join(sizes.update_overrides)}; {rows} rows x "
+        f"Config: {' + '.join(result['config'])} with {' '.join(overrides)}; {rows} rows x "
         f"T={T} tokens, micro-batch {u.micro_batch_size}, remat {u.remat}, donate {u.donate}; compute dtype "
         f"{m.dtype}, parameters {', '.join(param_dtypes)} (config param_dtype {result['param_dtype_config']}), "
         f"pi_ref {', '.join(result['reference_dtypes'])}"

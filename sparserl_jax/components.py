@@ -38,14 +38,14 @@ def build_model(cfg: TrainConfig) -> Components:
     tokenizer; the params are the master weights, in model.param_dtype."""
     task = get_task(cfg.data.task, **dict(cfg.data.task_options)) if cfg.data.task else None
     reward = task.reward if task is not None else get_reward(cfg.data.reward)
-    dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    settings = cfg.model.arch_settings
     if cfg.model.checkpoint:
         model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.param_dtype)
-        model_cfg = dataclasses.replace(model_cfg, **dtypes)
+        model_cfg = dataclasses.replace(model_cfg, **settings)
         tokenizer = HFTokenizer.from_dir(cfg.model.checkpoint)
     else:
         tokenizer = task.tokenizer() if task is not None else CharTokenizer()
-        model_cfg = dataclasses.replace(cfg.model.arch, **dtypes)
+        model_cfg = dataclasses.replace(cfg.model.arch, **settings)
         if model_cfg.vocab_size < tokenizer.vocab_size:
             raise ValueError(
                 f"model.arch.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "

@@ -18,7 +18,7 @@ import yaml
 
 from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import DTYPES, ModelConfig
+from sparserl_jax.model.config import ATTENTION, DTYPES, ModelConfig
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -32,17 +32,27 @@ class ModelSource:
     architecture (`arch`) for tiny CPU runs (warm-started by the SFT stage). `init_from` then
     replaces those weights with the reference policy of an earlier run (e.g. a shared warm start).
     `dtype` is the compute dtype (forward, backward, rollouts, KV cache), `param_dtype` the master
-    weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py)."""
+    weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py);
+    `attention` how the full-sequence passes attend (model/config.py ATTENTION: xla, or cuDNN's
+    fused attention on a GPU)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attention: str = "xla"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
     def __post_init__(self):
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
+        check_in("model.attention", self.attention, ATTENTION)
+
+    @property
+    def arch_settings(self) -> dict[str, str]:
+        """The settings of this section that the architecture carries (ModelConfig's fields of
+        the same names), whichever source the architecture comes from."""
+        return dict(dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,7 +102,7 @@ class Item:
 def model_config(cfg: TrainConfig, arch: str | None = None) -> tuple[ModelConfig, str]:
     """The architecture in model.dtype and model.param_dtype: from `arch` (an HF config.json or a
     directory holding one), else model.checkpoint's config.json, else model.arch (random-init runs)."""
-    dtypes = dict(dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
+    settings = cfg.model.arch_settings
     path = arch
     if path is None and cfg.model.checkpoint:
         path = cfg.model.checkpoint
@@ -112,13 +112,13 @@ def model_config(cfg: TrainConfig, arch: str | None = None) -> tuple[ModelConfig
                 "--arch FILE, e.g. experiments/configs/real/arch/qwen2.5-7b.json"
             )
     if path is None:
-        return dataclasses.replace(cfg.model.arch, **dtypes), "model.arch"
+        return dataclasses.replace(cfg.model.arch, **settings), "model.arch"
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise FileNotFoundError(f"--arch {path}: no such file (expected an HF config.json)")
     with open(file) as f:
         hf = json.load(f)
-    return dataclasses.replace(config_from_hf(hf), **dtypes), file
+    return dataclasses.replace(config_from_hf(hf), **settings), file
 
 
 def axis_sizes(cfg: TrainConfig, devices: int | None = None) -> dict[str, int]:
@@ -266,7 +266,10 @@ def estimate(
     dense_cache, C_dense = abstract_cache(dense_kv, m, call_rows, P_len, r.max_new_tokens)
 
     hidden = lambda b, T_: b * T_ * D * a
-    attn = lambda b, T_: 2 * b * Nt * T_ * T_ * f32
+    if m.attention == "cudnn":  # fused: the [T, T] scores never leave the kernel; its softmax statistics stay
+        attn = lambda b, T_: b * Nt * T_ * f32
+    else:  # materialised scores and probabilities
+        attn = lambda b, T_: 2 * b * Nt * T_ * T_ * f32
     layer = lambda b, T_: b * T_ * a * (4 * D + 2 * Nt * H + 2 * Kt * H + 3 * Ft) + attn(b, T_)
     chunk = lambda b, T_: min(u.chunk_tokens, b * T_)
     head = 2 * hidden(b_micro, T) + 3 * chunk(b_micro, T) * Vt * f32
@@ -348,7 +351,7 @@ def estimate(
             if u.donate
             else f"new params{' + compute copy' if mixed else ''} + opt state (rl.update.donate=false)",
         ),
-        Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}"),
+        Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}, {m.attention} attention"),
         Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
     ]
     if mixed:  # the compute copy, cast from the master after each optimizer step

@@ -136,6 +136,7 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (ModelConfig, dict(n_heads=6, n_kv_heads=4), "model.n_heads=6 must be a multiple of model.n_kv_heads=4"),
     (ModelConfig, dict(family="gpt"), "model.family='gpt': accepted values are ('qwen2', 'llama', 'qwen3')"),
     (ModelConfig, dict(dtype="float16"), "model.dtype='float16'"),
+    (ModelConfig, dict(attention="flash"), "model.attention='flash'"),
     (ModelConfig, dict(d_ff=0), "model.d_ff=0 must be >= 1"),
     (RopeScaling, dict(factor=0.0), "model.rope_scaling.factor=0.0 must be > 0"),
     (QuantConfig, dict(skip="embed"), "quant.skip='embed' must be a list of weight names"),
@@ -156,6 +157,7 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (run_config.RunConfig, dict(progress="no"), "train.progress='no' must be true or false"),
     (run_config.DataConfig, dict(task="kv_recall", max_prompt_len=0), "data.max_prompt_len=0 must be >= 1"),
     (run_config.ModelSource, dict(dtype="int8"), "model.dtype='int8'"),
+    (run_config.ModelSource, dict(attention="cuda"), "model.attention='cuda'"),
 ]
 
 

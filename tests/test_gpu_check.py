@@ -2,6 +2,7 @@
 reports a failure as one, the guard records timeouts and crashes and goes on, and the full-size
 programs it will run on a GPU build and lower for cuda here."""
 
+import dataclasses
 import json
 import os
 import re
@@ -56,7 +57,8 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     assert all(row[f"shard_map_identical/{f}"] for f in ("empty", "one", "ragged", "half", "full"))
     assert steps["bandwidth"]["result"]["rows"][0]["frac_of_copy"] > 0
     assert {r["policy"] for r in steps["sampler"]["result"]["rows"]} == {"rkv", "none"}
-    update = steps["update"]["result"]
+    (update,) = steps["update"]["result"]["variants"]  # the smoke size measures one attention
+    assert update["attention"] == "xla"
     assert update["moved_fraction"] >= 0.9 and update["lr"] == 1e-6 and update["tokens_per_s"] > 0
     assert update["dryrun"]["persistent_plus_update"] > 0 and update["param_dtypes"] and update["compute_dtype"]
     resume = steps["e2e"]["result"]["resume"]
@@ -159,11 +161,31 @@ def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
     from sparserl_jax.dryrun import dry_run
 
     sizes = gpu_steps.SIZES["full"]
-    cfg = load_config(list(sizes.update_configs), list(sizes.update_overrides))
-    assert cfg.rl.update.micro_batch_size == 4 and cfg.rl.optim.lr == 1e-6
-    plan = dry_run(cfg, arch=sizes.update_arch, devices=1)
-    assert plan["model"]["n_layers"] == 28 and plan["shapes"]["update_width"] == 1024 + 4096
-    assert plan["phase_bytes"]["update"] > 0
+    update = {}
+    for attention in sizes.update_attention:
+        cfg = load_config(list(sizes.update_configs), [*sizes.update_overrides, f"model.attention={attention}"])
+        assert cfg.rl.update.micro_batch_size == 4 and cfg.rl.optim.lr == 1e-6
+        plan = dry_run(cfg, arch=sizes.update_arch, devices=1)
+        assert plan["model"]["n_layers"] == 28 and plan["shapes"]["update_width"] == 1024 + 4096
+        update[attention] = plan["phase_bytes"]["update"]
+    # fused attention keeps no [T, T] buffers: the plan drops 2 layers' 2 f32 score copies (remat)
+    b, N, T = 4, 12, 1024 + 4096
+    assert update["xla"] - update["cudnn"] == 2 * (2 * b * N * T * T * 4 - b * N * T * 4)
+
+
+def test_an_update_variant_that_raises_is_recorded_and_the_next_runs():
+    """The update step measures each model.attention in turn: on CPU cuDNN's is refused with the
+    setting named, recorded as a failed check, and XLA's still runs."""
+    sizes = dataclasses.replace(gpu_steps.SIZES["smoke"], update_attention=("cudnn", "xla"))
+    records = []
+    checks, lines, figure, result = gpu_steps.step_update(sizes, {}, records.append)
+    failed = [c for c in checks if not c["passed"]]
+    assert [c["name"] for c in failed] == ["[cudnn] model.attention=cudnn: the step compiles and runs"]
+    assert "model.attention=cudnn needs a GPU" in failed[0]["value"]
+    assert [v["attention"] for v in result["variants"]] == ["cudnn", "xla"]
+    assert "error" in result["variants"][0] and result["variants"][1]["moved_fraction"] >= 0.9
+    assert figure.startswith("cudnn: failed") and "; xla: " in figure
+    assert "### model.attention=xla" in lines and records[-1] == result
 
 
 @pytest.mark.skipif(not TRITON_AVAILABLE, reason="this jax has no Pallas Triton")

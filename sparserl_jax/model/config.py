@@ -16,6 +16,10 @@ from sparserl_jax.validate import check_at_least, check_bool, check_in, check_mu
 Family = Literal["qwen2", "llama", "qwen3"]
 FAMILIES: tuple[str, ...] = ("qwen2", "llama", "qwen3")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
+# model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend. "xla" materialises the
+# [T, T] scores (every platform); "cudnn" is cuDNN's fused attention through jax.nn.dot_product_attention
+# (a GPU only; memory linear in T). Decoding uses the Pallas kernel (GPU / TPU) or XLA (CPU) either way.
+ATTENTION: tuple[str, ...] = ("xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,7 @@ class ModelConfig:
     max_seq_len: int = 2048
     dtype: str = "float32"  # compute: weights as the forward reads them, activations, KV cache
     param_dtype: str = "float32"  # the master weights (and so the optimizer state) the update steps
+    attention: str = "xla"  # the full-sequence passes' attention (ATTENTION)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -68,6 +73,7 @@ class ModelConfig:
         check_positive("model.norm_eps", self.norm_eps)
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
+        check_in("model.attention", self.attention, ATTENTION)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:

@@ -133,10 +133,18 @@ def causal_attention(
     k: Float[Array, "B T K H"],
     v: Float[Array, "B T K H"],
     mask: Bool[Array, "B N T T"] | None = None,
+    implementation: str = "xla",
 ) -> Float[Array, "B T N H"]:
-    """Causal self-attention through jax.nn.dot_product_attention (float32 softmax; cuDNN on GPU
-    when the shapes allow it). Right padding needs no mask: padded keys come after every real query."""
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+    """Causal self-attention through jax.nn.dot_product_attention (float32 softmax). `implementation`
+    is model.attention: "xla" materialises the [T, T] scores on every platform (jax's default,
+    also on a GPU); "cudnn" is cuDNN's fused attention, a GPU only. Right padding needs no mask:
+    padded keys come after every real query."""
+    if implementation == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"model.attention=cudnn needs a GPU (jax's backend here is {jax.default_backend()}): "
+            "set model.attention=xla"
+        )
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
 
 
 # ----------------------------------------------------------------------------- full sequences
@@ -164,7 +172,8 @@ def forward(
 
     def block(layer, x, mask):
         q, k, v = _qkv(layer, x, positions, cfg)
-        return _finish_block(layer, x, causal_attention(q, k, v, mask), cfg), (q, k, v)
+        o = causal_attention(q, k, v, mask, cfg.attention)
+        return _finish_block(layer, x, o, cfg), (q, k, v)
 
     if remat:
         block = jax.checkpoint(block)
