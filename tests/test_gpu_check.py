@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sparserl_jax.experiments import gpu_check, gpu_report, gpu_steps
@@ -173,19 +174,38 @@ def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
     assert update["xla"] - update["cudnn"] == 2 * (2 * b * N * T * T * 4 - b * N * T * 4)
 
 
-def test_an_update_variant_that_raises_is_recorded_and_the_next_runs():
-    """The update step measures each model.attention in turn: on CPU cuDNN's is refused with the
-    setting named, recorded as a failed check, and XLA's still runs."""
+def test_an_update_variant_that_raises_is_recorded_and_the_next_runs(monkeypatch):
+    """The update step measures each model.attention in turn (here with its measurement stubbed:
+    the smoke run measures the real one): a variant that raises is one failed check naming it, and
+    the next still runs; the refusal itself is causal_attention's, named by its setting."""
+    from sparserl_jax.model import transformer
+
+    with pytest.raises(ValueError, match="model.attention=cudnn needs a GPU"):
+        q = np.zeros((1, 4, 2, 8), np.float32)
+        transformer.causal_attention(q, q[:, :, :1], q[:, :, :1], implementation="cudnn")
+
+    def variant(sizes, attention, record):
+        if attention == "cudnn":
+            raise ValueError("model.attention=cudnn needs a GPU (jax's backend here is cpu)")
+        record({"attention": attention, "partial": True})
+        ok = gpu_steps.check("weights moved", 1.0, ">= 0.9", True)
+        return [ok], ["| what | value |"], "12 tok/s", {"attention": attention, "moved_fraction": 1.0}
+
+    monkeypatch.setattr(gpu_steps, "_update_variant", variant)
     sizes = dataclasses.replace(gpu_steps.SIZES["smoke"], update_attention=("cudnn", "xla"))
     records = []
     checks, lines, figure, result = gpu_steps.step_update(sizes, {}, records.append)
-    failed = [c for c in checks if not c["passed"]]
-    assert [c["name"] for c in failed] == ["[cudnn] model.attention=cudnn: the step compiles and runs"]
-    assert "model.attention=cudnn needs a GPU" in failed[0]["value"]
-    assert [v["attention"] for v in result["variants"]] == ["cudnn", "xla"]
-    assert "error" in result["variants"][0] and result["variants"][1]["moved_fraction"] >= 0.9
-    assert figure.startswith("cudnn: failed") and "; xla: " in figure
-    assert "### model.attention=xla" in lines and records[-1] == result
+    assert [(c["name"], c["passed"]) for c in checks] == [
+        ("[cudnn] model.attention=cudnn: the step compiles and runs", False),
+        ("[xla] weights moved", True),
+    ]
+    assert "needs a GPU" in checks[0]["value"]
+    assert [v["attention"] for v in result["variants"]] == ["cudnn", "xla"] and "error" in result["variants"][0]
+    assert figure.startswith("cudnn: failed (ValueError") and figure.endswith("; xla: 12 tok/s")
+    assert lines[0] == "### model.attention=cudnn" and "### model.attention=xla" in lines
+    # recorded as it goes: the failed variant, then the next one's partial result beside it
+    assert records[1] == {"variants": [result["variants"][0], {"attention": "xla", "partial": True}]}
+    assert records[-1] == result
 
 
 @pytest.mark.skipif(not TRITON_AVAILABLE, reason="this jax has no Pallas Triton")
