@@ -137,6 +137,7 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (ModelConfig, dict(family="gpt"), "model.family='gpt': accepted values are ('qwen2', 'llama', 'qwen3')"),
     (ModelConfig, dict(dtype="float16"), "model.dtype='float16'"),
     (ModelConfig, dict(attention="flash"), "model.attention='flash'"),
+    (ModelConfig, dict(attention="cudnn"), "model.attention=cudnn needs model.dtype=bfloat16"),
     (ModelConfig, dict(d_ff=0), "model.d_ff=0 must be >= 1"),
     (RopeScaling, dict(factor=0.0), "model.rope_scaling.factor=0.0 must be > 0"),
     (QuantConfig, dict(skip="embed"), "quant.skip='embed' must be a list of weight names"),

@@ -74,6 +74,11 @@ class ModelConfig:
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_in("model.attention", self.attention, ATTENTION)
+        if self.attention == "cudnn" and self.dtype != "bfloat16":
+            raise ValueError(
+                f"model.attention=cudnn needs model.dtype=bfloat16 (cuDNN's fused attention takes no "
+                f"{self.dtype}): set model.dtype=bfloat16 or model.attention=xla"
+            )
         for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:
