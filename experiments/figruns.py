@@ -314,6 +314,7 @@ def summarize_history(h: list[dict]) -> dict:
     return {
         "train_reward_last25": last_quarter(h, "reward/mean"),
         "train_kv_saving": run_mean(h, "kv/saving"),
+        "train_kv_saving_last25": last_quarter(h, "kv/saving"),
         "token_reject_rate": last_quarter(h, "sars/token_reject_rate"),
         "seq_reject_rate": last_quarter(h, "sars/seq_reject_rate"),
         "mismatch_kl_k3": run_mean(h, "mismatch/kl_k3"),

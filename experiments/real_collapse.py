@@ -367,6 +367,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         ("SARS token reject", "token_reject_rate", ".1%"),
         ("SARS resp. reject", "seq_reject_rate", ".1%"),
         ("KV saving", "train_kv_saving", ".1%"),
+        ("KV saving last25", "train_kv_saving_last25", ".1%"),
+        ("response length last25", "length_last25", ".0f"),
         ("s / iteration", "seconds_per_iteration", ".0f"),
     )
     body = []
@@ -418,6 +420,12 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             ],
             body,
         )
+        lines += [
+            "",
+            "Training-time columns: last25 = the mean over the last quarter of the iterations, the others over "
+            "every iteration; KV saving = 1 - kept entries / a dense cache's (0 when every response ends "
+            "within the budget: a policy whose responses shorten stops evicting).",
+        ]
     if complete:
         vlines, comps = verdicts(data)
         lines += [
