@@ -18,7 +18,7 @@ import yaml
 
 from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import ATTENTION, DTYPES, ModelConfig
+from sparserl_jax.model.config import DTYPES, ModelConfig, check_attention
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -46,7 +46,7 @@ class ModelSource:
     def __post_init__(self):
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
-        check_in("model.attention", self.attention, ATTENTION)
+        check_attention(self.attention, self.dtype)
 
     @property
     def arch_settings(self) -> dict[str, str]:

@@ -159,6 +159,7 @@ SETTINGS = [  # (section, kwargs, a substring of the one-line message)
     (run_config.DataConfig, dict(task="kv_recall", max_prompt_len=0), "data.max_prompt_len=0 must be >= 1"),
     (run_config.ModelSource, dict(dtype="int8"), "model.dtype='int8'"),
     (run_config.ModelSource, dict(attention="cuda"), "model.attention='cuda'"),
+    (run_config.ModelSource, dict(attention="cudnn"), "model.attention=cudnn needs model.dtype=bfloat16"),
 ]
 
 

@@ -22,6 +22,16 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and m
 ATTENTION: tuple[str, ...] = ("xla", "cudnn")
 
 
+def check_attention(attention: str, dtype: str) -> None:
+    """model.attention is one of ATTENTION, and cuDNN's only with bfloat16 compute."""
+    check_in("model.attention", attention, ATTENTION)
+    if attention == "cudnn" and dtype != "bfloat16":
+        raise ValueError(
+            f"model.attention=cudnn needs model.dtype=bfloat16 (cuDNN's fused attention takes no {dtype}): "
+            "set model.dtype=bfloat16 or model.attention=xla"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """Llama-3 ("llama3") RoPE frequency scaling; see HF `_compute_llama3_parameters`."""
@@ -73,12 +83,7 @@ class ModelConfig:
         check_positive("model.norm_eps", self.norm_eps)
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
-        check_in("model.attention", self.attention, ATTENTION)
-        if self.attention == "cudnn" and self.dtype != "bfloat16":
-            raise ValueError(
-                f"model.attention=cudnn needs model.dtype=bfloat16 (cuDNN's fused attention takes no "
-                f"{self.dtype}): set model.dtype=bfloat16 or model.attention=xla"
-            )
+        check_attention(self.attention, self.dtype)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:
