@@ -73,7 +73,8 @@ def _random_rollout(key):
 def random_params(cfg, key):
     """Params with init_params' structure and scale (normal, std 0.02; norms near 1), drawn in
     one RNG call: init_params' many draws take seconds to compile on CPU."""
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(jax.eval_shape(transformer.init_params, cfg, key))
+    shapes = jax.eval_shape(functools.partial(transformer.init_params, cfg), key)
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
     z = jax.random.normal(key, (sum(leaf.size for _, leaf in paths_leaves),))
     out, i = [], 0
     for path, leaf in paths_leaves:
