@@ -465,6 +465,7 @@ def step_update(sizes: Sizes, ctx: dict, record):
     device's peak beside the dry run's persistent + update phase (the peak is a high-water mark
     over the process: a later variant's reads the earlier ones' too)."""
     checks, lines, figures, variants = [], [], [], []
+    many = len(sizes.update_attention) > 1  # label each variant's checks, lines and figure
     for attention in sizes.update_attention:
         done = variants.copy()
         try:
@@ -475,7 +476,6 @@ def step_update(sizes: Sizes, ctx: dict, record):
             ls, fig, res = [f"Failed: {msg}"], f"failed ({msg[:80]})", {"attention": attention, "error": msg}
         variants.append(res)
         record({"variants": variants})
-        many = len(sizes.update_attention) > 1
         checks += [dict(x, name=f"[{attention}] {x['name']}") for x in c] if many else c
         lines += ([f"### model.attention={attention}", ""] if many else []) + ls + [""]
         figures.append(f"{attention}: {fig}" if many else fig)

@@ -92,11 +92,9 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     whole model as one program did not finish compiling for an H200 within 170 s at Qwen2.5-1.5B
     (28 layers; XLA's slow-compile alarm named it), where it takes 7 s for a CPU. Under an outer
     jit (sharding.init_sharded) the two inline into one program; the values are the same either
-    way."""
+    way; its shapes alone: jax.eval_shape(functools.partial(init_params, cfg), key)."""
     key_embed, key_head, *layer_keys = jax.random.split(key, 2 + cfg.n_layers)
-    outer = _init_outer(cfg, key_embed, key_head)
-    params = {"embed": outer.pop("embed"), "layers": [_init_layer(cfg, k) for k in layer_keys], **outer}
-    return params
+    return {**_init_outer(cfg, key_embed, key_head), "layers": [_init_layer(cfg, k) for k in layer_keys]}
 
 
 def head_weight(params: Params) -> Float[Array, "D V"]:
