@@ -4,6 +4,7 @@ memory plan and a training run on one GPU, and writes what it measured as it goe
   python experiments/gpu_check.py --out DIR            # the whole check: under 10 minutes on an H100 / H200
   python experiments/gpu_check.py --out DIR --quick    # kernels and sampler at B=64: under 3 minutes
   python experiments/gpu_check.py --out DIR --steps update e2e   # some steps (any size)
+  python experiments/gpu_check.py --out DIR --steps env study     # the collapse study's cost (on request)
   python experiments/gpu_check.py --smoke --out DIR    # the same steps on CPU at toy shapes (tests)
 
 Steps, in order, with their budgets in seconds (full / quick / smoke; a step's process is killed
@@ -31,6 +32,12 @@ past its budget, or past the check's --time-limit: 570 / 180 / 900 s):
                              every iteration, evaluate (dense and sparse inference), stop and resume,
                              compare; then `python experiments/default.py --smoke` (full size, in
                              what is left of the budget: on an H200 the training took 80 s of it)
+  study       - /   - / 180  on request (`--steps env study`: 300 s on a GPU, a second device call)
+                             the real-model collapse study's config (real_collapse.py) on a
+                             SmolLM2-135M checkpoint with random weights (gpu_study.py): seconds an
+                             iteration of dense and Sparse-RL, of an evaluation, and the whole plan's
+                             cost on the device; SmolLM2's tokenizer where checkpoints/smollm2-135m
+                             holds it (carry its tokenizer files), else the char tokenizer
 
 Each step runs in its own process (gpu_report.py): a step that raises, crashes or runs out of
 time is recorded as failed with one line, and the next step runs. DIR/report.json and
@@ -63,12 +70,15 @@ TITLES = {
     "sampler": "sampler decode throughput",
     "update": "update step: throughput, MFU, weights moved, peak memory vs the dry run",
     "e2e": "end to end: train, evaluate, checkpoint, resume",
+    "study": "the real-model collapse study's cost: its config on random SmolLM2-135M weights",
 }
 BUDGETS = {  # seconds per step (the module docstring's table)
     "full": {"env": 15, "numerics": 90, "bandwidth": 25, "sampler": 200, "update": 140, "e2e": 100},
     "quick": {"env": 20, "numerics": 35, "bandwidth": 25, "sampler": 90},
-    "smoke": {"env": 60, "numerics": 120, "bandwidth": 60, "sampler": 120, "update": 120, "e2e": 180},
+    "smoke": {"env": 60, "numerics": 120, "bandwidth": 60, "sampler": 120, "update": 120, "e2e": 180, "study": 180},
 }
+# Steps outside the whole check (it fills one 10-minute device call), run by --steps at this budget
+ON_REQUEST = {"study": 300}
 TIME_LIMITS = {"full": 570, "quick": 180, "smoke": 900}
 # Per-step environment (a setting the user made wins): the whole device for one process, except
 # where several share it (the default experiment runs its arms as parallel processes).
@@ -157,7 +167,7 @@ def main(argv=None) -> int:
         return lower(mode, args.out, argv)
     budgets = BUDGETS[mode]
     if args.steps:  # a step outside the size's list runs at its full-size budget
-        budgets = {s: budgets.get(s, BUDGETS["full"][s]) for s in TITLES if s in args.steps}
+        budgets = {s: budgets.get(s, BUDGETS["full"].get(s, ON_REQUEST.get(s))) for s in TITLES if s in args.steps}
     out = os.path.abspath(
         args.out
         or (

@@ -37,6 +37,12 @@ class Step:
     budget_s: float  # its process is killed past this (and past the check's time limit)
 
 
+def check(name: str, value, limit: str, passed: bool, kind: str = "must") -> dict:
+    """One check of a step: "must" fails the step where it does not hold, "goal" (a performance
+    goal) makes it a warning."""
+    return {"name": name, "value": value, "limit": limit, "passed": bool(passed), "kind": kind}
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparserl_jax.experiments import gpu_report  # imports no JAX
+from sparserl_jax.experiments.gpu_report import check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -178,10 +179,6 @@ SIZES = {
         run_default=False,
     ),
 }
-
-
-def check(name: str, value, limit: str, passed: bool, kind: str = "must") -> dict:
-    return {"name": name, "value": value, "limit": limit, "passed": bool(passed), "kind": kind}
 
 
 def kernel_shapes(sizes: Sizes) -> dict:
@@ -851,6 +848,14 @@ def step_e2e(sizes: Sizes, ctx: dict, record):
     return checks, lines, figure, result
 
 
+def step_study(sizes: Sizes, ctx: dict, record):
+    """The real-model collapse study's cost on the device (gpu_study.py: it imports the study's
+    script, which the other steps do without)."""
+    from sparserl_jax.experiments import gpu_study
+
+    return gpu_study.step_study(sizes, ctx, record)
+
+
 STEPS = {
     "env": step_env,
     "numerics": step_numerics,
@@ -858,6 +863,7 @@ STEPS = {
     "sampler": step_sampler,
     "update": step_update,
     "e2e": step_e2e,
+    "study": step_study,
 }
 
 

@@ -217,3 +217,30 @@ def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
     rows = gpu_lower.lower_all(gpu_steps.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
     assert len(rows) == 2 * 2 * 2  # two models' heads x two batches x plain / shard_map
     assert all(r["ok"] and r["triton_calls"] == 1 for r in rows), [r for r in rows if not r["ok"]]
+
+
+def test_the_study_step_runs_the_collapse_studys_config_and_prices_its_plan(tmp_path):
+    """The `study` step's arms are the collapse study's runs (its config, the arm's overrides at the
+    default setting, the evaluation as the study's) on the checkpoint it is given, and its plan's
+    cost adds every planned iteration and evaluation (naive at Sparse-RL's seconds)."""
+    from sparserl_jax.experiments import gpu_study, real_collapse
+
+    with open(gpu_study.ARCH) as f:
+        arch = json.load(f)
+    assert (arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]) == (30, 576, 49152)
+    study = real_collapse.SETTINGS[real_collapse.DEFAULT_SETTING]
+    for arm in gpu_study.FULL.arms:
+        cfg = gpu_study.arm_config(arm, str(tmp_path), str(tmp_path / arm), gpu_study.FULL, char_tokenizer=False)
+        assert cfg.model.checkpoint == str(tmp_path) and cfg.train.iterations == gpu_study.FULL.iterations
+        assert (cfg.rollout.prompts, cfg.rollout.samples, cfg.rollout.max_new_tokens) == (4, 8, 192)
+        assert cfg.train.eval_temperature == 0 and cfg.rl.mode == real_collapse.ARMS[arm][0]
+        if real_collapse.ARMS[arm][1]:
+            assert f"kv.budget={cfg.kv.budget}" in study.kv and cfg.kv.policy == "rkv"
+        else:
+            assert cfg.kv.policy == "none"
+    arms = {"dense": {"iteration_s": 2.0, "eval_s": 5.0}, "sparse_rl": {"iteration_s": 3.0, "eval_s": 7.0}}
+    plan = gpu_study.plan_cost(arms)
+    seeds, its = len(real_collapse.SEEDS), real_collapse.ITERATIONS
+    assert plan["train_s"] == seeds * its * (2.0 + 3.0 + 3.0)
+    assert plan["evaluations"] == seeds * (1 + 3 * (its // real_collapse.EVAL_EVERY)) == 21
+    assert plan["total_s"] == plan["train_s"] + 21 * 6.0
