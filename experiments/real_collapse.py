@@ -19,6 +19,8 @@ fixed before the first run and is written into every results.md beside the outco
 from __future__ import annotations
 
 import dataclasses
+import glob
+import json
 import os
 import sys
 import time
@@ -468,8 +470,36 @@ def cost_lines(data: dict) -> list[str]:
         f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "
         f"first iteration's compile excluded), {eval_s:.0f} s an evaluation of {data['eval_prompts']} prompts; "
         f"the whole plan ({n_runs} runs x {data['iterations']} iterations, {n_evals} evaluations) "
-        f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine."
+        f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine. " + gpu_cost_sentence()
     ]
+
+
+GPU_RESULTS = os.path.join(figlib.HERE, "results", "gpu")
+
+
+def gpu_cost_sentence(results: str = GPU_RESULTS) -> str:
+    """What the device check's `study` step measured of this plan on each GPU it ran on (the
+    committed experiments/results/gpu/<device>/<check>/steps/study.json), or how to measure it."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(results, "*", "*", "steps", "study.json"))):
+        with open(path) as f:
+            step = json.load(f)
+        r = step.get("result") or {}
+        if step.get("status") != "ok" or "plan" not in r:
+            continue
+        device = os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+        its = ", ".join(f"{arm} {a['iteration_s']:.1f} s" for arm, a in r["arms"].items())
+        found.append(
+            f"{device} ({os.path.relpath(path, figlib.REPO)}): an iteration {its}, an evaluation "
+            f"{r['plan']['eval_s']:.1f} s, the whole plan {r['plan']['total_s'] / 60:.0f} min (random weights answer "
+            "to the response cap: an upper bound)"
+        )
+    if not found:
+        return (
+            "On a GPU: not measured yet (`python experiments/gpu_check.py --steps env study` measures this "
+            "config's iterations and evaluation on a device; docs/running-on-gpu-tpu.md)."
+        )
+    return "On a GPU, the device check's `study` step: " + "; ".join(found) + "."
 
 
 def record_lines(data: dict) -> list[str]:

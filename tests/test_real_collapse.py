@@ -111,3 +111,20 @@ def test_smoke_study_records_resume_and_replot(tmp_path):
     (out / "collapse.png").unlink()
     real_collapse.main(["--replot", str(out)])
     assert (out / "collapse.png").exists() and (out / "results.json").read_text() == written
+
+
+def test_the_gpu_cost_comes_from_a_committed_device_check_or_says_how_to_measure_it(tmp_path):
+    """results.md's GPU cost is the device check's `study` step where one finished (status ok),
+    per device; a failed step or none says it is not measured and names the command."""
+    assert "not measured yet" in real_collapse.gpu_cost_sentence(str(tmp_path))
+    steps = tmp_path / "nvidia-h100" / "check-1" / "steps"
+    steps.mkdir(parents=True)
+    result = {
+        "arms": {"dense": {"iteration_s": 2.5}, "sparse_rl": {"iteration_s": 3.25}},
+        "plan": {"eval_s": 4.0, "total_s": 660.0},
+    }
+    (steps / "study.json").write_text(json.dumps({"status": "fail", "result": result}))
+    assert "not measured yet" in real_collapse.gpu_cost_sentence(str(tmp_path))
+    (steps / "study.json").write_text(json.dumps({"status": "ok", "result": result}))
+    sentence = real_collapse.gpu_cost_sentence(str(tmp_path))
+    assert "nvidia-h100" in sentence and "dense 2.5 s, sparse_rl 3.2 s" in sentence and "11 min" in sentence
