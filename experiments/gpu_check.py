@@ -139,9 +139,9 @@ def step_env(name: str, mode: str) -> dict:
 
 def lower(mode: str, out: str | None, argv) -> int:
     """--lower: every program of the check at this size lowered for cuda here (gpu_lower.py)."""
-    from sparserl_jax.experiments import gpu_lower, gpu_steps
+    from sparserl_jax.experiments import gpu_lower, gpu_sizes
 
-    rows = gpu_lower.lower_all(gpu_steps.SIZES[mode])
+    rows = gpu_lower.lower_all(gpu_sizes.SIZES[mode])
     command = shlex.join(["python", "experiments/gpu_check.py", *(sys.argv[1:] if argv is None else argv)])
     if out:
         os.makedirs(out, exist_ok=True)

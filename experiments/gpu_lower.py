@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import export
 
 from sparserl_jax.experiments import gpu_kernel_check as gk
-from sparserl_jax.experiments import gpu_report, gpu_steps
+from sparserl_jax.experiments import gpu_report, gpu_sizes, gpu_update
 
 TRITON = "__gpu$xla.gpu.triton"
 DISABLED = [export.DisabledSafetyCheck.custom_call(TRITON)]
@@ -36,7 +36,7 @@ def lower(fn, *args) -> str:
     return export.export(fn, platforms=["cuda"], disabled_checks=DISABLED)(*args).mlir_module()
 
 
-def programs(sizes: gpu_steps.Sizes):
+def programs(sizes: gpu_sizes.Sizes):
     """(step, program, shape, build) of every program the check lowers; build() -> (jitted fn,
     abstract args)."""
     from sparserl_jax.config import load_config
@@ -48,7 +48,7 @@ def programs(sizes: gpu_steps.Sizes):
     from sparserl_jax.rollout import sampler as smp
 
     mesh = gk.one_device_mesh()
-    for label, (N, K, H, C, dtype) in gpu_steps.kernel_shapes(sizes).items():
+    for label, (N, K, H, C, dtype) in gpu_sizes.kernel_shapes(sizes).items():
         for B in sizes.kernel_batches:
             args = (sds((B, N, H), dtype), sds((B, K, C, H), dtype), sds((B, K, C, H), dtype), sds((B,), "int32"))
             for tag, m in (("kernel", None), ("kernel under shard_map", mesh)):
@@ -92,7 +92,7 @@ def programs(sizes: gpu_steps.Sizes):
         params = sharding.abstract_params(m)
         optimizer = make_optimizer(cfg.rl.optim)
         batch = jax.eval_shape(
-            lambda key: gpu_steps.update_batch(rows, P + cfg.rollout.max_new_tokens, P, m.vocab_size, key),
+            lambda key: gpu_update.update_batch(rows, P + cfg.rollout.max_new_tokens, P, m.vocab_size, key),
             jax.eval_shape(jax.random.key, 1),
         )
         return (
@@ -103,7 +103,7 @@ def programs(sizes: gpu_steps.Sizes):
     yield "update", "update step", "the update step's config", update
 
 
-def lower_all(sizes: gpu_steps.Sizes, steps=None, log=print) -> list[dict]:
+def lower_all(sizes: gpu_sizes.Sizes, steps=None, log=print) -> list[dict]:
     """Lower every program (of `steps`, default all); a failure (building or lowering) is
     recorded with one line and the next is lowered."""
     rows = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparserl_jax.experiments import gpu_check, gpu_report, gpu_steps
+from sparserl_jax.experiments import gpu_check, gpu_e2e, gpu_report, gpu_sizes, gpu_update
 from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE
 
 EXPERIMENTS = Path(__file__).parent.parent / "experiments"
@@ -46,10 +46,11 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     assert steps[FORCED]["error"] == f"RuntimeError: forced failure (--fail {FORCED}), raised after the step ran"
     assert report["verdict"] == "FAIL" and report["finished"]
     md = (tmp_path / "report.md").read_text()
-    assert md.startswith("# Device check: cpu (smoke)\n\n**FAIL**: 1 of 6 steps failed: numerics.\n")
+    n = len(gpu_check.TITLES)
+    assert md.startswith(f"# Device check: cpu (smoke)\n\n**FAIL**: 1 of {n} steps failed: numerics.\n")
     assert "PASS" not in md.split("\n## ")[0]
     assert f"| {FORCED} | FAIL |" in md and steps[FORCED]["error"] in md
-    assert proc.stdout.strip().splitlines()[-1].startswith("FAIL: 1 of 6 steps failed: numerics")
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"FAIL: 1 of {n} steps failed: numerics")
     # the figures themselves
     numerics = steps["numerics"]["result"]
     assert numerics["worst_ratio"]["o"] <= 1 and numerics["worst_ratio"]["lse"] <= 1
@@ -67,6 +68,9 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     assert "at iteration 1" in resume["resumed_line"]
     env = steps["env"]["result"]
     assert env["backend"] == "cpu" and env["provenance"]["commit"] and "jax" in env["packages"]
+    study = steps["study"]["result"]  # the collapse study's config trained and evaluated, its plan priced
+    assert study["arms"]["sparse_rl"]["iteration_s"] > 0 and study["arms"]["sparse_rl"]["eval_s"] > 0
+    assert study["plan"]["evaluations"] == 21 and study["plan"]["total_s"] > study["plan"]["train_s"] > 0
 
 
 def _python(code: str) -> list[str]:
@@ -111,7 +115,7 @@ def test_the_runner_records_a_timeout_and_a_crash_and_goes_on(tmp_path):
 def test_a_command_past_its_time_is_killed_with_its_children():
     """The e2e step runs default.py (and its worker processes) this way."""
     code = "import subprocess, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
-    rc, tail = gpu_steps.run_killing_group(_python(code), dict(os.environ), 2)
+    rc, tail = gpu_e2e.run_killing_group(_python(code), dict(os.environ), 2)
     assert rc is None and tail.endswith("timed out after 2 s")
     stat = Path(f"/proc/{int(tail.split()[0])}/stat")  # the grandchild: gone, or a zombie not yet reaped
 
@@ -161,7 +165,7 @@ def test_the_full_size_update_config_builds_and_the_dry_run_plans_it():
     from sparserl_jax.config import load_config
     from sparserl_jax.dryrun import dry_run
 
-    sizes = gpu_steps.SIZES["full"]
+    sizes = gpu_sizes.SIZES["full"]
     update = {}
     for attention in sizes.update_attention:
         cfg = load_config(list(sizes.update_configs), [*sizes.update_overrides, f"model.attention={attention}"])
@@ -188,13 +192,13 @@ def test_an_update_variant_that_raises_is_recorded_and_the_next_runs(monkeypatch
         if attention == "cudnn":
             raise ValueError("model.attention=cudnn needs a GPU (jax's backend here is cpu)")
         record({"attention": attention, "partial": True})
-        ok = gpu_steps.check("weights moved", 1.0, ">= 0.9", True)
+        ok = gpu_report.check("weights moved", 1.0, ">= 0.9", True)
         return [ok], ["| what | value |"], "12 tok/s", {"attention": attention, "moved_fraction": 1.0}
 
-    monkeypatch.setattr(gpu_steps, "_update_variant", variant)
-    sizes = dataclasses.replace(gpu_steps.SIZES["smoke"], update_attention=("cudnn", "xla"))
+    monkeypatch.setattr(gpu_update, "_update_variant", variant)
+    sizes = dataclasses.replace(gpu_sizes.SIZES["smoke"], update_attention=("cudnn", "xla"))
     records = []
-    checks, lines, figure, result = gpu_steps.step_update(sizes, {}, records.append)
+    checks, lines, figure, result = gpu_update.step_update(sizes, {}, records.append)
     assert [(c["name"], c["passed"]) for c in checks] == [
         ("[cudnn] model.attention=cudnn: the step compiles and runs", False),
         ("[xla] weights moved", True),
@@ -214,7 +218,7 @@ def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
     (`python experiments/gpu_check.py --lower` does every step's programs, about a minute)."""
     from sparserl_jax.experiments import gpu_lower
 
-    rows = gpu_lower.lower_all(gpu_steps.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
+    rows = gpu_lower.lower_all(gpu_sizes.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
     assert len(rows) == 2 * 2 * 2  # two models' heads x two batches x plain / shard_map
     assert all(r["ok"] and r["triton_calls"] == 1 for r in rows), [r for r in rows if not r["ok"]]
 
