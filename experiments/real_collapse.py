@@ -12,8 +12,11 @@ than one machine is held here, so each run leaves a record the moment it finishe
 (experiments/run_records.py: <out>/records/<arm>-seed<k>.json, committed with --commit-records);
 the same command on another machine trains only the planned runs without a record (a run
 directory kept on the machine resumes from its checkpoint). results.md and the figure show the
-runs recorded so far and state no verdict until every planned run is there. The plan below was
-fixed before the first run and is written into every results.md beside the outcome.
+runs recorded so far and state no verdict until every planned run is there. The untrained model
+and the dense arm evict nothing, so both settings plan the same runs for them: a setting's study
+copies the other's record of such a run (run_records.adopt; the records table names its source)
+and trains only its two sparse arms. The plan below was fixed before the first run and is written
+into every results.md beside the outcome.
 """
 
 from __future__ import annotations
@@ -219,6 +222,17 @@ def run(args, study) -> dict:
     study.overrides, study.base = base, figlib.load_config([study.config], base)
     jobs = plan(args.seeds, setting, args.smoke)
     keys = {name: figlib.config_key(study.resolve(o)) for name, o in jobs}
+    # a run planned by both settings (the untrained model, dense rollouts: no eviction) is one run:
+    # the other setting's record of it is copied here, not trained again
+    others = [
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(records_dir))), s, "records") for s in SETTINGS
+    ]
+    for path in run_records.adopt(records_dir, keys.items(), others):
+        print(f"adopted {os.path.basename(path)} from another setting's records (the same config)", flush=True)
+        if args.commit_records and not args.render_only:
+            run_records.commit(
+                path, f"real-model collapse study: {os.path.basename(path)} adopted ({args.setting}): the same run"
+            )
     missing = run_records.missing(records_dir, keys.items())
     todo = [] if args.render_only else missing
     print(
@@ -275,6 +289,7 @@ def collect(records: dict[str, dict | None], seeds) -> dict:
             "jax": r["provenance"]["jax"],
             "wall_s": r["provenance"]["wall_s"],
             "finished": r["finished"],
+            **({"adopted_from": r["adopted_from"]} if "adopted_from" in r else {}),
         }
         for name, r in records.items()
         if r is not None
@@ -510,7 +525,8 @@ def record_lines(data: dict) -> list[str]:
             r["finished"],
             r["commit"]
             + (f" (sparserl_jax from {r['library_commit']})" if r.get("library_commit") else "")
-            + (" (uncommitted changes)" if r["uncommitted_changes"] else ""),
+            + (" (uncommitted changes)" if r["uncommitted_changes"] else "")
+            + (f"; the same run as {r['adopted_from']}" if r.get("adopted_from") else ""),
             r["cpu"],
             r["jax"],
             f"{r['wall_s'] / 60:.0f} min",

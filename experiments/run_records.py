@@ -60,6 +60,26 @@ def missing(records_dir: str, planned: Iterable[tuple[str, str]]) -> list[str]:
     return [name for name, key in planned if read(records_dir, name, key) is None]
 
 
+def adopt(records_dir: str, planned: Iterable[tuple[str, str]], others: Iterable[str]) -> list[str]:
+    """Copy into `records_dir` each planned (name, config_key) run it lacks whose record another
+    study holds in one of the `others` folders with the same name and identity (the same resolved
+    config is the same run, whichever plan asked for it); the copy names its source in
+    "adopted_from". Returns the paths written."""
+    written = []
+    others = [o for o in others if os.path.abspath(o) != os.path.abspath(records_dir)]
+    for name, key in planned:
+        if read(records_dir, name, key) is not None:
+            continue
+        for other in others:
+            record = read(other, name, key)
+            if record is not None:
+                record.pop("schema")
+                source = os.path.relpath(path_of(other, name), os.path.dirname(os.path.abspath(records_dir)))
+                written.append(write(records_dir, {**record, "adopted_from": source}))
+                break
+    return written
+
+
 def commit(path: str, message: str) -> bool:
     """Commit the record at `path` alone, in the git checkout that holds it (other staged or
     unstaged changes stay as they are; a study may run from a clean checkout of its commit and

@@ -52,6 +52,27 @@ def test_records_round_trip_and_identity(tmp_path):
         run_records.read(str(tmp_path), "naive/seed1")
 
 
+def test_a_run_both_settings_plan_is_adopted_from_the_other_settings_records(tmp_path):
+    """The dense arm and the untrained model do not depend on the eviction setting: a study under
+    rkv48 copies rkv64's record of such a run (same name, same config) instead of training it,
+    and never one of another config or one it already has."""
+    rkv64, rkv48 = str(tmp_path / "rkv64" / "records"), str(tmp_path / "rkv48" / "records")
+    run_records.write(rkv64, {"name": "dense/seed0", "config_key": "same", "history": [{"x": 1.0}]})
+    run_records.write(rkv64, {"name": "naive/seed0", "config_key": "budget64", "history": []})
+    run_records.write(rkv48, {"name": "untrained/seed0", "config_key": "u", "history": [{"x": 2.0}]})
+    run_records.write(rkv64, {"name": "untrained/seed0", "config_key": "u", "history": [{"x": 3.0}]})
+    planned = [("dense/seed0", "same"), ("naive/seed0", "budget48"), ("untrained/seed0", "u")]
+    written = run_records.adopt(rkv48, planned, [rkv64, rkv48])
+    assert [os.path.basename(p) for p in written] == ["dense-seed0.json"]
+    dense = run_records.read(rkv48, "dense/seed0", "same")
+    assert dense["history"] == [{"x": 1.0}] and dense["adopted_from"] == os.path.join(
+        "..", "rkv64", "records", "dense-seed0.json"
+    )
+    assert run_records.read(rkv48, "untrained/seed0")["history"] == [{"x": 2.0}]  # its own kept
+    assert run_records.missing(rkv48, planned) == ["naive/seed0"]
+    assert run_records.adopt(rkv48, planned, [rkv64]) == []  # nothing more to adopt
+
+
 def _untimed(results: dict) -> dict:
     return {
         arm: [{k: v for k, v in r.items() if k != "seconds_per_iteration"} for r in rows]
