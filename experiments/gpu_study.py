@@ -29,6 +29,10 @@ import numpy as np
 from sparserl_jax.experiments import figstats, real_collapse
 from sparserl_jax.experiments.gpu_report import check
 from sparserl_jax.experiments.real.smoke import SMOKE_BATCH, load_real_config
+from sparserl_jax.model import hf, transformer
+from sparserl_jax.model.hf_config import config_from_hf
+from sparserl_jax.tokenizer import CharTokenizer
+from sparserl_jax.train import Trainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -44,10 +48,12 @@ class StudySize:
     eval_prompts: int  # one evaluation as the study's (its held-out prompts: real_collapse.EVAL_PROMPTS)
     arch: dict  # HF config fields over ARCH (smoke: a tiny model of the same family)
     overrides: tuple[str, ...]  # over the study's config and the arm's
+    smoke: bool = False  # the study's --smoke eviction and batch (real_collapse.SMOKE_KV, SMOKE_BATCH)
 
 
 FULL = StudySize(arms=("dense", "sparse_rl"), iterations=3, eval_prompts=128, arch={}, overrides=())
 SMOKE = StudySize(
+    smoke=True,
     arms=("sparse_rl",),
     iterations=2,
     eval_prompts=2,
@@ -77,10 +83,6 @@ def smollm2_tokenizer() -> str | None:
 def random_checkpoint(path: str, arch: dict, tokenizer: str | None) -> None:
     """An HF checkpoint folder at `path`: ARCH with `arch` over it, random float32 weights
     (transformer.init_params), `tokenizer`'s files, or the char tokenizer's where it is None."""
-    from sparserl_jax.model import hf, transformer
-    from sparserl_jax.model.hf_config import config_from_hf
-    from sparserl_jax.tokenizer import CharTokenizer
-
     with open(ARCH) as f:
         m = config_from_hf({**json.load(f), **arch})
     hf.save_params(path, m, transformer.init_params(m, jax.random.key(0)), tokenizer_dir=tokenizer)
@@ -93,14 +95,13 @@ def arm_config(arm: str, checkpoint: str, out_dir: str, size: StudySize, char_to
     default setting), on `checkpoint`, `size.iterations` iterations, no evaluation inside the run
     and one checkpoint at its end."""
     setting = real_collapse.SETTINGS[real_collapse.DEFAULT_SETTING]
-    smoke = bool(size.arch)
     return load_real_config(
         [
-            *real_collapse.overrides(setting, arm, 0, smoke),
+            *real_collapse.overrides(setting, arm, 0, size.smoke),
             "train.eval_kv=dense",
             "train.eval_temperature=0",
             "train.eval_batch_size=32",
-            *(SMOKE_BATCH if smoke else ()),
+            *(SMOKE_BATCH if size.smoke else ()),
             # the char tokenizer spells the 57-token prompt in about 150 characters
             *(["data.max_prompt_len=160"] if char_tokenizer else ()),
             *size.overrides,
@@ -118,8 +119,6 @@ def arm_config(arm: str, checkpoint: str, out_dir: str, size: StudySize, char_to
 def measure_arm(arm: str, checkpoint: str, work: str, size: StudySize, char_tokenizer: bool, record) -> dict:
     """`size.iterations` training iterations of `arm`, then one held-out evaluation timed twice
     (the first compiles)."""
-    from sparserl_jax.train import Trainer
-
     cfg = arm_config(arm, checkpoint, os.path.join(work, arm), size, char_tokenizer)
     t0 = time.perf_counter()
     trainer = Trainer(cfg, log=lambda *a, **k: None)
