@@ -575,7 +575,7 @@ def figure(data: dict):
     fig.suptitle(f"SmolLM2-135M, {data['setting']}: {data['recorded_runs']} of {data['planned_runs']} runs", fontsize=8)
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
     if handles:  # one legend for the figure, below the panels
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=3, frameon=False, fontsize=7)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=2, frameon=False, fontsize=7)
     return fig
 
 
