@@ -124,7 +124,6 @@ def measure_arm(arm: str, checkpoint: str, work: str, size: StudySize, char_toke
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     history = trainer.run()
     train_s = time.perf_counter() - t0
-    seconds = [figstats.iteration_time(x) for x in history]
     phases = {
         k.removeprefix("time/").removesuffix("_s"): float(np.median([x[k] for x in history[1:] or history]))
         for k in history[-1]
@@ -134,7 +133,7 @@ def measure_arm(arm: str, checkpoint: str, work: str, size: StudySize, char_toke
         "arm": arm,
         "iterations": len(history),
         "train_s": train_s,
-        "first_iteration_s": seconds[0],
+        "first_iteration_s": figstats.iteration_time(history[0]),
         "iteration_s": figstats.seconds_per_iteration(history),
         "phases_s": phases,
         "response_length": float(np.mean([x["response/length_mean"] for x in history])),
@@ -157,17 +156,21 @@ def measure_arm(arm: str, checkpoint: str, work: str, size: StudySize, char_toke
 
 
 def plan_cost(arms: dict[str, dict]) -> dict:
-    """The whole rkv64 plan at the measured figures: every run's iterations at its arm's seconds
-    (naive at Sparse-RL's, the same programs less the corrections) and every evaluation at the
-    evaluation's, compile excluded."""
-    seeds, its, every = len(real_collapse.SEEDS), real_collapse.ITERATIONS, real_collapse.EVAL_EVERY
-    per_arm = {
-        a: arms.get(a, arms.get("sparse_rl", next(iter(arms.values()))))["iteration_s"] for a in real_collapse.ARMS
-    }
-    evals = seeds * (1 + len(real_collapse.ARMS) * (its // every))
+    """The whole plan of a setting at the measured figures: every run's iterations at its arm's
+    seconds (an arm not measured, naive, at Sparse-RL's: the same programs less the corrections)
+    and every evaluation at the evaluation's median, compile excluded."""
+    seeds, its = len(real_collapse.SEEDS), real_collapse.ITERATIONS
+    runs, evals = real_collapse.plan_counts(seeds, its)
+    seconds = {a: arms[a if a in arms else "sparse_rl"]["iteration_s"] for a in real_collapse.ARMS}
     eval_s = float(np.median([r["eval_s"] for r in arms.values()]))
-    train_s = sum(seeds * its * s for s in per_arm.values())
-    return {"train_s": train_s, "evaluations": evals, "eval_s": eval_s, "total_s": train_s + evals * eval_s}
+    train_s = seeds * its * sum(seconds.values())
+    return {
+        "runs": runs,
+        "evaluations": evals,
+        "eval_s": eval_s,
+        "train_s": train_s,
+        "total_s": train_s + evals * eval_s,
+    }
 
 
 def step_study(sizes, ctx: dict, record):
@@ -221,7 +224,8 @@ def step_study(sizes, ctx: dict, record):
             for arm, r in arms.items()
         ),
         "",
-        f"The study's plan (3 arms x 3 seeds x 20 iterations, {plan['evaluations']} evaluations) at these figures, "
+        f"The study's plan ({plan['runs']} runs x {real_collapse.ITERATIONS} iterations, {plan['evaluations']} "
+        "evaluations) at these figures, "
         f"compile excluded: {plan['total_s'] / 60:.1f} min on this device ({plan['train_s'] / 60:.1f} min training, "
         f"{plan['evaluations']} x {plan['eval_s']:.1f} s evaluating).",
     ]

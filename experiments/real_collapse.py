@@ -229,7 +229,7 @@ def run(args, study) -> dict:
     ]
     for path in run_records.adopt(records_dir, keys.items(), others):
         print(f"adopted {os.path.basename(path)} from another setting's records (the same config)", flush=True)
-        if args.commit_records and not args.render_only:
+        if args.commit_records:
             run_records.commit(
                 path, f"real-model collapse study: {os.path.basename(path)} adopted ({args.setting}): the same run"
             )
@@ -470,6 +470,12 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     )
 
 
+def plan_counts(seeds: int, iterations: int) -> tuple[int, int]:
+    """(training runs, evaluations) of a setting's plan: every arm at every seed, the untrained
+    model's evaluation per seed and each run's every EVAL_EVERY iterations."""
+    return len(ARMS) * seeds, seeds * (1 + len(ARMS) * (iterations // EVAL_EVERY))
+
+
 def cost_lines(data: dict) -> list[str]:
     """What the study costs here: seconds per iteration (median after the first) and per
     evaluation, and the whole plan at that rate on one core."""
@@ -478,8 +484,7 @@ def cost_lines(data: dict) -> list[str]:
     if not per_it:
         return ["Cost: no finished training run recorded yet."]
     it_s, eval_s = float(np.median(per_it)), float(np.median(evals)) if evals else float("nan")
-    n_runs = len(ARMS) * len(data["seeds"])
-    n_evals = len(data["seeds"]) * (1 + len(ARMS) * (data["iterations"] // EVAL_EVERY))
+    n_runs, n_evals = plan_counts(len(data["seeds"]), data["iterations"])
     total_h = (n_runs * data["iterations"] * it_s + n_evals * eval_s) / 3600
     return [
         f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "

@@ -155,6 +155,8 @@ def test_the_docstring_states_every_step_and_its_budgets():
     for mode, limit in gpu_check.TIME_LIMITS.items():
         assert sum(gpu_check.BUDGETS[mode].values()) <= limit, mode  # the steps fit the check's limit
     assert "{full} / {quick} / {smoke} s".format(**gpu_check.TIME_LIMITS) in doc
+    for name, budget in gpu_check.ON_REQUEST.items():  # a step outside the whole check: its budget stated
+        assert name not in gpu_check.BUDGETS["full"] and re.search(rf"^  {name} .*: {budget} s on a GPU", doc, re.M)
     # the whole check inside one 10-minute command on a lent GPU machine, with room for the install
     assert gpu_check.TIME_LIMITS["full"] <= 10 * 60 - 30 and gpu_check.TIME_LIMITS["quick"] <= 3 * 60
 
@@ -246,5 +248,5 @@ def test_the_study_step_runs_the_collapse_studys_config_and_prices_its_plan(tmp_
     plan = gpu_study.plan_cost(arms)
     seeds, its = len(real_collapse.SEEDS), real_collapse.ITERATIONS
     assert plan["train_s"] == seeds * its * (2.0 + 3.0 + 3.0)
-    assert plan["evaluations"] == seeds * (1 + 3 * (its // real_collapse.EVAL_EVERY)) == 21
+    assert plan["runs"] == 9 and plan["evaluations"] == seeds * (1 + 3 * (its // real_collapse.EVAL_EVERY)) == 21
     assert plan["total_s"] == plan["train_s"] + 21 * 6.0
