@@ -486,11 +486,21 @@ def cost_lines(data: dict) -> list[str]:
     it_s, eval_s = float(np.median(per_it)), float(np.median(evals)) if evals else float("nan")
     n_runs, n_evals = plan_counts(len(data["seeds"]), data["iterations"])
     total_h = (n_runs * data["iterations"] * it_s + n_evals * eval_s) / 3600
+    adopted = [name for name, r in data["runs"].items() if r.get("adopted_from")]
+    adopted_runs = [name for name in adopted if not name.startswith("untrained/")]
+    adopted_evals = len(adopted) - len(adopted_runs) + len(adopted_runs) * (data["iterations"] // EVAL_EVERY)
+    own_h = total_h - (len(adopted_runs) * data["iterations"] * it_s + adopted_evals * eval_s) / 3600
+    own = (
+        f"; {len(adopted)} of its runs are adopted from another setting's records (the same runs), so this "
+        f"setting trains {n_runs - len(adopted_runs)} runs, about {own_h:.1f} core-hours ({own_h / 2:.1f} h)"
+        if adopted
+        else ""
+    )
     return [
         f"Cost here (one CPU core a run): {it_s:.0f} s an iteration (median over the recorded runs, the "
         f"first iteration's compile excluded), {eval_s:.0f} s an evaluation of {data['eval_prompts']} prompts; "
         f"the whole plan ({n_runs} runs x {data['iterations']} iterations, {n_evals} evaluations) "
-        f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine. " + gpu_cost_sentence()
+        f"{total_h:.1f} core-hours, {total_h / 2:.1f} h on this 2-core machine{own}. " + gpu_cost_sentence()
     ]
 
 

@@ -149,3 +149,27 @@ def test_the_gpu_cost_comes_from_a_committed_device_check_or_says_how_to_measure
     (steps / "study.json").write_text(json.dumps({"status": "ok", "result": result}))
     sentence = real_collapse.gpu_cost_sentence(str(tmp_path))
     assert "nvidia-h100" in sentence and "dense 2.5 s, sparse_rl 3.2 s" in sentence and "11 min" in sentence
+
+
+def test_the_cost_line_counts_what_a_setting_trains_itself_apart_from_adopted_runs():
+    """A setting whose untrained and dense runs are adopted from another setting's records prices
+    the whole plan and, beside it, only the runs it trains itself."""
+    run = {"commit": "c", "cpu": "x", "jax": "j", "wall_s": 1.0, "finished": "f", "uncommitted_changes": False}
+    data = {
+        "results": {"dense": [{"seconds_per_iteration": 360.0}]},
+        "untrained": {"0": {"seconds": 360.0}},
+        "seeds": [0],
+        "iterations": 2 * real_collapse.EVAL_EVERY,
+        "eval_prompts": 4,
+        "runs": {"untrained/seed0": dict(run), "dense/seed0": dict(run), "naive/seed0": dict(run)},
+    }
+    n_runs, n_evals = real_collapse.plan_counts(1, data["iterations"])
+    total_h = (n_runs * data["iterations"] + n_evals) * 360.0 / 3600
+    (line,) = real_collapse.cost_lines(data)
+    assert f"{total_h:.1f} core-hours" in line and "adopted" not in line
+    for name in ("untrained/seed0", "dense/seed0"):
+        data["runs"][name]["adopted_from"] = f"../rkv64/records/{name.replace('/', '-')}.json"
+    (line,) = real_collapse.cost_lines(data)
+    own_h = ((n_runs - 1) * data["iterations"] + n_evals - 1 - 2) * 360.0 / 3600  # less a run, its evals, iteration 0
+    assert f"{total_h:.1f} core-hours" in line
+    assert "2 of its runs are adopted" in line and f"trains {n_runs - 1} runs, about {own_h:.1f} core-hours" in line
