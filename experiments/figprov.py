@@ -8,6 +8,7 @@ take them from here too. Imports no JAX.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -93,6 +94,15 @@ def cpu_model() -> str:
         f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
         f"{info.get('model', '?')}, {'AVX-512' if avx512 else 'no AVX-512'})"
     )
+
+
+def cpu_slug() -> str:
+    """This CPU as a file name: vendor and line, family and model (e.g. amd-epyc-family25-model17,
+    the name of the default experiment's replicate from that machine)."""
+    info = _cpuinfo()
+    name = re.sub(r"\((r|tm)\)", " ", info.get("model name", "unknown").lower())
+    words = re.findall(r"[a-z]+", name)[:2] or ["unknown"]
+    return "-".join([*words, f"family{info.get('cpu family', '')}", f"model{info.get('model', '')}"])
 
 
 def cpu_flags(names: Sequence[str]) -> dict[str, bool]:

@@ -6,6 +6,7 @@ SmolLM2-135M-Instruct, and does Sparse-RL (SARS + IBR) prevent it? (Sparse-RL Ta
   python experiments/real_collapse.py --setting rkv48      # the larger mismatch (only if rkv64 has no collapse)
   python experiments/real_collapse.py --render-only        # results.md from the records present
   python experiments/real_collapse.py --replot experiments/results/real/collapse/rkv64
+  python experiments/real_collapse.py --replay naive/seed0   # does this machine give a recorded run?
 
 Every run is a single-core process (experiments/workers.py), one per core. A study takes longer
 than one machine is held here, so each run leaves a record the moment it finishes
@@ -31,7 +32,7 @@ import time
 import numpy as np
 
 from sparserl_jax.config import to_dict
-from sparserl_jax.experiments import figlib, run_records, workers
+from sparserl_jax.experiments import figlib, run_records, run_replay, workers
 from sparserl_jax.experiments.real.smoke import SMOKE_BATCH
 
 CONFIG = os.path.join(figlib.HERE, "configs", "real", "smollm2_collapse.yaml")
@@ -233,8 +234,11 @@ def run(args, study) -> dict:
             run_records.commit(
                 path, f"real-model collapse study: {os.path.basename(path)} adopted ({args.setting}): the same run"
             )
+    if args.replay:  # a recorded run's first iterations again on this machine, then the render
+        r = run_replay.replay(study, records_dir, args.replay, args.replay_iterations, args.out, args.commit_records)
+        print(f"replay of {args.replay}: " + run_replay.outcome(r), flush=True)
     missing = run_records.missing(records_dir, keys.items())
-    todo = [] if args.render_only else missing
+    todo = [] if args.render_only or args.replay else missing
     print(
         f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "
         f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}",
@@ -457,6 +461,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             *vlines,
         ]
     lines += ["", *cost_lines(data), "", *record_lines(data)]
+    if data.get("replays"):
+        lines += ["", *run_replay.lines(data["replays"])]
     fig = figure(data)
     caption = (
         f"Figure: {setting.label} on SmolLM2-135M-Instruct (chat arithmetic), runs recorded so far per arm; lines: "
@@ -611,10 +617,25 @@ def arguments(p) -> None:
     p.add_argument(
         "--render-only", action="store_true", help="train nothing: results.md and the figure from the records present"
     )
+    p.add_argument(
+        "--replay",
+        metavar="RUN",
+        help="train the recorded run RUN (e.g. naive/seed0) again for its first --replay-iterations and compare "
+        "with its record exactly (experiments/run_replay.py), then render; nothing else trains",
+    )
+    p.add_argument("--replay-iterations", type=int, default=2)
 
 
 FIGURE = figlib.Figure(
-    "real/collapse", __doc__, run, render, arguments=arguments, seeds=SEEDS, default_config=CONFIG, eval_prompts=True
+    "real/collapse",
+    __doc__,
+    run,
+    render,
+    arguments=arguments,
+    seeds=SEEDS,
+    default_config=CONFIG,
+    eval_prompts=True,
+    beside=run_replay.replays,
 )
 
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments import real_collapse, run_records
+from sparserl_jax.experiments import real_collapse, run_records, run_replay
 
 jax.devices()  # the backend runs: the arms train in this process (no worker start-up)
 
@@ -132,6 +132,34 @@ def test_smoke_study_records_resume_and_replot(tmp_path):
     (out / "collapse.png").unlink()
     real_collapse.main(["--replot", str(out)])
     assert (out / "collapse.png").exists() and (out / "results.json").read_text() == written
+
+    # a replay: the recorded run's first iteration trained again from its start equals its record
+    replayed = real_collapse.main([*argv, "--replay", "naive/seed0", "--replay-iterations", "1"])
+    assert replayed["trained_now"] == [] and replayed["recorded_runs"] == 4
+    (found,) = run_replay.replays(str(out))["replays"]
+    assert found["name"] == "naive/seed0" and found["iterations"] == 1 and found["identical"], found
+    assert found["values"] > 20 and "identical" in (out / "results.md").read_text().split("Replays")[1]
+    with pytest.raises(ValueError, match="--replay-iterations 9"):
+        real_collapse.main([*argv, "--replay", "naive/seed0", "--replay-iterations", "9"])
+
+
+def test_a_replay_compares_every_metric_but_clock_readings_exactly():
+    recorded = [
+        {"reward/mean": 0.5, "xi/p5": float("nan"), "time/update_s": 3.0, "rollout/bubble_wall": 0.4},
+        {"reward/mean": 0.25, "xi/p5": 0.9, "time/update_s": 3.0},
+    ]
+    same = [{**recorded[0], "time/update_s": 9.0, "rollout/bubble_wall": 0.1}]  # only clocks differ; NaN == NaN
+    r = run_replay.compare(recorded, same)
+    assert r["identical"] and r["iterations"] == 1 and r["values"] == 2 and r["max_rel_diff"] == 0.0
+    other = [same[0], {**recorded[1], "reward/mean": 0.25 * (1 + 2**-20)}]
+    r = run_replay.compare(recorded, other)
+    assert not r["identical"] and r["first_difference"]["iteration"] == 2
+    assert r["first_difference"]["metric"] == "reward/mean" and r["max_rel_diff"] == pytest.approx(2**-20)
+    assert "differs from iteration 2 (reward/mean" in run_replay.outcome(r)
+    lacking = [{k: v for k, v in recorded[0].items() if k != "xi/p5"}]
+    assert run_replay.compare(recorded, lacking)["max_rel_diff"] == float("inf")
+    with pytest.raises(ValueError, match="the record only 2"):
+        run_replay.compare(recorded, recorded * 2)
 
 
 def test_the_gpu_cost_comes_from_a_committed_device_check_or_says_how_to_measure_it(tmp_path):
