@@ -115,7 +115,7 @@ CURVES = (  # (metric(s), y label, title): short enough for a panel of half a pa
     (("eval/accuracy",), "accuracy (greedy)", "held-out, dense inf."),
     (("reward/mean",), "mean reward", "train reward"),
     (("mismatch/kl_k3",), "k3 per token (nats)", "mismatch vs pi_old"),
-    (("sars/token_reject_rate", "sars/seq_reject_rate"), "fraction", "SARS reject (tok -, resp --)"),
+    (("sars/token_reject_rate", "sars/seq_reject_rate"), "SARS, fraction", "rejected (tok -, resp --)"),
     (("xi/p5", "xi/p95"), "pi_old / pi_sampler", "xi p5 (--), p95 (-)"),
     (("kv/saving",), "fraction of entries", "KV saving"),
     (("response/length_mean",), "tokens", "response length"),
