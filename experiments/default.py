@@ -49,8 +49,8 @@ DEFAULT_OVERRIDES = ("train.iterations=40",)
 COLUMNS = (  # (header, row key, format) of the table, around its KV saving column (a percentage)
     ("acc. dense inference", "dense_acc", ".3f"),
     ("acc. sparse inference", "sparse_acc", ".3f"),
-    ("token reject", "token_reject_rate", ".3f"),
-    ("seq reject", "seq_reject_rate", ".3f"),
+    ("token reject (last 25%)", "token_reject_rate", ".3f"),
+    ("seq reject (last 25%)", "seq_reject_rate", ".3f"),
     ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
     ("train reward (last 25%)", "train_reward_last25", ".3f"),
 )

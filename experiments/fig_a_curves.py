@@ -51,8 +51,8 @@ ARM_COLUMNS = (  # (header, row key, format) of the arms' table
     ("train reward (last 25%)", "train_reward_last25", ".3f"),
     ("KV saving (train)", "train_kv_saving", ".1%"),
     ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
-    ("token reject", "token_reject_rate", ".3f"),
-    ("seq reject", "seq_reject_rate", ".3f"),
+    ("token reject (last 25%)", "token_reject_rate", ".3f"),
+    ("seq reject (last 25%)", "seq_reject_rate", ".3f"),
     ("entropy (last 25%)", "entropy_last25", ".3f"),
 )
 DIAG_COLUMNS = (  # (header, logged metric, format) of the diagnostics table, last-quarter means

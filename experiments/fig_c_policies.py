@@ -62,8 +62,8 @@ COLUMNS = (  # (header, row key, format) of the table
     ("train reward (last 25%)", "train_reward_last25", ".3f"),
     ("KV saving", "train_kv_saving", ".1%"),
     ("mismatch KL (k3)", "mismatch_kl_k3", ".4f"),
-    ("token reject", "token_reject_rate", ".3f"),
-    ("seq reject", "seq_reject_rate", ".3f"),
+    ("token reject (last 25%)", "token_reject_rate", ".3f"),
+    ("seq reject (last 25%)", "seq_reject_rate", ".3f"),
 )
 COMPARED = {"sparse_rl": "Sparse-RL", "naive_sparse": "naive"}  # the modes compared per policy, as named there
 
