@@ -98,7 +98,9 @@ def replay(study: figlib.Study, records_dir: str, name: str, iterations: int, ou
     runs_dir = os.path.join(study.runs_dir, "replays", key)  # fresh: no checkpoint of the run resumes
     shutil.rmtree(runs_dir, ignore_errors=True)
     (done,) = workers.parallel_map(
-        _job, [(study.config, study.overrides, runs_dir, record["overrides"], iterations)], (study.cores or workers.available_cores())[:1]
+        _job,
+        [(study.config, study.overrides, runs_dir, record["overrides"], iterations)],
+        (study.cores or workers.available_cores())[:1],
     )
     result = {
         "name": name,
