@@ -33,6 +33,7 @@ import sysconfig
 import time
 
 from sparserl_jax.experiments import workers  # imports no JAX
+from sparserl_jax.experiments.figstats import untimed  # NumPy only
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG = os.path.join(HERE, "configs", "walk_key_rkv.yaml")
@@ -225,11 +226,7 @@ def train_steps(n: int) -> list[str]:
 
         step()
         seconds = _median_s(step, n)
-        values = [
-            float(metrics[k])
-            for k in sorted(metrics)  # not the clock-dependent ones
-            if not k.startswith(("time/", "throughput/")) and "wall" not in k
-        ]
+        values = [float(v) for _, v in sorted(untimed(metrics).items())]  # not the clock-dependent ones
         return [f"train step {seconds:.3f}s metrics {_hash([np.asarray(values, np.float64)])}"]
 
 

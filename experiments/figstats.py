@@ -415,6 +415,15 @@ def run_mean(history: list[dict], key: str, default: float = 0.0) -> float:
     return float(np.mean([h.get(key, default) for h in history])) if history else float("nan")
 
 
+CLOCK_PREFIXES = ("time/", "throughput/")  # metrics a clock decides (with every "wall" one)
+
+
+def untimed(metrics: dict) -> dict:
+    """The metrics of one iteration that no clock decides (no times, rates or wall-time bubbles):
+    what two runs of the same computation must give alike."""
+    return {k: v for k, v in metrics.items() if not k.startswith(CLOCK_PREFIXES) and "wall" not in k}
+
+
 def iteration_time(metrics: dict) -> float:
     """One logged iteration's seconds: the sum of its time/* phases."""
     return sum(v for k, v in metrics.items() if k.startswith("time/"))

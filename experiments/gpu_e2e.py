@@ -17,6 +17,7 @@ import time
 import jax
 
 from sparserl_jax.experiments import gpu_report
+from sparserl_jax.experiments.figstats import untimed
 from sparserl_jax.experiments.gpu_report import check
 from sparserl_jax.experiments.gpu_sizes import DEFAULT_CONFIG, HERE, Sizes
 
@@ -60,11 +61,7 @@ def resume_check(overrides, work: str, record) -> dict:
     logged = []
     Trainer(cfg("b"), log=lambda *a, **k: logged.append(" ".join(map(str, a)))).run()
     resumed_s = time.perf_counter() - t0
-    timing = ("time/", "throughput/")
-    a, b = (
-        [{k: v for k, v in r.items() if not k.startswith(timing)} for r in read_metrics(os.path.join(work, run))]
-        for run in ("a", "b")
-    )
+    a, b = ([untimed(r) for r in read_metrics(os.path.join(work, run))] for run in ("a", "b"))
     diffs = {
         k: abs(b[-1][k] - a[-1][k]) / max(abs(a[-1][k]), 1e-12)
         for k in a[-1]

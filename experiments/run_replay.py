@@ -25,15 +25,9 @@ import time
 
 from sparserl_jax.experiments import figlib, run_records, workers
 from sparserl_jax.experiments.figprov import cpu_slug
+from sparserl_jax.experiments.figstats import untimed
 
 REPLAYS = "replays"
-CLOCK_PREFIXES = ("time/", "throughput/")  # readings of a clock: never part of a comparison
-
-
-def untimed(metrics: dict) -> dict:
-    """The metrics of one iteration that a clock does not decide (no times, rates or wall-time
-    bubbles)."""
-    return {k: v for k, v in metrics.items() if not k.startswith(CLOCK_PREFIXES) and "wall" not in k}
 
 
 def compare(recorded: list[dict], replayed: list[dict]) -> dict:

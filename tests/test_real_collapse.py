@@ -141,6 +141,8 @@ def test_smoke_study_records_resume_and_replot(tmp_path):
     assert found["values"] > 20 and "identical" in (out / "results.md").read_text().split("Replays")[1]
     with pytest.raises(ValueError, match="--replay-iterations 9"):
         real_collapse.main([*argv, "--replay", "naive/seed0", "--replay-iterations", "9"])
+    with pytest.raises(FileNotFoundError, match="--replay naive/seed7: no record"):
+        real_collapse.main([*argv, "--replay", "naive/seed7"])
 
 
 def test_a_replay_compares_every_metric_but_clock_readings_exactly():
