@@ -53,6 +53,22 @@ def library_commit() -> str | None:
     return head and head + (" with uncommitted changes" if dirty else "")
 
 
+def package_commit(prov: dict) -> str | None:
+    """The commit of the sparserl_jax package a provenance names: its library checkout's where it
+    ran from another (library_commit), else its own."""
+    lib = prov.get("library_commit")
+    return (lib.split()[0] if lib else None) or prov.get("commit")
+
+
+def package_changes(since: str | None, until: str | None) -> int | None:
+    """How many commits changed the sparserl_jax package from commit `since` to `until` (0: the same
+    package code), None where git cannot tell (a commit unknown here)."""
+    if not since or not until:
+        return None
+    count = _git("rev-list", "--count", f"{since}..{until}", "--", "sparserl_jax")
+    return int(count) if count and count.isdigit() else None
+
+
 def _git_in(folder: str, *args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10, check=True)

@@ -238,7 +238,10 @@ def run(args, study) -> dict:
         r = run_replay.replay(study, records_dir, args.replay, args.replay_iterations, args.out, args.commit_records)
         print(f"replay of {args.replay}: " + run_replay.outcome(r), flush=True)
     missing = run_records.missing(records_dir, keys.items())
-    todo = [] if args.render_only or args.replay else missing
+    if args.only and not set(args.only) <= {name for name, _ in jobs}:
+        unknown = sorted(set(args.only) - {name for name, _ in jobs})
+        raise ValueError(f"--only {' '.join(unknown)}: not a planned run of seeds {args.seeds}")
+    todo = [] if args.render_only or args.replay else [n for n in missing if not args.only or n in args.only]
     print(
         f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "
         f"{'training ' + ', '.join(todo) if todo else 'nothing to train'}",
@@ -628,6 +631,13 @@ def arguments(p) -> None:
         "with its record exactly (experiments/run_replay.py), then render; nothing else trains",
     )
     p.add_argument("--replay-iterations", type=int, default=2)
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="RUN",
+        help="train only these missing planned runs (e.g. sparse_rl/seed2): one study spread over "
+        "processes pinned to separate cores (taskset), each starting when its core frees",
+    )
 
 
 FIGURE = figlib.Figure(

@@ -11,6 +11,11 @@ portable CPU numerics), and compares every metric of those iterations that is no
 with the record, exactly. Identical iterations mean this machine computes the recorded run: its
 record (and so the verdict) holds here too, at the cost of a few iterations. A difference names
 the first iteration and metric where the two part, and how far apart every metric ends up.
+Code changes count too: a record made with other package code than today's can differ because of
+the code (a new metric in the update step changes how XLA fuses it, and so the last bits), so the
+replay says how many commits changed sparserl_jax/ between the record's code and its own, and
+metrics logged only since the record are listed, not compared. To test the machine alone, replay a
+record made with today's package.
 
 Each replay writes <out>/replays/<run>--<cpu>.json (the comparison and its provenance: commit,
 CPU, jax); results.md lists them beside the records.
@@ -24,7 +29,7 @@ import shutil
 import time
 
 from sparserl_jax.experiments import figlib, run_records, workers
-from sparserl_jax.experiments.figprov import cpu_slug
+from sparserl_jax.experiments.figprov import cpu_slug, package_changes, package_commit
 from sparserl_jax.experiments.figstats import untimed
 
 REPLAYS = "replays"
@@ -33,29 +38,37 @@ REPLAYS = "replays"
 def compare(recorded: list[dict], replayed: list[dict]) -> dict:
     """Exact comparison of the first len(replayed) iterations of a recorded metrics history with a
     replay's (both as JSON gives them back): how many values were compared, whether all are equal,
-    the first difference (iteration from 1, metric, both values) and the largest relative
-    difference of any metric."""
+    the first difference (iteration from 1, metric, both values), the metrics that differ anywhere
+    and the largest relative difference of any metric. A metric the record lacks is one logged only
+    since the record was made (new_metrics: listed, not compared); one the replay lacks is a
+    difference (the code no longer computes it)."""
     if len(replayed) > len(recorded):
         raise ValueError(f"the replay has {len(replayed)} iterations, the record only {len(recorded)}")
-    first, worst, n = None, 0.0, 0
+    first, worst, n, differing, new, names = None, 0.0, 0, set(), set(), set()
     for i, (a, b) in enumerate(zip(recorded, replayed), 1):
         a, b = untimed(a), untimed(b)
-        for k in sorted(a.keys() | b.keys()):
+        new |= b.keys() - a.keys()
+        names |= a.keys()
+        for k in sorted(a.keys()):
             n += 1
-            va, vb = a.get(k), b.get(k)
+            va, vb = a[k], b.get(k)
             if va == vb or (va != va and vb != vb):  # equal, or both NaN
                 continue
             first = first or {"iteration": i, "metric": k, "recorded": va, "replayed": vb}
+            differing.add(k)
             if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
                 worst = max(worst, abs(vb - va) / max(abs(va), 1e-12))
-            else:  # a metric one side lacks
+            else:  # a metric the replay lacks
                 worst = float("inf")
     return {
         "iterations": len(replayed),
         "values": n,
+        "metrics": len(names),
         "identical": first is None,
         "first_difference": first,
+        "differing_metrics": sorted(differing),
         "max_rel_diff": worst,
+        "new_metrics": sorted(new),
     }
 
 
@@ -99,9 +112,13 @@ def replay(study: figlib.Study, records_dir: str, name: str, iterations: int, ou
     result = {
         "name": name,
         "record": os.path.relpath(run_records.path_of(records_dir, name), out),
-        "record_provenance": {k: record["provenance"].get(k) for k in ("commit", "cpu", "jax")},
+        "record_provenance": {k: record["provenance"].get(k) for k in ("commit", "library_commit", "cpu", "jax")},
         **compare(record["history"], done["history"]),
+        # commits to the package between the record's code and the replay's: a difference with
+        # none is the machine's (or jax's); with some it may be the code's
+        "package_changes": package_changes(package_commit(record["provenance"]), package_commit(done["provenance"])),
         "provenance": done["provenance"],
+        "history": done["history"],  # the replayed iterations, for another comparison later
         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     path = path_of(out, name)
@@ -129,13 +146,26 @@ def replays(out: str) -> dict:
 
 
 def outcome(r: dict) -> str:
-    """A comparison in words: identical, or where the replay parts from the record."""
+    """A comparison in words: identical, or where the replay parts from the record and how far;
+    metrics logged only since the record, and package changes between the two, said."""
+    new = r.get("new_metrics") or []
+    changes = r.get("package_changes")
+    notes = (f"; {len(new)} metrics logged only since the record, not compared" if new else "") + (
+        f"; the package changed in {changes} commits between the record and the replay, so a difference "
+        "may be the code's, not the machine's"
+        if changes
+        else "; the same package code"
+        if changes == 0
+        else ""
+    )
     if r["identical"]:
-        return f"identical ({r['values']} values)"
+        return f"identical ({r['values']} values){notes}"
     d = r["first_difference"]
+    differing = r.get("differing_metrics")
+    where = f" in {len(differing)} of {r['metrics']} metrics" if differing and r.get("metrics") else ""
     return (
         f"differs from iteration {d['iteration']} ({d['metric']}: {d['recorded']} recorded, {d['replayed']} "
-        f"replayed); largest relative difference {r['max_rel_diff']:.2g}"
+        f"replayed); largest relative difference {r['max_rel_diff']:.2g}{where}{notes}"
     )
 
 

@@ -130,3 +130,13 @@ def test_the_commit_a_copy_was_made_from_comes_from_the_environment(monkeypatch,
     assert figprov.commit() == "0123456789ab"
     monkeypatch.delenv("SPARSERL_COMMIT")
     assert figprov.commit() is None and figprov.uncommitted_changes() is False
+
+
+def test_package_changes_counts_commits_to_the_package_between_two_commits():
+    """A replay's note on code changes: 0 between a commit and itself, None for a commit git does not
+    know; a library checkout's commit is the package's."""
+    head = figprov.commit()
+    assert figprov.package_changes(head, head) == 0
+    assert figprov.package_changes("0000000deadbeef", head) is None and figprov.package_changes(None, head) is None
+    assert figprov.package_commit({"commit": "abc", "library_commit": "def with uncommitted changes"}) == "def"
+    assert figprov.package_commit({"commit": "abc"}) == "abc"

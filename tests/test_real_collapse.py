@@ -123,7 +123,11 @@ def test_smoke_study_records_resume_and_replot(tmp_path):
     assert partial["recorded_runs"] == 3 and partial["results"]["naive"] == [] and not _run_dirs(runs)
     md = (out / "results.md").read_text()
     assert "**3 of 4 planned runs recorded**" in md and "**Verdicts**" not in md
-    again = real_collapse.main(argv)
+    # --only trains the named missing runs and nothing else
+    assert real_collapse.main([*argv, "--only", "dense/seed0"])["trained_now"] == []
+    with pytest.raises(ValueError, match="--only naive/seed9: not a planned run"):
+        real_collapse.main([*argv, "--only", "naive/seed9"])
+    again = real_collapse.main([*argv, "--only", "naive/seed0"])
     assert again["trained_now"] == ["naive/seed0"] and len(_run_dirs(runs)) == 1
     assert _untimed(again["results"]) == _untimed(before["results"])  # the retrained run is the same run
     assert again["recorded_runs"] == 4 and "**Verdicts**" in (out / "results.md").read_text()
@@ -158,8 +162,15 @@ def test_a_replay_compares_every_metric_but_clock_readings_exactly():
     assert not r["identical"] and r["first_difference"]["iteration"] == 2
     assert r["first_difference"]["metric"] == "reward/mean" and r["max_rel_diff"] == pytest.approx(2**-20)
     assert "differs from iteration 2 (reward/mean" in run_replay.outcome(r)
-    lacking = [{k: v for k, v in recorded[0].items() if k != "xi/p5"}]
+    assert r["differing_metrics"] == ["reward/mean"] and r["metrics"] == 2
+    lacking = [{k: v for k, v in recorded[0].items() if k != "xi/p5"}]  # the code no longer logs it
     assert run_replay.compare(recorded, lacking)["max_rel_diff"] == float("inf")
+    # a metric logged only since the record is listed, not compared
+    newer = run_replay.compare(recorded, [{**recorded[0], "agreement/p5": 0.8}])
+    assert newer["identical"] and newer["new_metrics"] == ["agreement/p5"] and newer["values"] == 2
+    said = run_replay.outcome({**newer, "package_changes": 3})
+    assert "1 metrics logged only since the record" in said and "changed in 3 commits" in said
+    assert "the same package code" in run_replay.outcome({**r, "package_changes": 0})
     with pytest.raises(ValueError, match="the record only 2"):
         run_replay.compare(recorded, recorded * 2)
 
