@@ -190,7 +190,7 @@ def lines(found: list[dict]) -> list[str]:
     return [
         "Replays (experiments/run_replay.py: a recorded run trained again from its start for its first "
         "iterations, every metric but clock readings compared exactly; identical means the replaying "
-        "machine computes the recorded run):",
+        "machine computes the recorded run; a difference is the machine's only where the package code is the same):",
         "",
         *figlib.md_table(["run", "iterations", "replayed on", "recorded on", "outcome"], rows),
     ]
