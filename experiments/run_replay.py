@@ -33,6 +33,7 @@ from sparserl_jax.experiments.figprov import cpu_slug, package_changes, package_
 from sparserl_jax.experiments.figstats import untimed
 
 REPLAYS = "replays"
+SAMPLED = ("reward/", "response/", "kv/")  # metrics of the sampled tokens themselves
 
 
 def compare(recorded: list[dict], replayed: list[dict]) -> dict:
@@ -69,6 +70,8 @@ def compare(recorded: list[dict], replayed: list[dict]) -> dict:
         "differing_metrics": sorted(differing),
         "max_rel_diff": worst,
         "new_metrics": sorted(new),
+        # the same tokens so far: every metric of what was sampled (rewards, lengths, kept KV) equal
+        "same_samples": not any(k.startswith(SAMPLED) for k in differing),
     }
 
 
@@ -133,7 +136,8 @@ def replay(study: figlib.Study, records_dir: str, name: str, iterations: int, ou
 
 
 def replays(out: str) -> dict:
-    """{"replays": [comparison, ...]} from <out>/replays/ (none: {}), for results.md."""
+    """{"replays": [comparison, ...]} from <out>/replays/ (none: {}), for results.md; a replay that
+    keeps its replayed history is compared with its record again, by today's rules."""
     folder = os.path.join(out, REPLAYS)
     if not os.path.isdir(folder):
         return {}
@@ -141,7 +145,12 @@ def replays(out: str) -> dict:
     for name in sorted(os.listdir(folder)):
         if name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
-                found.append(json.load(f))
+                r = json.load(f)
+            record = os.path.join(out, r["record"])
+            if "history" in r and os.path.exists(record):  # compared again by today's rules
+                with open(record) as f:
+                    r.update(compare(json.load(f)["history"], r["history"]))
+            found.append(r)
     return {"replays": found} if found else {}
 
 
@@ -163,9 +172,16 @@ def outcome(r: dict) -> str:
     d = r["first_difference"]
     differing = r.get("differing_metrics")
     where = f" in {len(differing)} of {r['metrics']} metrics" if differing and r.get("metrics") else ""
+    samples = (
+        "; the same samples (every reward, length and kept-KV metric equal)"
+        if r.get("same_samples")
+        else "; the samples differ"
+        if "same_samples" in r
+        else ""
+    )
     return (
         f"differs from iteration {d['iteration']} ({d['metric']}: {d['recorded']} recorded, {d['replayed']} "
-        f"replayed); largest relative difference {r['max_rel_diff']:.2g}{where}{notes}"
+        f"replayed); largest relative difference {r['max_rel_diff']:.2g}{where}{samples}{notes}"
     )
 
 

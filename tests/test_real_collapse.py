@@ -162,7 +162,10 @@ def test_a_replay_compares_every_metric_but_clock_readings_exactly():
     assert not r["identical"] and r["first_difference"]["iteration"] == 2
     assert r["first_difference"]["metric"] == "reward/mean" and r["max_rel_diff"] == pytest.approx(2**-20)
     assert "differs from iteration 2 (reward/mean" in run_replay.outcome(r)
-    assert r["differing_metrics"] == ["reward/mean"] and r["metrics"] == 2
+    assert r["differing_metrics"] == ["reward/mean"] and r["metrics"] == 2 and not r["same_samples"]
+    assert "the samples differ" in run_replay.outcome(r)
+    bits = run_replay.compare(recorded, [same[0], {**recorded[1], "xi/p5": 0.9 * (1 + 2**-20)}])
+    assert bits["same_samples"] and "the same samples" in run_replay.outcome(bits)
     lacking = [{k: v for k, v in recorded[0].items() if k != "xi/p5"}]  # the code no longer logs it
     assert run_replay.compare(recorded, lacking)["max_rel_diff"] == float("inf")
     # a metric logged only since the record is listed, not compared
