@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparserl_jax.experiments import default as default_experiment
-from sparserl_jax.experiments import fig_a_curves, figlib
+from sparserl_jax.experiments import fig_a_curves, figlib, real_collapse
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
@@ -83,6 +83,23 @@ def test_figure_a_rows_counts_are_its_results(rows, start, config):
     k, n = claims["Sparse-RL level with dense, dense inference (a tie at each run)"]
     phrase = figlib.verdict_phrase(k, n)[:-1]  # '(k of n' then the cell's own detail
     assert f"Sparse-RL level with dense {phrase if '**' in phrase else 'on ' + phrase}" in cell
+
+
+@pytest.mark.parametrize(
+    "start, setting",
+    [
+        ("Sparse-RL's collapse claim on SmolLM2-135M: dense / R-KV@64", "rkv64"),
+        ("Sparse-RL's collapse claim on SmolLM2-135M, the plan's second setting", "rkv48"),
+    ],
+)
+def test_the_real_model_collapse_rows_give_the_plans_verdicts(rows, start, setting):
+    """Each setting's row states the verdicts its results.json gives by the plan's rules
+    (real_collapse.verdicts): the collapse claim's word first, then Sparse-RL's."""
+    data, _ = figlib.load_results(str(RESULTS / "real" / "collapse" / setting), False)
+    assert data["recorded_runs"] == data["planned_runs"]
+    lines, _ = real_collapse.verdicts(data)
+    words = [re.search(r"\*\*([a-z ]+)\*\*", line).group(1) for line in lines[2:4]]
+    assert re.findall(r"\*\*(supported|not supported|refuted|open|no verdict)\*\*", row(rows, start))[:2] == words
 
 
 def test_the_checker_finds_a_word_typed_by_hand():
