@@ -104,6 +104,9 @@ def test_calibrate_on_a_tiny_checkpoint(tmp_path):
     study = md[md.index("## The collapse study's setting") : md.index("## Run 1")]
     assert study.count("\n| 1 | ") == 1 and "| 2 | " not in study  # run 1's sampled sparse arm, not run 2
     assert md.count("Provenance: commit") == 2 and "portable CPU settings" in md  # one per run
+    # the commit and tree at each run's start (its own first save writes into the tree), its wall time at the end
+    assert all(r["provenance"]["commit_at"] == "start" and r["provenance"]["wall_s"] is not None for r in data["runs"])
+    assert "at the start of the run" in md
     assert json.loads((out / "results.json").read_text()) == data
     with pytest.raises(FileNotFoundError, match="model.checkpoint="):
         calibrate.main(["--config", CONFIG, "--out", str(out), "model.checkpoint=/nonexistent"])

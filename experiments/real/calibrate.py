@@ -292,6 +292,8 @@ def run(args, argv=None, save=lambda run_data: None) -> dict:
         "wall_s": 0.0,
         "arms": arms,
     }
+    # the commit and tree at the run's start: the first save below writes into the tree
+    start = figprov.provenance(os.sched_getaffinity(0), None)
     for mode in args.arms:
         temp, k = (0.0, 1) if mode == "greedy" else (cfg.rollout.temperature, args.samples)
         for kv_name, kv_cfg in kvs:
@@ -315,7 +317,7 @@ def run(args, argv=None, save=lambda run_data: None) -> dict:
                     np.mean([x == y for x, y in zip(arms[-1]["responses"], dense_greedy["responses"])])
                 )
             run_data["wall_s"] = time.perf_counter() - t0
-            run_data["provenance"] = figprov.provenance(os.sched_getaffinity(0), run_data["wall_s"])
+            run_data["provenance"] = {**start, "wall_s": round(run_data["wall_s"], 1)}
             save(run_data)  # after every arm: a stopped run keeps the arms it finished
     return run_data
 
@@ -498,7 +500,8 @@ def study_table(runs: list[dict]) -> list[str]:
             missed = [name for name, _, _ in STUDY_TARGETS if name not in met]
             rows.append(
                 f"| {i} | {_options(r)}; T={r['temperature']}, k={r['samples']}, {r['prompts']} prompts, "
-                f"max new {r['max_new_tokens']} | {_budget(a)} + {r['kv']['buffer']} (prompt <= {c['prompt_max']}) "
+                f"max new {r['max_new_tokens']} | {_budget(a)} + {r['kv']['buffer']} (prompt <= {c['prompt_max']}"
+                f"{'; the prompt compressed at prefill' if r['kv'].get('compress_prompt') else ''}) "
                 f"| {c['dense_reward']:.3f} ({c['dense_mixed']:.2f}) | {_acc(a)} | {_pct(c['kv_saving'])} "
                 f"| {c['k3']:.3f} | {_pct(m['token_reject'])} / {_pct(m['seq_reject'])} | {m['xi_p5']:.3f} "
                 f"| {c['dense_length']:.0f} / {a['lengths']['mean']:.0f} "
