@@ -222,6 +222,9 @@ def run(args, study) -> dict:
     base = base_overrides(args, setting)
     study.overrides, study.base = base, figlib.load_config([study.config], base)
     jobs = plan(args.seeds, setting, args.smoke)
+    unknown = sorted(set(args.only or ()) - {name for name, _ in jobs})
+    if unknown:  # before anything is adopted, replayed or trained
+        raise ValueError(f"--only {' '.join(unknown)}: not a planned run of seeds {args.seeds}")
     keys = {name: figlib.config_key(study.resolve(o)) for name, o in jobs}
     # a run planned by both settings (the untrained model, dense rollouts: no eviction) is one run:
     # the other setting's record of it is copied here, not trained again
@@ -238,9 +241,6 @@ def run(args, study) -> dict:
         r = run_replay.replay(study, records_dir, args.replay, args.replay_iterations, args.out, args.commit_records)
         print(f"replay of {args.replay}: " + run_replay.outcome(r), flush=True)
     missing = run_records.missing(records_dir, keys.items())
-    if args.only and not set(args.only) <= {name for name, _ in jobs}:
-        unknown = sorted(set(args.only) - {name for name, _ in jobs})
-        raise ValueError(f"--only {' '.join(unknown)}: not a planned run of seeds {args.seeds}")
     todo = [] if args.render_only or args.replay else [n for n in missing if not args.only or n in args.only]
     print(
         f"{len(jobs) - len(missing)} of {len(jobs)} planned runs recorded in {records_dir}; "

@@ -1,7 +1,8 @@
 """The README's figures table states no verdict by hand: every verdict word it gives with a count
 ("**supported** (12 of 12)") is the one the shared rule (figlib.verdict_phrase) gives that count,
 and the counts of the default experiment's and figure a's rows are those their committed
-results.json files give (the default's pooled over its replicates on other machines). No JAX."""
+results.json files give (the default's pooled over its replicates on other machines); the real-model
+collapse rows' words are the plan's rules on their results.json. Nothing is trained."""
 
 import json
 import re
