@@ -9,6 +9,10 @@ Plan, written and committed before the analysis was first run (issue 41, item 2)
   starts x 2 seeds), its replicate on another CPU (the same command; other warm starts), and
   figure a with SnapKV@48 (3 x 2). Figure a with R-KV is left out: its runs are the default's,
   extended (not independent). Figures b and d join when their warm-start re-runs exist.
+  Added when they did (declared before their results were read): figure b's Sparse-RL runs at
+  budgets 32, 64 and 96 against b's dense runs; b's budget-48 runs are the default's configuration
+  on the CPU of b's run (its replicate) and stay out. Figure d adds no run: its Sparse-RL variant
+  ('both') is the default's Sparse-RL run, its other variants are not Sparse-RL.
 - y: the gap, Sparse-RL's final dense-inference accuracy minus dense's, read by the shared tie
   rule (figstats.tie_verdict at 2 SE of the difference, figstats.diff_se on each evaluation's
   prompts): ahead, tie or behind.
@@ -34,26 +38,31 @@ from sparserl_jax.experiments import figplot, figprov, figstats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-SOURCES = {  # name -> (results.json, policy@budget)
-    "default": (os.path.join(RESULTS, "default", "results.json"), "R-KV@48"),
+FIG_B = os.path.join(RESULTS, "fig_b_budget", "walk_key_rkv", "results.json")
+SOURCES = {  # name -> (results.json, label, Sparse-RL results key)
+    "default": (os.path.join(RESULTS, "default", "results.json"), "R-KV@48", "sparse_rl"),
     "default replicate": (
         os.path.join(RESULTS, "default", "replicates", "amd-epyc-family25-model17.json"),
         "R-KV@48",
+        "sparse_rl",
     ),
-    "figure a": (os.path.join(RESULTS, "fig_a_curves", "walk_key", "results.json"), "SnapKV@48"),
+    "figure a": (os.path.join(RESULTS, "fig_a_curves", "walk_key", "results.json"), "SnapKV@48", "sparse_rl"),
+    **{f"figure b, B={b}": (FIG_B, f"R-KV@{b}", f"sparse_rl@{b}") for b in (32, 64, 96)},
 }
 PRIMARY, SECONDARY = "xi/p5", "mismatch/kl_k3"
 MIN_BELOW = 2
 
 
-def points(name: str, path: str) -> list[dict]:
-    """One dict per Sparse-RL run with a dense partner: its x's, gap, SE and tie-rule reading."""
+def points(name: str, path: str, key: str) -> list[dict]:
+    """One dict per Sparse-RL run (results key `key`) with a dense partner: its x's, gap, SE and
+    tie-rule reading."""
     with open(path) as f:
         data = json.load(f)
     n = int(data["eval_prompts"])
-    dense = {figstats.unit_of(r, i): r for i, r in enumerate(data["per_seed"]["dense"])}
+    runs = _runs(data)
+    dense = {figstats.unit_of(r, i): r for i, r in enumerate(runs["dense"])}
     out = []
-    for i, (row, hist) in enumerate(zip(data["per_seed"]["sparse_rl"], data["histories"]["sparse_rl"])):
+    for i, (row, hist) in enumerate(zip(runs[key], data["histories"][key])):
         unit = figstats.unit_of(row, i)
         if unit not in dense:
             continue
@@ -71,6 +80,28 @@ def points(name: str, path: str) -> list[dict]:
             }
         )
     return out
+
+
+def _runs(data: dict) -> dict:
+    """A results.json's runs by results key: "per_seed" (the default's layout) or "results" (the
+    figure scaffold's); {} for figure b's one-warm-start layout, which has no histories."""
+    if "per_seed" in data:
+        return data["per_seed"]
+    return data["results"] if "histories" in data else {}
+
+
+def available() -> dict:
+    """The SOURCES whose results.json holds their runs (figure b's joins once its re-run is committed)."""
+    out = {}
+    for name, (path, label, key) in SOURCES.items():
+        with open(path) as f:
+            if key in _runs(json.load(f)):
+                out[name] = (path, label, key)
+    return out
+
+
+def all_points(sources: dict) -> list[dict]:
+    return [q for name, (path, _, key) in sources.items() for q in points(name, path, key)]
 
 
 def threshold(pts: list[dict]) -> dict:
@@ -125,11 +156,26 @@ def post_hoc(pts: list[dict]) -> str:
     return f"Post hoc, not the declared test: mean k3 does not separate them either (ties up to {max(level):.4f}, behind from {min(behind):.4f})"
 
 
-def figure(pts: list[dict], res: dict):
+MARKERS = (
+    ("o", "circles"),
+    ("s", "squares"),
+    ("D", "diamonds"),
+    ("^", "up triangles"),
+    ("v", "down triangles"),
+    ("<", "left triangles"),
+)
+
+
+def marker_key(sources: dict) -> str:
+    """The caption's key: each source's marker, in the order figure() assigns them."""
+    return ", ".join(f"{word}: {name} ({src[1]})" for (_, word), (name, src) in zip(MARKERS, sources.items()))
+
+
+def figure(pts: list[dict], res: dict, sources: dict):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 1, figsize=(figplot.COLUMN_W, 5.4))
-    markers = dict(zip(SOURCES, "osD"))
+    markers = dict(zip(sources, (m for m, _ in MARKERS)))
     colours = {1: "tab:green", 0: "tab:grey", -1: "tab:red"}
     for ax, key, label in (
         (axes[0], "x", "xi p5 (median over iterations)"),
@@ -147,7 +193,10 @@ def figure(pts: list[dict], res: dict):
         axes[0].axvline(res["threshold"], color="black", ls="--", lw=1)
     axes[1].set_xscale("log")
     handles = [
-        plt.Line2D([], [], marker=m, ls="", color="black", label=f"{s} ({SOURCES[s][1]})") for s, m in markers.items()
+        plt.Line2D(
+            [], [], marker=m, ls="", color="black", label=s if s.startswith("figure b") else f"{s} ({sources[s][1]})"
+        )
+        for s, m in markers.items()
     ]
     handles += [
         plt.Line2D([], [], marker="o", ls="", color=c, label=l)
@@ -164,10 +213,11 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--out", default=os.path.join(RESULTS, "fig_threshold"))
     args = p.parse_args(argv)
-    pts = [q for name, (path, _) in SOURCES.items() for q in points(name, path)]
+    sources = available()
+    pts = all_points(sources)
     res = threshold(pts)
     os.makedirs(args.out, exist_ok=True)
-    fig = figure(pts, res)
+    fig = figure(pts, res, sources)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     figplot.check_print_size(fig, "threshold")
     fig.savefig(os.path.join(args.out, "threshold.png"), dpi=200)
@@ -198,8 +248,8 @@ def main(argv=None) -> dict:
             "![threshold](threshold.png)",
             "",
             "Top: each Sparse-RL run's final dense-inference accuracy minus its dense partner's, against the median "
-            "over training iterations of xi p5 (circles: default experiment, squares: its replicate, diamonds: figure "
-            "a with SnapKV); green ahead, grey tie, red behind by the tie rule; bars: 2 SE of the difference; dashed: "
+            f"over training iterations of xi p5 ({marker_key(sources)}); green ahead, grey tie, red behind by the tie "
+            "rule; bars: 2 SE of the difference; dashed: "
             "the threshold, where one holds. Bottom: the same gaps against the run's mean k3 KL (log axis).",
         ]
     )

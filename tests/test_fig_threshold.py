@@ -30,6 +30,6 @@ def test_the_lowest_threshold_with_every_run_above_it_level_and_two_below():
 def test_the_committed_result_is_what_the_sources_give():
     with open(os.path.join(F.RESULTS, "fig_threshold", "results.json")) as f:
         committed = json.load(f)
-    pts = [q for name, (path, _) in F.SOURCES.items() for q in F.points(name, path)]
+    pts = F.all_points(F.available())
     assert pts == committed["points"]
     assert {k: committed[k] for k in F.threshold(pts)} == F.threshold(pts)
