@@ -127,6 +127,20 @@ def retained_ratios(grid: dict, policies, budgets) -> dict:
     }
 
 
+def cell_comparisons(data: dict, columns, n_eval: int) -> list[figlib.Comparison]:
+    """Sparse-RL-trained against dense-trained in each column, paired by warm start and seed."""
+    a, b = rows_of(data, "sparse_rl-trained"), rows_of(data, "dense-trained")
+    return [figlib.compare("Sparse-RL-trained", a, "dense-trained", b, c, n_eval, metric=c)[-1] for c in columns]
+
+
+def claims(data: dict, columns, n_eval: int) -> list[figlib.Claim]:
+    """The module doc's claim in each column, read at every run pair."""
+    return [
+        figlib.comparison_claim(f"Sparse-RL-trained ahead of dense-trained, {_inference(c.metric)}", c)
+        for c in cell_comparisons(data, columns, n_eval)
+    ]
+
+
 def render(data: dict, base, command: str) -> figlib.Rendered:
     grid, seeds = data["grid"], data["seeds"]
     policies, budgets = data["policies"], data["budgets"]
@@ -151,26 +165,18 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
     ]
     paired = "sparse_rl-trained" in grid and "dense-trained" in grid
     if paired:
-        a, b = rows_of(data, "sparse_rl-trained"), rows_of(data, "dense-trained")
-        cs = [figlib.compare("Sparse-RL-trained", a, "dense-trained", b, c, n_eval, metric=c) for c in columns]
-        signs = [c[-1].sign for c in cs]
+        cs = cell_comparisons(data, columns, n_eval)
+        signs = [c.sign for c in cs]
         lines += [
             "",
             figlib.COLLAPSE_NOTE,
             *figlib.comparison_lines(
-                [c[-1] for c in cs],
+                cs,
                 f"Sparse-RL-trained minus dense-trained, per cell (paired by warm start and seed; the tie rule over "
                 f"every pair): Sparse-RL ahead in {signs.count(1)}, dense-trained ahead in {signs.count(-1)}, tie in "
                 f"{signs.count(0)} of {len(cs)} cells.",
             ),
-            *figlib.claims_table(
-                [
-                    figlib.comparison_claim(
-                        f"Sparse-RL-trained ahead of dense-trained, {_inference(c[-1].metric)}", c[-1]
-                    )
-                    for c in cs
-                ]
-            ),
+            *figlib.claims_table(claims(data, columns, n_eval)),
         ]
 
     vmax = max(1e-3, max(np.mean(v) for r in grid.values() for v in r.values()))
