@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.axis
 import matplotlib.text
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
@@ -253,9 +254,17 @@ def iteration_axis(ax) -> None:
 
 
 def band_legend_below(fig, ax, ncol: int | None = None) -> None:
-    """One legend for the whole figure, below its panels (never over a curve)."""
+    """One legend for the whole figure, below its panels (never over a curve), in `ncol` columns
+    (default: one row), fewer where that row would be wider than the figure."""
     handles, names = ax.get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=ncol or len(names), frameon=False)
+    ncol = ncol or len(names)
+    while True:
+        legend = fig.legend(handles, names, loc="outside lower center", ncol=ncol, frameon=False)
+        fig.canvas.draw()
+        if ncol == 1 or legend.get_window_extent().width <= fig.bbox.width:
+            return
+        legend.remove()
+        ncol -= 1
 
 
 # ----------------------------------------------------------------------------- curves
@@ -321,8 +330,34 @@ def text_sizes(fig) -> list[float]:
     return [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
 
 
+def _undrawn_tick_labels(fig) -> set[int]:
+    """ids of the tick labels matplotlib keeps but does not draw: ticks outside their axis' view."""
+    out = set()
+    for axis in fig.findobj(matplotlib.axis.Axis):
+        scale = axis.get_transform()
+        lo, hi = sorted(scale.transform(np.asarray(axis.get_view_interval(), np.float64)))
+        eps = 1e-6 * max(hi - lo, 1e-12)
+        for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+            loc = tick.get_loc()
+            if loc is None or not lo - eps <= scale.transform(np.asarray([loc], np.float64))[0] <= hi + eps:
+                out.update({id(tick.label1), id(tick.label2)})
+    return out
+
+
+def cut_texts(fig) -> list[str]:
+    """The texts of a drawn figure that reach past its edges (cut off in the PNG)."""
+    box, undrawn = fig.bbox.padded(1.0), _undrawn_tick_labels(fig)
+    shown = [
+        t
+        for t in fig.findobj(matplotlib.text.Text)
+        if t.get_visible() and t.get_text().strip() and id(t) not in undrawn
+    ]
+    return [t.get_text() for t in shown if not all(box.contains(*p) for p in t.get_window_extent().corners())]
+
+
 def check_print_size(fig, name: str) -> None:
-    """A figure is at most TWO_COLUMN_W wide and has no text below MIN_FONT_PT at that size."""
+    """A figure is at most TWO_COLUMN_W wide, has no text below MIN_FONT_PT at that size and none
+    cut off at its edges."""
     width = fig.get_figwidth()
     if width > TWO_COLUMN_W + 1e-6:
         raise ValueError(
@@ -331,6 +366,9 @@ def check_print_size(fig, name: str) -> None:
     small = min(text_sizes(fig), default=MIN_FONT_PT)
     if small < MIN_FONT_PT:
         raise ValueError(f"{name}: text at {small:g} pt; at least {MIN_FONT_PT:g} pt at print size")
+    cut = cut_texts(fig)
+    if cut:
+        raise ValueError(f"{name}: text cut off at the figure's edges: {cut[:3]}")
 
 
 def width_note(figures: dict) -> str:

@@ -3,11 +3,14 @@ experiments/results names its command and, in every provenance sentence, the com
 of the run, whether the tree was clean, the CPU model, the jax version, the cores and the wall time
 (figprov.FIELDS; "not recorded" where unknown); each committed PNG is at most one column wide
 (figplot.COLUMN_W, 3.5 in at its DPI) or named in its results.md's two-column declaration
-(figplot.width_note). Files only: no JAX, milliseconds."""
+(figplot.width_note) and has nothing cut off at its edges (no ink in its outermost pixels; figures
+are saved through figplot.check_print_size, which refuses text past the edges). Files only: no
+JAX, milliseconds."""
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -59,6 +62,15 @@ def undeclared_wide(png: Path, results_md_text: str | None) -> bool:
     return not any(f"{png.name} (" in line for line in declared)
 
 
+def ink_at_edges(path: Path, margin: int = 2) -> int:
+    """Dark pixels within `margin` pixels of a PNG's edges: something drawn past the figure is cut
+    off there (every figure has a white border: its layout keeps text and axes inside)."""
+    with Image.open(path) as im:
+        a = np.asarray(im.convert("L"))
+    edges = np.concatenate([a[:, :margin].ravel(), a[:, -margin:].ravel(), a[:margin].ravel(), a[-margin:].ravel()])
+    return int((edges < 200).sum())
+
+
 def test_provenance_fields_are_figprovs():
     assert set(FIELD_WORDS) == set(figprov.FIELDS)
 
@@ -83,6 +95,33 @@ def test_every_figure_fits_one_column_or_is_declared_two_column(path):
     md = path.parent / "results.md"
     assert png_width_in(path) <= figplot.TWO_COLUMN_W + 0.01
     assert not undeclared_wide(path, md.read_text() if md.exists() else None)
+
+
+@pytest.mark.parametrize("path", PNGS, ids=[str(p.relative_to(RESULTS)) for p in PNGS])
+def test_no_committed_figure_is_cut_off_at_its_edges(path):
+    assert ink_at_edges(path) == 0
+
+
+def test_text_past_the_edges_is_refused_and_a_wide_legend_wraps(tmp_path):
+    fig, ax = figplot.plt.subplots(figsize=(figplot.COLUMN_W, 3), layout="constrained")
+    for i in range(6):
+        ax.plot([0, 1], [i, i], label=f"a rather long label {i}")
+    one_row = fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=6)
+    fig.canvas.draw()
+    assert len(figplot.cut_texts(fig)) >= 2
+    fig.savefig(tmp_path / "cut.png", dpi=figplot.DPI)
+    assert ink_at_edges(tmp_path / "cut.png") > 0
+    with pytest.raises(ValueError, match="cut off"):
+        figplot.check_print_size(fig, "cut")
+    one_row.remove()
+    figplot.band_legend_below(fig, ax)  # one row would not fit: fewer columns
+    figplot.check_print_size(fig, "fits")
+    fig.savefig(tmp_path / "fits.png", dpi=figplot.DPI)
+    assert ink_at_edges(tmp_path / "fits.png") == 0
+    fig.suptitle("a title far too long for one column " * 4)
+    with pytest.raises(ValueError, match="cut off"):
+        figplot.check_print_size(fig, "title")
+    figplot.plt.close(fig)
 
 
 def test_the_checkers_find_what_is_missing(tmp_path):
