@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparserl_jax.experiments import default as default_experiment
-from sparserl_jax.experiments import fig_a_curves, figlib, real_collapse
+from sparserl_jax.experiments import fig_a_curves, fig_b_budget, fig_d_corrections, figlib, real_collapse
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
@@ -101,6 +101,57 @@ def test_the_real_model_collapse_rows_give_the_plans_verdicts(rows, start, setti
     lines, _ = real_collapse.verdicts(data)
     words = [re.search(r"\*\*([a-z ]+)\*\*", line).group(1) for line in lines[2:4]]
     assert re.findall(r"\*\*(supported|not supported|refuted|open|no verdict)\*\*", row(rows, start))[:2] == words
+
+
+def phrases(claims) -> dict[str, str]:
+    """Each claim's text -> the shared rule's reading over every run (its cell's verdict phrase)."""
+    return {c.text: c.cell().split(";")[0] for c in claims}
+
+
+def group(header: str, labelled) -> str:
+    """The README's form of a row of claims: 'header: label phrase, label phrase'."""
+    return f"{header}: " + ", ".join(f"{label} {phrase}" for label, phrase in labelled)
+
+
+def test_figure_b_rows_counts_are_its_results(rows):
+    data = json.loads((RESULTS / "fig_b_budget" / "walk_key_rkv" / "results.json").read_text())
+    warms, results = figlib.results_of(data)
+    said = phrases(fig_b_budget.claims(results, warms, data["budgets"], data["mode"], data["eval_prompts"]))
+    cell = row(rows, "b. KV budgets, R-KV, 3 warm starts")
+    for header, claim in (
+        ("not behind dense-trained under dense inference", "{m}@{b} not behind dense-trained, dense inference"),
+        ("under sparse inference at B", "{m}@{b} not behind dense-trained, sparse inference at {b}"),
+        ("does not collapse by the accuracy rule", "{m}@{b} does not collapse (accuracy rule)"),
+        ("by the reward rule", "{m}@{b} does not collapse (reward rule, beside it)"),
+    ):
+        texts = [claim.format(m=data["mode"], b=b) for b in data["budgets"]]
+        texts = [t if t.endswith(")") else f"{t} (tie rule at each run)" for t in texts]
+        assert group(header, [(f"B={b}", said[t]) for b, t in zip(data["budgets"], texts)]) in cell
+
+
+def test_figure_d_rows_counts_are_its_results(rows):
+    data = json.loads((RESULTS / "fig_d_corrections" / "walk_key_rkv" / "results.json").read_text())
+    warms, results = figlib.results_of(data)
+    said = phrases(fig_d_corrections.claims(results, warms, data["eval_prompts"]))
+    label = fig_d_corrections.LABELS
+    short = {"none": "none", "sars_only": "SARS only", "ibr_only": "IBR only", "both": "both"}
+    cell = row(rows, "d. corrections, R-KV@48, 3 warm starts")
+    ahead = [
+        (short[v], said[f"{label[v]} ahead of {label['none']}, dense inference (tie rule at each run)"])
+        for v in ("both", "sars_only", "ibr_only")
+    ]
+    assert group("Ahead of none under dense inference", ahead) in cell
+    level = [
+        (short[v], said[f"{label['both']} not behind {label[v]}, dense inference (tie rule at each run)"])
+        for v in ("sars_only", "ibr_only")
+    ]
+    assert group("both not behind, dense inference", level) in cell
+    for header, rule in (
+        ("does not collapse by the accuracy rule", "accuracy rule"),
+        ("by the reward rule", "reward rule, beside it"),
+    ):
+        alive = [(short[v], said[f"{label[v]} does not collapse ({rule})"]) for v in short]
+        assert group(header, alive) in cell
 
 
 def test_the_checker_finds_a_word_typed_by_hand():
