@@ -10,13 +10,14 @@ one legend below the panels, titles saying what was run, bars of runs and heatma
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import matplotlib.axis
+import matplotlib.pyplot as plt
 import matplotlib.text
 import numpy as np
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator
@@ -387,9 +388,26 @@ def width_note(figures: dict) -> str:
     )
 
 
+def wrap_suptitle(fig) -> None:
+    """Re-wrap the lines of a suptitle wider than the figure (a long config name, a long run
+    description) so that it prints whole; the layout then makes room for the extra lines."""
+    title = getattr(fig, "_suptitle", None)  # matplotlib keeps the Text there (get_suptitle gives its string)
+    if title is None or not title.get_text():
+        return
+    for _ in range(4):
+        fig.canvas.draw()
+        box, room = title.get_window_extent(), 0.96 * fig.bbox.width
+        if box.width <= room:
+            return
+        lines = title.get_text().split("\n")
+        chars = max(10, int(max(map(len, lines)) * room / box.width))
+        title.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
+
+
 def save_figure(out_dir: str, fig, name: str) -> None:
-    """<out_dir>/<name>.png, after check_print_size."""
+    """<out_dir>/<name>.png, after wrap_suptitle and check_print_size."""
     os.makedirs(out_dir, exist_ok=True)
+    wrap_suptitle(fig)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
     check_print_size(fig, name)

@@ -121,7 +121,8 @@ def test_text_past_the_edges_is_refused_and_a_wide_legend_wraps(tmp_path):
     fig.suptitle("a title far too long for one column " * 4)
     with pytest.raises(ValueError, match="cut off"):
         figplot.check_print_size(fig, "title")
-    figplot.plt.close(fig)
+    figplot.save_figure(str(tmp_path), fig, "title")  # wraps the suptitle to the figure's width
+    assert ink_at_edges(tmp_path / "title.png") == 0
 
 
 def test_the_checkers_find_what_is_missing(tmp_path):

@@ -1,8 +1,9 @@
 """The README's figures table states no verdict by hand: every verdict word it gives with a count
 ("**supported** (12 of 12)") is the one the shared rule (figlib.verdict_phrase) gives that count,
-and the counts of the default experiment's and figure a's rows are those their committed
-results.json files give (the default's pooled over its replicates on other machines); the real-model
-collapse rows' words are the plan's rules on their results.json. Nothing is trained."""
+and the counts of the default experiment's row and figures a, b, d and e's R-KV rows are those
+their committed results.json files give (each figure's claims; the default's pooled over its
+replicates on other machines); the real-model collapse rows' words are the plan's rules on their
+results.json. Nothing is trained."""
 
 import json
 import re
@@ -11,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from sparserl_jax.experiments import default as default_experiment
-from sparserl_jax.experiments import fig_a_curves, fig_b_budget, fig_d_corrections, figlib, real_collapse
+from sparserl_jax.experiments import (
+    fig_a_curves,
+    fig_b_budget,
+    fig_d_corrections,
+    fig_e_robustness,
+    figlib,
+    figstats,
+    real_collapse,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
@@ -152,6 +161,28 @@ def test_figure_d_rows_counts_are_its_results(rows):
     ):
         alive = [(short[v], said[f"{label[v]} does not collapse ({rule})"]) for v in short]
         assert group(header, alive) in cell
+
+
+def test_figure_e_rows_counts_are_its_results(rows):
+    data = json.loads((RESULTS / "fig_e_robustness" / "walk_key_rkv" / "results.json").read_text())
+    columns = ["dense"] + [f"{p}@{b}" for p in data["policies"] for b in data["budgets"]]
+    claims = dict(zip(columns, fig_e_robustness.claims(data, columns, data["eval_prompts"])))
+    said = {col: c.cell().split(";")[0] for col, c in claims.items()}
+    holds = {col: c.outcomes.count(figstats.HOLDS) for col, c in claims.items()}
+    cell = row(rows, "e. robustness to sparse inference, R-KV")
+    head = "Sparse-RL-trained ahead of dense-trained, per cell over the 6 run pairs"
+    assert f"{head}: dense inference {said['dense']}, its own rkv@48 {said['rkv@48']}" in cell
+    sparse = columns[1:]
+    assert f"0 of 6 in {sum(holds[c] == 0 for c in sparse)} of the {len(sparse)} sparse cells" in cell
+    assert (
+        f"at most {max(holds[c] for c in sparse)} of 6 in the others (h2o@32 {said['h2o@32']}, rkv@32 {said['rkv@32']})"
+        in cell
+    )
+    ratio = {k: f"{v:.0%}" for k, v in data["retained_sparse_over_dense"].items()}
+    assert (
+        f"warm start {ratio['warm start']}, dense-trained {ratio['dense-trained']}, "
+        f"Sparse-RL-trained {ratio['sparse_rl-trained']}"
+    ) in cell
 
 
 def test_the_checker_finds_a_word_typed_by_hand():
