@@ -253,7 +253,7 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
         label = f"{r['arm']['budget'] if fixed else 'schedule'} ({r['kv_saving']:.0%})"
         style = dict(color=shades[i], lw=0.9) if fixed else dict(color="black", lw=1.6, ls=":")
         ax_cal.plot(centres, ys, marker=".", label=label, **style)
-    ax_cal.axhline(tau, color="0.4", ls="--", lw=0.8, label=f"tau {tau:.2f}")
+    ax_cal.axhline(tau, color="0.4", ls="--", lw=0.8, label=f"tau {tau:.3f}")
     ax_cal.set(xlabel="tokens seen (prompt + response)", ylabel="agreement p5 (pooled per bin)")
     ax_cal.legend(fontsize=7, loc="lower left", ncol=2, title="budget (KV saved)", title_fontsize=7)
     ax_cal.set_title("calibration (warm starts, no training)", fontsize=8)

@@ -446,8 +446,8 @@ def run_bars(
         if mark is not None:
             dash = ([mark, mark], [p - 0.4, p + 0.4])
             ax.plot(*(dash if horizontal else dash[::-1]), "--", color="black", lw=1.5)
-        if value_fmt:
-            end = max(means[p] + stds[p], 0.0)
+        if value_fmt:  # past the error bar and the last run's dot
+            end = max(means[p] + stds[p], *vals, 0.0)
             ax.annotate(
                 f"{means[p]:{value_fmt}}",
                 (end, p) if horizontal else (p, end),
