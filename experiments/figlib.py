@@ -393,8 +393,21 @@ class Figure:
 
 def write_results(out: str, r: Rendered, data: dict, study: Study | None = None, replot: bool = False) -> None:
     """results.md (title, command, provenance, body, main figure, caption) and every PNG of `r`;
-    unless `replot`, also results.json (`data`), and with a study arms.json and config.yaml."""
+    unless `replot`, also results.json (`data`), and with a study arms.json and config.yaml, those
+    first: a figure the print check refuses (figplot.check_print_size) loses no result."""
     os.makedirs(out, exist_ok=True)
+    if not replot:
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(data, f, indent=1, default=float)
+        if study is not None:
+            dump_config(study.base, os.path.join(out, "config.yaml"))
+        if study is not None and study.arms:
+            with open(os.path.join(out, "arms.json"), "w") as f:
+                json.dump(
+                    {"config": os.path.relpath(study.config, REPO), "overrides": study.overrides, "arms": study.arms},
+                    f,
+                    indent=1,
+                )
     prov = provenance_line(data, os.path.join(out, "results.json") if replot else None)
     main = next(iter(r.figures), None)
     command = f"`{data['command']}`"
@@ -410,18 +423,6 @@ def write_results(out: str, r: Rendered, data: dict, study: Study | None = None,
             f.write(f"\n{width_note(r.figures)}\n")
     for name, fig in r.figures.items():
         save_figure(out, fig, name)
-    if not replot:
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump(data, f, indent=1, default=float)
-        if study is not None:
-            dump_config(study.base, os.path.join(out, "config.yaml"))
-        if study is not None and study.arms:
-            with open(os.path.join(out, "arms.json"), "w") as f:
-                json.dump(
-                    {"config": os.path.relpath(study.config, REPO), "overrides": study.overrides, "arms": study.arms},
-                    f,
-                    indent=1,
-                )
     print(r.markdown)
 
 

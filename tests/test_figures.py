@@ -461,3 +461,14 @@ def test_a_figures_defaults_come_before_smoke_and_the_command_line(tmp_path):
     assert figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES).base.train.iterations == 7
     args.overrides = []
     assert figlib.study_from_args(args, [0], None, default_experiment.DEFAULT_OVERRIDES).base.train.iterations == 40
+
+
+def test_a_refused_figure_loses_no_result(tmp_path):
+    """write_results writes results.json before the figures: a figure the print check refuses
+    (text past its edges) raises, and the data are already on disk for --replot."""
+    fig, ax = figlib.plt.subplots(figsize=(figlib.COLUMN_W, 2))
+    fig.text(0.9, 0.5, "a note that runs past the right edge")
+    rendered = figlib.Rendered("T", "body", {"cut": fig}, "caption")
+    with pytest.raises(ValueError, match="cut off"):
+        figlib.write_results(str(tmp_path), rendered, {"command": "python x.py", "value": 1.5})
+    assert json.loads((tmp_path / "results.json").read_text())["value"] == 1.5
