@@ -29,6 +29,7 @@ Plan, written and committed before the analysis was first run (issue 41, item 2)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 
@@ -56,8 +57,7 @@ MIN_BELOW = 2
 def points(name: str, path: str, key: str) -> list[dict]:
     """One dict per Sparse-RL run (results key `key`) with a dense partner: its x's, gap, SE and
     tie-rule reading."""
-    with open(path) as f:
-        data = json.load(f)
+    data = _load(path)
     n = int(data["eval_prompts"])
     runs = _runs(data)
     dense = {figstats.unit_of(r, i): r for i, r in enumerate(runs["dense"])}
@@ -82,6 +82,13 @@ def points(name: str, path: str, key: str) -> list[dict]:
     return out
 
 
+@functools.cache
+def _load(path: str) -> dict:
+    """A committed results.json, read once (several sources share figure b's)."""
+    with open(path) as f:
+        return json.load(f)
+
+
 def _runs(data: dict) -> dict:
     """A results.json's runs by results key: "per_seed" (the default's layout) or "results" (the
     figure scaffold's); {} for figure b's one-warm-start layout, which has no histories."""
@@ -92,12 +99,7 @@ def _runs(data: dict) -> dict:
 
 def available() -> dict:
     """The SOURCES whose results.json holds their runs (figure b's joins once its re-run is committed)."""
-    out = {}
-    for name, (path, label, key) in SOURCES.items():
-        with open(path) as f:
-            if key in _runs(json.load(f)):
-                out[name] = (path, label, key)
-    return out
+    return {name: src for name, src in SOURCES.items() if src[2] in _runs(_load(src[0]))}
 
 
 def all_points(sources: dict) -> list[dict]:
@@ -145,8 +147,7 @@ def seed_pairs(sources: dict) -> list[dict]:
     their RL seed (same warm start, same results.json): how often it calls training noise a gap."""
     out = []
     for path, name in {src[0]: name.split(",")[0] for name, src in sources.items()}.items():
-        with open(path) as f:
-            data = json.load(f)
+        data = _load(path)
         n, by_warm = int(data["eval_prompts"]), {}
         for i, row in enumerate(_runs(data)["dense"]):
             by_warm.setdefault(figstats.unit_of(row, i)[0], []).append(row["dense_acc"])
@@ -198,9 +199,15 @@ MARKERS = (
 )
 
 
+def source_label(name: str, src: tuple) -> str:
+    """A source as the legend and the caption name it: its name, with its policy@budget where the
+    name does not already say the budget."""
+    return name if "B=" in name else f"{name} ({src[1]})"
+
+
 def marker_key(sources: dict) -> str:
     """The caption's key: each source's marker, in the order figure() assigns them."""
-    return ", ".join(f"{word}: {name} ({src[1]})" for (_, word), (name, src) in zip(MARKERS, sources.items()))
+    return ", ".join(f"{word}: {source_label(name, src)}" for (_, word), (name, src) in zip(MARKERS, sources.items()))
 
 
 def figure(pts: list[dict], res: dict, sources: dict):
@@ -225,9 +232,7 @@ def figure(pts: list[dict], res: dict, sources: dict):
     if res["threshold"] is not None:
         axes[0].axvline(1 - res["threshold"], color="black", ls="--", lw=1)
     handles = [
-        plt.Line2D(
-            [], [], marker=m, ls="", color="black", label=s if s.startswith("figure b") else f"{s} ({sources[s][1]})"
-        )
+        plt.Line2D([], [], marker=m, ls="", color="black", label=source_label(s, sources[s]))
         for s, m in markers.items()
     ]
     handles += [
