@@ -44,6 +44,36 @@ EVAL_PROMPTS = 128
 SEEDS = (0, 1, 2)
 
 
+PERSIST_K3 = 0.02  # mismatch k3 per token over a sparse run's last quarter, at least
+PERSIST_QUESTION = 0.10  # fraction of the question's KV entries evicted over its last quarter, at least
+RKV48Q_PLAN = f"""\
+**What this setting adds, declared before its first run** (2026-11-28, issue 54; the plan above
+holds unchanged: arms, seeds, horizon, evaluation, collapse rules, tie rule and verdicts, so the
+settings read side by side; the untrained model and the dense arm are rkv64's runs, adopted: the
+same resolved config, no eviction). Hypothesis as above: naive sparse training collapses where
+the eviction persists, Sparse-RL does not and stays level with dense.
+**The mismatch must persist** for this setting to answer the question. Every sparse run logs, per
+iteration, mismatch k3 per token (mismatch/kl_k3) and the fraction of its question's KV entries
+evicted at each response's end (question/evicted: 1 - the entries of the prompt's positions the
+cache still holds, over every layer and KV head, over prompt length x layers x KV heads; the
+logged KV saving alone falls as answers shorten, since the dense cache shrinks with them). A
+sparse run's mismatch **persisted** when, over the last quarter of its iterations, k3 >=
+{PERSIST_K3} and question/evicted >= {PERSIST_QUESTION:.2f}; otherwise it **faded**, and that run's row
+says which. The verdicts state how many of the 6 sparse runs kept the mismatch; a verdict read
+from runs whose mismatch faded says so. If it fades in most of them (4 or more of 6), this
+setting cannot answer the question and the declared next setting runs: rkv32q, the same with
+budget 32, calibrated first on the untrained model by the same targets (calibration run 13's
+command at --budgets 32).
+**The mechanism, beside the verdicts**: per run and iteration (rollout/question.py), how much of
+the question the sampler evicted (question/evicted), how much of its numbers (question/numbers_evicted:
+tokens whose text holds a digit, the operands the reward needs), the fraction of responses whose
+question lost a number (question/number_lost: some number token held in at most half of its
+entries at the response's end) and the mean train reward of those responses and of the rest. The
+dense arm at the same seed samples the same prompts at every iteration (train.seed decides the
+prompts), so its train reward is that of dense rollouts of the same prompts; results.md sets the
+three side by side over the run and its last quarter."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A sparse-rollout setting: its KV overrides (shared by both sparse arms) and why it is here."""
@@ -51,6 +81,8 @@ class Setting:
     label: str
     kv: tuple[str, ...]
     why: str
+    plan: str = ""  # what this setting's plan adds to PLAN, declared with it before its first run
+    persistence: bool = False  # read and judge the mismatch's persistence (PERSISTENCE) per sparse run
 
 
 DEFAULT_SETTING = "rkv64"
@@ -67,6 +99,17 @@ SETTINGS = {
         "run only if nothing collapses under rkv64: the larger mismatch of a budget below the prompt "
         "(the first compression evicts part of the question), calibrated the same way before it runs "
         "(every target but budget > prompt)",
+    ),
+    "rkv48q": Setting(
+        "R-KV, budget 48 + buffer 16, the question compressed at prefill",
+        ("kv.policy=rkv", "kv.budget=48", "kv.buffer=16", "kv.compress_prompt=true", "rollout.question_kv=true"),
+        "a setting without the escape of rkv64 and rkv48 (answers too short to compress): with "
+        "kv.compress_prompt=true the 57-token question is squeezed into the budget before the first "
+        "token, so every response, however short, decodes over a compressed question; calibrated on the "
+        "untrained model before any of its runs (calibration run 13: every target but budget > prompt, "
+        "the setting's point)",
+        plan=RKV48Q_PLAN,
+        persistence=True,
     ),
 }
 ARMS = {  # name -> (rl.mode, sparse rollouts?, label)
@@ -272,7 +315,7 @@ def run(args, study) -> dict:
         "iterations": study.base.train.iterations,
         "train_wall_s": time.perf_counter() - t0,
         "cores": len(study.cores),
-        "plan": PLAN,
+        "plan": PLAN + ("\n\n" + setting.plan if setting.plan else ""),
         "trained_now": todo,
     }
 
@@ -329,7 +372,37 @@ def row(h: list[dict], seed: int, untrained_acc: float) -> dict:
         # reject rates are last-quarter means)
         "token_reject_run": figlib.run_mean(h, "sars/token_reject_rate"),
         "seq_reject_run": figlib.run_mean(h, "sars/seq_reject_rate"),
+        **question_summary(h),
     }
+
+
+QUESTION_KEYS = ("evicted", "numbers_evicted", "number_lost", "reward_number_lost", "reward_numbers_kept")
+
+
+def logged_mean(h: list[dict], key: str) -> float | None:
+    """The mean of `key` over the iterations that logged it (None when none did)."""
+    vals = [x[key] for x in h if key in x]
+    return float(np.mean(vals)) if vals else None
+
+
+def question_summary(h: list[dict]) -> dict:
+    """A run's question/* (rollout/question.py) over the run and its last quarter, and whether its
+    mismatch persisted by the plan's rule (None for a run that logged no question/*: dense)."""
+    tail = h[-max(len(h) // 4, 1) :]
+    out = {}
+    for k in QUESTION_KEYS:
+        out[f"question_{k}"] = logged_mean(h, f"question/{k}")
+        out[f"question_{k}_last25"] = logged_mean(tail, f"question/{k}")
+    out["k3_last25"] = logged_mean(tail, "mismatch/kl_k3")
+    out["persisted"] = persisted(out["k3_last25"], out["question_evicted_last25"])
+    return out
+
+
+def persisted(k3: float | None, question_evicted: float | None) -> bool | None:
+    """The plan's persistence rule on a sparse run's last-quarter means (None: not logged)."""
+    if k3 is None or question_evicted is None:
+        return None
+    return k3 >= PERSIST_K3 and question_evicted >= PERSIST_QUESTION
 
 
 # ----------------------------------------------------------------------------- render
@@ -380,7 +453,80 @@ def verdicts(data: dict) -> tuple[list[str], list[figlib.Comparison]]:
         f"- Sparse-RL keeps training stable at the level of dense (paper: ~97% of dense accuracy, Table 1): "
         f"{srl}; here {ratio:.0%} of dense (mean final accuracy, {k} seeds).",
     ]
+    if SETTINGS[data["setting"]].persistence:
+        kept, n_sparse = persistence_count(res)
+        lines.append(
+            f"- The mismatch persisted (plan: k3 >= {PERSIST_K3} and question evicted >= {PERSIST_QUESTION:.0%} over "
+            f"the last quarter) in {kept} of {n_sparse} sparse runs"
+            + (
+                ": the verdicts above are read where the eviction persisted."
+                if n_sparse - kept < 4
+                else f"; it faded in {n_sparse - kept}, so by the plan this setting cannot answer the question and "
+                "the declared next setting (budget 32, calibrated first) runs."
+            )
+        )
     return lines, comps
+
+
+SPARSE_ARMS = ("naive", "sparse_rl")
+
+
+def persistence_count(res: dict) -> tuple[int, int]:
+    """(sparse runs whose mismatch persisted, sparse runs)."""
+    rows = [r for arm in SPARSE_ARMS for r in res.get(arm, [])]
+    return sum(bool(r.get("persisted")) for r in rows), len(rows)
+
+
+def persistence_lines(data: dict) -> list[str]:
+    """Per sparse run: the plan's persistence rule and the question's eviction, beside the dense
+    arm's train reward on the same prompts (same seed)."""
+    res = data["results"]
+    dense_h = {r["seed"]: h for r, h in zip(res.get("dense", []), data["histories"].get("dense", []))}
+
+    def f(x, spec=".3f"):
+        return "-" if x is None else format(x, spec)
+
+    body = []
+    for arm in SPARSE_ARMS:
+        for r, h in zip(res.get(arm, []), data["histories"].get(arm, [])):
+            d = dense_h.get(r["seed"])
+            verdict = {None: "not logged", True: "persisted", False: "faded"}[r.get("persisted")]
+            body.append(
+                [
+                    f"{arm} seed {r['seed']}",
+                    f"{f(r.get('k3_last25'))} / {f(r.get('question_evicted_last25'), '.1%')}",
+                    verdict,
+                    f"{f(r.get('question_evicted'), '.1%')} / {f(r.get('question_numbers_evicted'), '.1%')}",
+                    f"{f(r.get('question_number_lost'), '.1%')} / {f(r.get('question_number_lost_last25'), '.1%')}",
+                    f"{f(r.get('question_reward_number_lost'))} / {f(r.get('question_reward_numbers_kept'))}",
+                    f(figlib.run_mean(h, "reward/mean")),
+                    "-" if d is None else f(figlib.run_mean(d, "reward/mean")),
+                ]
+            )
+    if not body:
+        return ["Persistence and mechanism: no sparse run recorded yet."]
+    return [
+        f"**Persistence and mechanism** (the plan's rule: k3 >= {PERSIST_K3} and question evicted >= "
+        f"{PERSIST_QUESTION:.0%}, last-quarter means; rollout/question.py). Question evicted: the fraction of "
+        "the prompt's (position, layer, KV head) entries gone at each response's end; numbers: prompt tokens "
+        "holding a digit; lost: a number token held in at most half of its entries. Rewards are train "
+        "rewards averaged over the iterations (lost / kept: over the iterations where the group was not empty); "
+        "the dense arm's at the same seed is on the same prompts." + ("" if dense_h else " No dense run recorded yet."),
+        "",
+        *figlib.md_table(
+            [
+                "run",
+                "k3 / question evicted, last25",
+                "mismatch",
+                "question / numbers evicted",
+                "responses that lost a number (run / last25)",
+                "reward: lost / kept a number",
+                "train reward",
+                "dense train reward, same prompts",
+            ],
+            body,
+        ),
+    ]
 
 
 def render(data: dict, base, command: str) -> figlib.Rendered:
@@ -454,6 +600,8 @@ def render(data: dict, base, command: str) -> figlib.Rendered:
             "every iteration; KV saving = 1 - kept entries / a dense cache's (0 when every response ends "
             "within the budget: a policy whose responses shorten stops evicting).",
         ]
+    if setting.persistence:
+        lines += ["", *persistence_lines(data)]
     if complete:
         vlines, comps = verdicts(data)
         lines += [

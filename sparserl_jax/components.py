@@ -155,10 +155,12 @@ def sampler_config(
     max_new_tokens: int | None = None,
     replay_filters: bool = False,
     agreement_k: int = 0,
+    record_prompt_kept: bool = False,
 ) -> SamplerConfig:
     """The sampler of cfg's rollouts (`replay_filters`: training rollouts sampled with top-p /
     top-k record each token's kept set for the learner, rollout/sampling.py sample_kept;
-    `agreement_k`: they record each token's top candidates, for the sparse-dense agreement)."""
+    `agreement_k`: they record each token's top candidates, for the sparse-dense agreement;
+    `record_prompt_kept`: how much of each prompt the cache holds at the response's end)."""
     r = cfg.rollout
     return SamplerConfig(
         max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -169,6 +171,7 @@ def sampler_config(
         attn_impl=r.attn_impl,
         replay_filters=replay_filters,
         agreement_k=agreement_k,
+        record_prompt_kept=record_prompt_kept,
     )
 
 

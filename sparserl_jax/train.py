@@ -28,6 +28,7 @@ from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
+from sparserl_jax.rollout import question
 from sparserl_jax.rollout.prompts import check_prompt_lengths
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.run_state import RunState
@@ -68,8 +69,9 @@ class Trainer:
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.opt_state = self.learner.init_opt_state(self.params)
         self.sampler_cfg = components.sampler_config(
-            cfg, self.tokenizer, replay_filters=r.filters, agreement_k=r.agreement_k
+            cfg, self.tokenizer, replay_filters=r.filters, agreement_k=r.agreement_k, record_prompt_kept=r.question_kv
         )
+        self._is_number = None  # the tokenizer's number tokens, for question/* (rollout.question_kv)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
         check_prompt_lengths(
             self.prompts,
@@ -119,7 +121,16 @@ class Trainer:
         """Sample (with `policy`, the compute copy of the params; default the params), reward,
         and assemble the update batch for one iteration."""
         rollout = self.source.next(self.params if policy is None else policy, key, self.iteration)
-        batch, metrics, texts = self.learner.batch(rollout)
+        texts, rewards = self.learner.score(rollout)
+        batch, metrics, texts = self.learner.batch(rollout, (texts, rewards))
+        if rollout.out.prompt_kept is not None:  # rollout.question_kv
+            if self._is_number is None:
+                self._is_number = question.number_token_ids(self.tokenizer, self.model_cfg.vocab_size)
+            metrics.update(
+                question.question_metrics(
+                    rollout.out.prompt_kept, rollout.tokens, rollout.lengths, self._is_number, rewards
+                )
+            )
         return batch, {**metrics, **rollout.metrics}, texts
 
     def step(self) -> dict:

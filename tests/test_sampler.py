@@ -315,3 +315,37 @@ def test_a_budget_schedule_keeps_its_entry_for_the_tokens_seen():
         ValueError, match=r"kv\.budget_schedule=\[2, 12\]: every entry must lie in \[3, kv\.budget=12\]"
     ):
         kv.KVConfig(budget=12, budget_schedule=(2, 12), **base)
+
+
+def test_record_prompt_kept_reads_the_question_left_at_each_rows_end():
+    """record_prompt_kept changes no token; dense keeps every real prompt position (1); R-KV squeezing a 10-token prompt into 6 entries at prefill holds each
+    position in a fraction of its (layer, KV head) entries, averaging exactly what the final
+    cache holds of the prompt (recomputed here from the layers' slot positions)."""
+    dense = smp.SamplerConfig(max_new_tokens=6, kv=kv.KVConfig(buffer=4))
+    sparse = smp.SamplerConfig(
+        max_new_tokens=6, kv=kv.KVConfig(policy="rkv", budget=6, buffer=4, window=2, compress_prompt=True)
+    )
+    for cfg in (dense, sparse):
+        plain, prompts, lengths = _run(cfg, key=5)
+        out, _, _ = _run(dataclasses.replace(cfg, record_prompt_kept=True), key=5)
+        assert plain.prompt_kept is None
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
+        np.testing.assert_array_equal(np.asarray(out.logprobs), np.asarray(plain.logprobs))
+        kept = np.asarray(out.prompt_kept)
+        real = np.arange(10)[None] < np.asarray(lengths)[:, None]
+        assert kept.shape == (3, 10)  # past a row's prompt: its response's first tokens, not read
+        if cfg is dense:
+            assert np.all(kept[real] == 1)
+        else:  # every row's prompt (6, 10, 8 tokens) was compressed below its length
+            assert np.all((kept * real).sum(axis=1) < np.asarray(lengths))
+            assert np.all((kept >= 0) & (kept <= 1)) and np.any((kept > 0) & (kept < 1))
+
+
+def test_position_kept_counts_each_layers_and_heads_slots():
+    """Two layers, two KV heads, hand-set slot positions: the fraction of the four entries of
+    each position."""
+    cache = kv.cache_for(kv.KVConfig(), CFG, 1, 3, capacity=3)
+    pos = (jnp.array([[[0, 1, -1], [0, 2, 3]]]), jnp.array([[[1, 3, 0], [0, 1, 9]]]))
+    cache = cache.replace(pos=pos)
+    assert CFG.n_layers == 2 and CFG.n_kv_heads == 2
+    np.testing.assert_allclose(np.asarray(kv.position_kept(cache, 5)), [[4 / 4, 3 / 4, 1 / 4, 2 / 4, 0]])

@@ -7,13 +7,14 @@ The sampler's API:
   compress(kv_cfg, cache, key=None, active=None) -> KVCache
   resize(cache, capacity) -> KVCache
   kept_positions(cache) -> per layer [B, K, C] original positions, -1 for empty slots
+  position_kept(cache, n) -> [B, n] fraction of each position's (layer, KV head) entries held
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from sparserl_jax.kvcache.cache import KVCache, init_cache, resize
+from sparserl_jax.kvcache.cache import KVCache, init_cache, position_kept, resize
 from sparserl_jax.kvcache.compress import compress, kept_positions
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.kvcache.observe import observe_decode, observe_prefill
@@ -80,5 +81,6 @@ __all__ = [
     "kept_positions",
     "observe_decode",
     "observe_prefill",
+    "position_kept",
     "resize",
 ]

@@ -128,6 +128,16 @@ def advance(cache: KVCache) -> KVCache:
     return cache.replace(fill=cache.fill + 1, length=cache.length + 1)
 
 
+def position_kept(cache: KVCache, n_positions: int) -> Float[Array, "B P"]:
+    """For each original position p < n_positions, the fraction of its (layer, KV head) entries
+    the cache holds: 1 for a token no eviction touched, 0 for one evicted everywhere (and for
+    positions the sequence never had). With per-head selection a token can be kept by some
+    heads and evicted by others, hence a fraction."""
+    p_P = jnp.arange(n_positions)
+    held_BxP = sum((pos[..., None] == p_P).sum(axis=(1, 2)) for pos in cache.pos)
+    return held_BxP / (cache.n_layers * cache.pos[0].shape[1])
+
+
 def gather_slots(x, idx):
     """x[b, k, idx[b, k, j], ...] for every b, k, j: the kept slots, in order."""
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=2)

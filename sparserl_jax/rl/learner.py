@@ -96,14 +96,19 @@ class Learner:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
 
-    def batch(self, rollout) -> tuple[dict, dict, list[str]]:
-        """The update batch of one rollout (a rollout.source.RolloutBatch: rows are each of its
-        examples `samples` times, responses on the host) as host arrays, its reward metrics and
-        the responses."""
+    def score(self, rollout) -> tuple[list[str], np.ndarray]:
+        """The responses of one rollout (a rollout.source.RolloutBatch: rows are each of its
+        examples `samples` times, responses on the host) as text, and their rewards [B]."""
         n, examples, out = self.samples, rollout.examples, rollout.out
         texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(examples) * n)]
         labels = [e.label for e in examples for _ in range(n)]
-        rewards = np.array([self.reward(t, l) for t, l in zip(texts, labels)], np.float32)
+        return texts, np.array([self.reward(t, l) for t, l in zip(texts, labels)], np.float32)
+
+    def batch(self, rollout, scored: tuple[list[str], np.ndarray] | None = None) -> tuple[dict, dict, list[str]]:
+        """The update batch of one rollout as host arrays, its reward metrics and the responses;
+        `scored`: its (texts, rewards) when the caller has them (`score`)."""
+        n, out = self.samples, rollout.out
+        texts, rewards = self.score(rollout) if scored is None else scored
         batch = assemble(
             jnp.asarray(rollout.tokens),
             jnp.asarray(rollout.lengths),

@@ -45,6 +45,10 @@ class RolloutConfig:
     # recorded for the sparse-dense agreement the learner logs (rl/diagnostics.py; Sparrow's top 20,
     # 8 bytes a candidate); 0 turns it off.
     agreement_k: int = 20
+    # log question/* each iteration: how much of each response's prompt the sparse cache had
+    # evicted by its end, whether the question's numbers were among it and the reward of those
+    # responses (rollout/question.py); static sampler only
+    question_kv: bool = False
 
     def __post_init__(self):
         check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
@@ -56,6 +60,12 @@ class RolloutConfig:
         check_at_least("rollout.top_k", self.top_k, 0)
         check_bool("rollout.ignore_eos", self.ignore_eos)
         check_at_least("rollout.agreement_k", self.agreement_k, 0)
+        check_bool("rollout.question_kv", self.question_kv)
+        if self.question_kv and self.scheduler != "batch":
+            raise ValueError(
+                f"rollout.question_kv=true reads the static sampler's final cache; rollout.scheduler="
+                f"{self.scheduler!r} does not record it (use rollout.scheduler=batch)"
+            )
         check_number("rollout.rows_per_call", self.rows_per_call, integer=True)
         rows = self.prompts * self.samples
         if self.rows_per_call < 0 or (self.rows_per_call and rows % self.rows_per_call):

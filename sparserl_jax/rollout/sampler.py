@@ -66,6 +66,9 @@ class SamplerConfig:
     # Record each token's `agreement_k` most probable tokens and their log-probs under the sampled
     # distribution, for the learner's sparse-dense agreement (rl/diagnostics.py agreement); 0: none.
     agreement_k: int = 0
+    # Record, per row, the fraction of each prompt position's (layer, KV head) entries the cache
+    # still holds when the row ends: how much of the question the eviction took (rollout/question.py).
+    record_prompt_kept: bool = False
 
     def __post_init__(self):
         check_at_least("sampler.max_new_tokens", self.max_new_tokens, 1)
@@ -86,6 +89,7 @@ class SamplerConfig:
             raise ValueError("sampler.record_kept needs kv.trigger='interval'")
         check_bool("sampler.replay_filters", self.replay_filters)
         check_at_least("sampler.agreement_k", self.agreement_k, 0)
+        check_bool("sampler.record_prompt_kept", self.record_prompt_kept)
         if self.replay_filters and (self.sampling.top_k < 1 or self.sampling.temperature == 0):
             raise ValueError(
                 "sampler.replay_filters records each token's kept set: it needs sampling.top_k >= 1 (the "
@@ -110,6 +114,10 @@ class Rollout:
     # and their log-probs under the sampled distribution, when agreement_k
     top_ids: Int[Array, "B M A"] | None = None
     top_logp: Float[Array, "B M A"] | None = None
+    # per position of the [B, P] prompt batch, the fraction of its (layer, KV head) entries held
+    # at the row's end (finished rows are not compressed again), when record_prompt_kept; past a
+    # row's prompt length the positions are its response's first tokens
+    prompt_kept: Float[Array, "B P"] | None = None
 
 
 class TokenRecord(NamedTuple):
@@ -370,6 +378,7 @@ def generate(
         n_compressions=carry[5],
         evicted_fraction=evicted_fraction(kept, lengths, prompt_lengths),
         kept_positions=kept_pos,
+        prompt_kept=kv.position_kept(carry[0], P) if cfg.record_prompt_kept else None,
         **records,
     )
 
