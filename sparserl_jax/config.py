@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 from sparserl_jax.config_io import from_dict, read_tree, to_dict
+from sparserl_jax.data.datasets import DatasetColumns
+from sparserl_jax.data.reward_pool import RewardPoolConfig
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import DTYPES, ModelConfig, check_attention
 from sparserl_jax.model.sharding import MeshConfig
@@ -57,7 +59,9 @@ class ModelSource:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """A synthetic task (`task` + `task_options`) or a jsonl dataset (`dataset`)."""
+    """A synthetic task (`task` + `task_options`) or a dataset (`dataset`: jsonl, or parquet when
+    the path ends in .parquet; `columns` names where a row keeps its question, label and
+    data_source); `reward_pool` how the rewards are checked (data/reward_pool.py)."""
 
     task: str | None = "kv_recall"
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -70,7 +74,9 @@ class DataConfig:
     chat_template: bool | None = None
     max_prompt_len: int = 1024
     on_long_prompt: str = "error"
-    reward: str = "math"  # for jsonl datasets; tasks bring their own reward
+    reward: str = "math"  # for datasets (rows whose data_source names no other); tasks bring their own reward
+    columns: DatasetColumns = DatasetColumns()
+    reward_pool: RewardPoolConfig = RewardPoolConfig()
 
     def __post_init__(self):
         if (self.task is None) == (self.dataset is None):

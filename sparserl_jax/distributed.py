@@ -1,16 +1,22 @@
-"""Multi-process (multi-host) runtime: joining it, and per-process data loading.
+"""Multi-process (multi-host) runtime: joining it, per-process data loading, and host-side work
+split over the processes (process_rows, allgather_rows: each rewards its own share of a batch).
 
 JAX's own runtime is the distributed engine: every process runs the same program over one global
 mesh (sharding.make_mesh spans all processes' devices), loads only the batch rows its devices hold,
 and jit runs the collectives (NCCL on GPU, ICI/DCN on TPU, gloo over TCP on CPU).
 
-Launch one process per host (or per GPU), each with the same coordinator address:
+Launch one process per host (or per GPU), either with the three variables set by hand
+(`--distributed env`, the default):
     JAX_COORDINATOR_ADDRESS=10.0.0.1:1234 JAX_NUM_PROCESSES=2 JAX_PROCESS_ID=0 python train.py ...
-or on Slurm / Open MPI / Cloud TPU / Kubernetes call initialize(auto_detect=True).
+or, on a cluster JAX detects (Cloud TPU pod slices, Slurm, Open MPI, Kubernetes / GKE), with the
+same command on every host and nothing set by hand (`--distributed auto`: jax.distributed.initialize()
+with no arguments, its cluster detection filling in the coordinator, process count and id):
+    python -m sparserl_jax.train --distributed auto ...
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from collections.abc import Sequence
@@ -28,6 +34,9 @@ logger = logging.getLogger(__name__)
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
+# How an entry point joins the runtime (--distributed): "env", the explicit variables above
+# (initialize(); a single process without them); "auto", JAX's own cluster detection (join).
+MODES = ("env", "auto")
 
 
 def _env_int(name: str) -> int | None:
@@ -88,6 +97,50 @@ def initialize(
         local_device_ids=local_device_ids,
         initialization_timeout=initialization_timeout,
     )
+    _log_joined()
+    return True
+
+
+def join(mode: str = "env") -> bool:
+    """Join the runtime as an entry point's --distributed says (MODES); True when it is running.
+
+    "env": initialize(), reading JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID
+    (a single process without them). "auto": jax.distributed.initialize() with no arguments, so
+    JAX's cluster detection (Cloud TPU pod slices, Slurm, Open MPI, Kubernetes / GKE) fills in the
+    coordinator, the process count and this process's id: one command on every host (off such a
+    cluster: a ValueError naming the flag and the "env" alternative). Must run before any other
+    JAX call."""
+    if mode not in MODES:
+        raise ValueError(f"--distributed={mode!r}: accepted values are {MODES}")
+    if mode == "env":
+        return initialize()
+    if jax.distributed.is_initialized():
+        return True
+    try:
+        jax.distributed.initialize()
+    except ValueError as e:  # JAX's "coordinator_address should be defined": no cluster detected
+        raise ValueError(
+            f"--distributed auto: JAX detected no cluster (Cloud TPU pod slice, Slurm, Open MPI, "
+            f"Kubernetes) to give the coordinator, process count and id ({e}); set "
+            f"{ENV_COORDINATOR}, {ENV_NUM_PROCESSES} and {ENV_PROCESS_ID} and use --distributed env"
+        ) from e
+    _log_joined()
+    return True
+
+
+def add_distributed_arg(p: argparse.ArgumentParser) -> None:
+    """The entry points' --distributed flag (join's mode)."""
+    p.add_argument(
+        "--distributed",
+        choices=MODES,
+        default="env",
+        help="join the multi-process runtime from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+        "JAX_PROCESS_ID ('env', the default; a single process without them) or by JAX's cluster "
+        "detection on a TPU pod slice, Slurm, Open MPI or Kubernetes ('auto': one command on every host)",
+    )
+
+
+def _log_joined() -> None:
     logger.info(
         "joined %d processes as process %d (%d local of %d devices)",
         jax.process_count(),
@@ -95,7 +148,6 @@ def initialize(
         jax.local_device_count(),
         jax.device_count(),
     )
-    return True
 
 
 def shutdown() -> None:
@@ -154,6 +206,32 @@ def to_host(x: Any) -> Any:
     return jax.tree_util.tree_map(gather, x)
 
 
+def process_rows(n: int, index: int, count: int) -> slice:
+    """Rows [start, stop) of n host-side items (a batch's responses to reward) that process `index`
+    of `count` handles: contiguous, in process order, sizes differing by at most one, so every row
+    is handled once."""
+    if not 0 <= index < count:
+        raise ValueError(f"process index={index} must be in [0, process count={count})")
+    per, extra = divmod(n, count)
+    start = index * per + min(index, extra)
+    return slice(start, start + per + (index < extra))
+
+
+def allgather_rows(local: np.ndarray, n: int) -> np.ndarray:
+    """The [n, ...] host array whose rows process_rows(n, p, P) are process p's `local`, on every
+    process (the processes' rows padded to one width for the allgather). A collective: every
+    process must call it."""
+    count = jax.process_count()
+    if count == 1:
+        return np.asarray(local)
+    width = -(-n // count)
+    padded = np.zeros((width, *np.shape(local)[1:]), np.asarray(local).dtype)
+    padded[: len(local)] = local
+    gathered = np.asarray(multihost_utils.process_allgather(padded))  # [count, width, ...]
+    parts = [gathered[p, : len(range(n)[process_rows(n, p, count)])] for p in range(count)]
+    return np.concatenate(parts)
+
+
 def sync(name: str) -> None:
     """Barrier across processes (e.g. before process 0 reads files the others wrote)."""
     if jax.process_count() > 1:
@@ -161,7 +239,10 @@ def sync(name: str) -> None:
 
 
 __all__ = [
+    "MODES",
+    "add_distributed_arg",
     "initialize",
+    "join",
     "shutdown",
     "process_index",
     "process_count",
@@ -169,5 +250,7 @@ __all__ = [
     "local_batch_slice",
     "host_local_to_global",
     "to_host",
+    "process_rows",
+    "allgather_rows",
     "sync",
 ]

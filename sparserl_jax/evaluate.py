@@ -1,8 +1,9 @@
-"""Evaluate a policy on a jsonl benchmark or a synthetic task, with dense or sparse inference.
+"""Evaluate a policy on a jsonl benchmark, a synthetic task or a suite, with dense or sparse inference.
 
   python -m sparserl_jax.evaluate --checkpoint DIR [--dataset FILE.jsonl | --task NAME] [--n N]
       [--k 8] [--temperature T] [--top-p P] [--max-new-tokens N]
       [--kv-policy snapkv --kv-budget 512 ...] [--output-json FILE]
+  python -m sparserl_jax.evaluate --checkpoint DIR --suite SUITE.yaml [--out DIR] [--kv-policy ...]
 
 DIR is a Hugging Face directory, or a training run directory (config.yaml + checkpoints/, the
 newest intact step unless --step). For a run directory every setting not given as a flag is the
@@ -10,7 +11,10 @@ run's own (its task and task options, data.max_prompt_len, rollout temperature /
 max_new_tokens, the kv.* knobs; inference is dense unless --kv-policy); for an HF directory the
 defaults are the authors' (docs/methods.md#evaluation: temperature 0.8, top-p 0.95, 8192 new
 tokens). A length beyond the model's maximum is an error. Reports avg@k: the mean reward over k
-samples of every prompt.
+samples of every prompt. A suite (eval_suite.py: several jsonl files, each with its own k,
+sampling settings and answer format) reports pass@1, pass@k, maj@k and avg@k per benchmark in one
+table, written to --out (default: DIR/eval/<suite name> for a run, else eval/<suite name>) as
+table.json, table.md, samples.jsonl and TensorBoard scalars at the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
-from sparserl_jax import cli, components, distributed
+from sparserl_jax import cli, components, distributed, eval_suite
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
+from sparserl_jax.data.rewards import get_reward
 from sparserl_jax.generate import (
     add_kv_args,
     add_quant_args,
@@ -37,7 +43,9 @@ from sparserl_jax.generate import (
     kv_config_from_args,
     quantized,
 )
+from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.model import sharding
+from sparserl_jax.model.transformer import Params
 from sparserl_jax.rollout.on_mesh import generate_on_mesh
 from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import SamplerConfig
@@ -122,10 +130,10 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
     else:
         if not os.path.isdir(args.checkpoint):
             raise FileNotFoundError(f"--checkpoint {args.checkpoint!r}: no such directory")
-        if not (args.dataset or args.task):
+        if not (args.dataset or args.task or args.suite):
             raise ValueError(
                 f"--checkpoint {args.checkpoint!r} is an HF directory, not a training "
-                "run: give --dataset FILE.jsonl or --task NAME"
+                "run: give --dataset FILE.jsonl, --task NAME or --suite SUITE.yaml"
             )
         cfg = TrainConfig(
             model=ModelSource(checkpoint=args.checkpoint, dtype=args.dtype or "float32"),
@@ -149,7 +157,8 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
     cfg = dataclasses.replace(cfg, data=data)
     parts = components.build_model(cfg)
     if is_run:
-        parts.params, _ = restore_params(os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step)
+        parts.params, meta = restore_params(os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step)
+        args.step = int(meta.get("iteration", args.step or 0))  # the step restored: the suite's table names it
     return cfg, parts
 
 
@@ -157,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sparserl_jax.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="HF directory or training run directory")
     p.add_argument("--step", type=int, default=None, help="training checkpoint step (default: latest)")
-    p.add_argument("--dataset", default=None, help="jsonl benchmark (SimpleRL-Zoo format)")
+    p.add_argument("--dataset", default=None, help="jsonl or .parquet benchmark (SimpleRL-Zoo / verl format)")
     p.add_argument("--task", default=None, help="synthetic task name instead of a dataset")
     p.add_argument("--n", type=int, default=None, help="number of prompts (default: all / 64 for tasks)")
     p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k)")
@@ -177,6 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--output-json", default=None)
+    distributed.add_distributed_arg(p)
+    p.add_argument(
+        "--suite",
+        default=None,
+        help="YAML suite of jsonl benchmarks (sparserl_jax/eval_suite.py): pass@1, pass@k, maj@k and avg@k "
+        "per benchmark; a setting a benchmark leaves out is the flag's",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="--suite: the table's folder (default: DIR/eval/<suite> for a run, else eval/<suite>)",
+    )
     add_kv_args(p)
     add_quant_args(p)
     return p
@@ -189,7 +210,10 @@ EVAL_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 8192}
 def main(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     check_flags(args, n=1, k=1, max_new_tokens=1, max_prompt_len=1, batch_size=1, temperature=0.0)
-    distributed.initialize()  # before any other JAX call; a no-op on a single process
+    if args.suite and (args.dataset or args.task):
+        raise ValueError("--suite names its own benchmarks: drop --dataset / --task")
+    suite = eval_suite.load_suite(args.suite) if args.suite else None  # a bad file fails before the model loads
+    distributed.join(args.distributed)  # before any other JAX call; a no-op on a single process
     cfg, parts = _load_policy(args)
     mesh = sharding.make_mesh(cfg.mesh)  # every process's devices; prompts split over them
     params = sharding.shard_params(parts.params, mesh) if mesh.size > 1 else parts.params
@@ -203,39 +227,19 @@ def main(argv: Sequence[str] | None = None) -> dict:
             setattr(args, name, value)
     if args.batch_size is None:
         args.batch_size = r.call_rows if run else 64
-    examples = components.eval_examples(cfg, parts.tokenizer, n=args.n)
-    longest = max(len(e.prompt_ids) for e in examples)
-    check_lengths(parts.model_cfg, longest, args.max_new_tokens)
     kv_cfg = kv_config_from_args(args, parts.tokenizer, base=dataclasses.replace(cfg.kv, policy="none"))
-    check_cache(parts.model_cfg, kv_cfg, args.batch_size, cfg.data.max_prompt_len, args.max_new_tokens)
-    sampler_cfg = components.sampler_config(
+    policy = _Policy(args, parts, quantized(params, args), mesh, kv_cfg)
+    if suite is not None:
+        return _evaluate_suite(args, suite, cfg, policy, default_out=args.checkpoint if run else ".")
+    result = policy.evaluate(
         cfg,
-        parts.tokenizer,
-        kv_cfg=kv_cfg,
+        parts.reward,
+        n=args.n,
+        k=args.k,
+        temperature=args.temperature,
+        top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
     )
-    sampler_cfg = dataclasses.replace(
-        sampler_cfg, sampling=dataclasses.replace(sampler_cfg.sampling, temperature=args.temperature, top_p=args.top_p)
-    )
-    result = evaluate_examples(
-        quantized(params, args),
-        parts.model_cfg,
-        parts.tokenizer,
-        examples,
-        parts.reward,
-        sampler_cfg,
-        k=args.k,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        max_prompt_len=cfg.data.max_prompt_len,
-        mesh=mesh,
-    )
-    if result["nonfinite_rows"]:
-        raise cli.RunFailed(
-            f"evaluate: the model produced non-finite log-probabilities (NaN or inf logits) in "
-            f"{result['nonfinite_rows']} of {len(result['samples'])} responses; check the "
-            "checkpoint's weights and --dtype"
-        )
     if not distributed.is_coordinator():
         return result
     print(
@@ -247,6 +251,109 @@ def main(argv: Sequence[str] | None = None) -> dict:
         with open(args.output_json, "w") as f:
             json.dump({"args": vars(args), **result}, f, indent=1)
     return result
+
+
+@dataclasses.dataclass
+class _Policy:
+    """The loaded policy, its (quantized) params on the mesh and the KV cache it samples with."""
+
+    args: argparse.Namespace
+    parts: components.Components
+    params: Params
+    mesh: Mesh
+    kv_cfg: KVConfig
+
+    def evaluate(
+        self,
+        cfg: TrainConfig,
+        reward: Callable[[str, str], float],
+        *,
+        n: int | None,
+        k: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ) -> dict:
+        """evaluate_examples on cfg's held-out prompts (its data section), checked for lengths,
+        cache size and non-finite log-probs."""
+        args, parts = self.args, self.parts
+        examples = components.eval_examples(cfg, parts.tokenizer, n=n)
+        longest = max(len(e.prompt_ids) for e in examples)
+        check_lengths(parts.model_cfg, longest, max_new_tokens)
+        check_cache(parts.model_cfg, self.kv_cfg, args.batch_size, cfg.data.max_prompt_len, max_new_tokens)
+        sampler_cfg = components.sampler_config(cfg, parts.tokenizer, kv_cfg=self.kv_cfg, max_new_tokens=max_new_tokens)
+        sampling = dataclasses.replace(sampler_cfg.sampling, temperature=temperature, top_p=top_p)
+        result = evaluate_examples(
+            self.params,
+            parts.model_cfg,
+            parts.tokenizer,
+            examples,
+            reward,
+            dataclasses.replace(sampler_cfg, sampling=sampling),
+            k=k,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_prompt_len=cfg.data.max_prompt_len,
+            mesh=self.mesh,
+        )
+        if result["nonfinite_rows"]:
+            raise cli.RunFailed(
+                f"evaluate: the model produced non-finite log-probabilities (NaN or inf logits) in "
+                f"{result['nonfinite_rows']} of {len(result['samples'])} responses; check the "
+                "checkpoint's weights and --dtype"
+            )
+        return result
+
+
+def _evaluate_suite(args, suite: eval_suite.Suite, cfg: TrainConfig, policy: _Policy, default_out: str) -> dict:
+    """Every benchmark of the suite with the policy (a setting it leaves out: the flag's), then
+    the table: printed, and written by the coordinator."""
+    d = cfg.data
+    suite = suite.resolved(
+        k=args.k,
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        reward=args.reward or d.reward,
+    )
+
+    def run(bench: eval_suite.Benchmark) -> dict:
+        data = DataConfig(
+            task=None,
+            dataset=bench.path,
+            reward=bench.reward,
+            prompt_template=bench.prompt_template,
+            chat_template=d.chat_template,
+            max_prompt_len=d.max_prompt_len,
+        )
+        return policy.evaluate(
+            dataclasses.replace(cfg, data=data),
+            get_reward(bench.reward),
+            n=bench.n,
+            k=bench.k,
+            temperature=bench.temperature,
+            top_p=bench.top_p,
+            max_new_tokens=bench.max_new_tokens,
+        )
+
+    coordinator = distributed.is_coordinator()
+    rows, samples = eval_suite.run_suite(suite, run, log=print if coordinator else lambda line: None)
+    table = {
+        "suite": suite.name,
+        "checkpoint": args.checkpoint,
+        "step": args.step,
+        "kv": dataclasses.asdict(policy.kv_cfg),
+        "quant": {"format": args.quant, "mode": args.quant_mode},
+        "seed": args.seed,
+        "benchmarks": rows,
+    }
+    if coordinator:
+        out = args.out or os.path.join(default_out, "eval", suite.name)
+        written = eval_suite.write_table(out, table, samples)
+        print("\n" + eval_suite.markdown(table))
+        print(f"wrote {', '.join(written)}")
+    return table
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The rejection and importance-weight family (rl/corrections/rejection.py, importance.py,
 divergence.py), its presets and verl's off-policy diagnostics, against NumPy transcriptions of the
 published formulas (tests/verl_reference.py: verl's rollout_corr_helper.py and presets, AReaL's
-ratio rule) on random inputs; the length bias of the sequence product against the geometric mean;
-the generated table of docs/implementation.md."""
+ratio rule and decoupled PPO loss) on random inputs; the length bias of the sequence product
+against the geometric mean; the generated table of docs/implementation.md."""
 
 import functools
 
@@ -13,7 +13,8 @@ import pytest
 import verl_reference as V
 
 from sparserl_jax.rl import config as C
-from sparserl_jax.rl import correction_table
+from sparserl_jax.rl import correction_table, loss
+from sparserl_jax.rl.advantages import token_advantages
 from sparserl_jax.rl.corrections import CORRECTIONS, compose
 from sparserl_jax.rl.corrections.divergence import AGGREGATIONS, STATISTICS
 
@@ -188,6 +189,107 @@ def test_existing_modes_are_untouched_by_the_family():
         C.RLConfig(mode="sparse_rl", icepop=C.IcepopConfig(enabled=True))
 
 
+# ----------------------------------------------------------------------------- the denominator
+
+
+@functools.partial(jax.jit, static_argnums=5)
+def _loss(learner, old, sampler, mask, adv_B, cfg):
+    """The loss of one batch (pi_ref = pi_theta: no KL) and its Corrections' counted mask."""
+    corr = compose.compute_corrections(learner, old, learner, sampler, mask, cfg, with_metrics=False)
+    value, metrics = loss.policy_loss(corr, token_advantages(adv_B, mask), None, cfg.loss)
+    return value, metrics, corr.counted
+
+
+def _areal_case(seed, lo, hi):
+    """Random inputs with the learner moved off pi_old (the PPO clip binds on some tokens), and no
+    xi within float32 rounding of a bound (there the two programs may decide either way)."""
+    old, sampler, mask = inputs(seed, scale=0.4)
+    rng = np.random.default_rng(seed)
+    learner = (old + 0.3 * rng.standard_normal(old.shape)).astype(np.float32)
+    adv_B = rng.standard_normal(B).astype(np.float32)
+    xi = np.exp(_log_ratio(old, sampler, mask))
+    assert not any((np.abs(xi - b) <= 1e-5 * b)[mask].any() for b in (lo, hi))
+    return learner, old, sampler, mask, adv_B
+
+
+def _areal_cfg(denominator, aggregation="token_mean", lo=0.7, hi=1.4):
+    """AReaL's mask-mode decoupled loss in our terms: `rejection` at [lo, hi] and, for AReaL's
+    behave_imp_weight (the raw xi on the kept tokens), token importance weights truncated at hi
+    (a kept token's xi is <= hi, so the truncation never binds on it)."""
+    return C.RLConfig(
+        mode="dense",
+        rejection=C.RejectionConfig(enabled=True, lo=lo, hi=hi, denominator=denominator),
+        importance=C.ImportanceConfig(enabled=True, hi=hi),
+        loss=C.LossConfig(aggregation=aggregation, beta=0.0),
+    )
+
+
+def test_areals_denominator_is_ppo_actor_loss_fns():
+    """rejection with denominator="before" (its default, AReaL's) = AReaL's ppo_actor_loss_fn
+    (tests/verl_reference.py areal_ppo_actor_loss: sum over the kept tokens / the loss mask's
+    count before rejection) on random inputs where the rule rejects some tokens; "after" divides
+    by the kept tokens instead, N_before / N_kept times AReaL's value."""
+    lo, hi = 0.7, 1.4
+    assert C.RejectionConfig().denominator == "before"
+    for seed in range(3):
+        learner, old, sampler, mask, adv_B = _areal_case(seed, lo, hi)
+        f64 = lambda x: x.astype(np.float64)  # noqa: E731
+        adv = np.where(mask, adv_B[:, None], 0.0)
+        want, kept = V.areal_ppo_actor_loss(f64(learner), f64(old), f64(sampler), adv, mask, 0.2, hi, lo)
+        n_before, n_kept = mask.sum(), kept.sum()
+        assert 0 < n_kept < n_before - 10  # the rule rejects a good share, and keeps some
+        before, m_before, counted = _loss(learner, old, sampler, mask, adv_B, _areal_cfg("before", lo=lo, hi=hi))
+        after, m_after, none = _loss(learner, old, sampler, mask, adv_B, _areal_cfg("after", lo=lo, hi=hi))
+        assert float(before) == pytest.approx(want, rel=1e-5, abs=1e-7)
+        assert float(after) == pytest.approx(want * n_before / n_kept, rel=1e-5, abs=1e-7)
+        np.testing.assert_array_equal(np.asarray(counted), mask)  # nothing else rejects here
+        assert none is None and "counted_tokens" not in m_after
+        assert float(m_before["tokens"]) == float(m_after["tokens"]) == n_kept
+        assert float(m_before["counted_tokens"]) == n_before
+
+
+def test_the_denominator_before_rejection_in_seq_mean_and_beside_sars():
+    """seq_mean with "before": each response's kept tokens summed over its tokens counted before
+    the rejection, then the mean over responses; beside SARS (whose rejections leave the
+    denominator) the count is of the tokens SARS keeps, the rejection's own rejects included."""
+    lo, hi = 0.7, 1.4
+    learner, old, sampler, mask, adv_B = _areal_case(0, lo, hi)
+    cfg = _areal_cfg("before", "seq_mean", lo=lo, hi=hi)
+    got, _, _ = _loss(learner, old, sampler, mask, adv_B, cfg)
+    f64 = lambda x: x.astype(np.float64)  # noqa: E731
+    adv = np.where(mask, adv_B[:, None], 0.0)
+    _, kept = V.areal_ppo_actor_loss(f64(learner), f64(old), f64(sampler), adv, mask, 0.2, hi, lo)
+    xi = np.exp(_log_ratio(old, sampler, mask))
+    r = np.exp(f64(learner) - f64(old))
+    pg = np.maximum(-adv * r, -adv * np.clip(r, 0.8, 1.2)) * xi
+    rows = np.where(kept, pg, 0.0).sum(-1) / np.maximum(mask.sum(-1), 1)
+    assert float(got) == pytest.approx(rows.sum() / B, rel=1e-5, abs=1e-7)
+    # beside SARS's token band [0.5, 1.5] (and veto): SARS's rejects leave the count
+    both = C.RLConfig(mode="sars_only", rejection=C.RejectionConfig(enabled=True, lo=lo, hi=hi))
+    assert compose.counts_rejections(both) and not compose.counts_rejections(C.RLConfig(mode="sars_only"))
+    _, metrics, counted = _loss(learner, old, sampler, mask, adv_B, both)
+    sars_keep = np.asarray(compose.behaviour(old, sampler, mask, C.RLConfig(mode="sars_only")).accept)
+    np.testing.assert_array_equal(np.asarray(counted), sars_keep)
+    assert float(metrics["tokens"]) < sars_keep.sum() == float(metrics["counted_tokens"])
+
+
+def test_no_preset_keeps_its_rejections_counted():
+    """Every preset (Sparse-RL's, QuRL's, verl's) removes its rejected tokens from the
+    denominator, as before the setting existed: Corrections.counted is None (the loss divides by
+    accept), and the verl family's rejections default to "after"."""
+    for mode in C.RL_MODES:
+        assert not compose.counts_rejections(C.RLConfig(mode=mode)), mode
+    for section in (C.GeoRsConfig, C.SeqMaskConfig, C.K3RsConfig):
+        assert section().denominator == "after"
+    old, sampler, mask = inputs(1)
+    rng = np.random.default_rng(1)
+    learner = (old + 0.3 * rng.standard_normal(old.shape)).astype(np.float32)
+    adv_B = rng.standard_normal(B).astype(np.float32)
+    for mode in ("sparse_rl", "geo_rs", "k3_rs_seq_tis"):
+        value, metrics, counted = _loss(learner, old, sampler, mask, adv_B, C.RLConfig(mode=mode))
+        assert counted is None and "counted_tokens" not in metrics and np.isfinite(float(value))
+
+
 # ----------------------------------------------------------------------------- length bias
 
 
@@ -267,6 +369,7 @@ def test_off_policy_diagnostics_match_verl():
         (C.SeqMaskConfig, dict(hi=0), r"seq_mask\.hi=0 must be a number > 0"),
         (C.ImportanceConfig, dict(action="mask"), r"importance\.action='mask' \(IcePop\) needs a lower bound"),
         (C.IcepopConfig, dict(level="sentence"), r"icepop\.level='sentence'"),
+        (C.RejectionConfig, dict(denominator="kept"), r"rejection\.denominator='kept'.*'after', 'before'"),
     ],
 )
 def test_bad_settings_name_the_setting(section, kwargs, match):

@@ -103,6 +103,89 @@ def test_initialize_names_missing_or_bad_settings(monkeypatch):
     assert not jax.distributed.is_initialized()
 
 
+def _record_initialize(monkeypatch, error: Exception | None = None) -> list:
+    """Replace jax.distributed.initialize by a recorder of its (args, kwargs): nothing joins."""
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append((args, kwargs))
+        if error is not None:
+            raise error
+
+    monkeypatch.setattr(jax.distributed, "initialize", fake)
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    return calls
+
+
+def test_distributed_auto_calls_jax_initialize_with_no_arguments(monkeypatch):
+    """--distributed auto: jax.distributed.initialize() with no arguments, JAX's cluster detection
+    filling in coordinator, process count and id (the variables, even when set, are not read);
+    off a cluster, an error naming the flag and the explicit alternative."""
+    monkeypatch.setenv(distributed.ENV_COORDINATOR, "10.0.0.1:1234")
+    monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "4")
+    monkeypatch.setenv(distributed.ENV_PROCESS_ID, "2")
+    calls = _record_initialize(monkeypatch)
+    assert distributed.join("auto") is True
+    assert calls == [((), {})]
+    _record_initialize(monkeypatch, ValueError("coordinator_address should be defined."))
+    with pytest.raises(ValueError, match=r"--distributed auto: JAX detected no cluster .* use --distributed env"):
+        distributed.join("auto")
+    with pytest.raises(ValueError, match=r"--distributed='slurm': accepted values are \('env', 'auto'\)"):
+        distributed.join("slurm")
+
+
+def test_distributed_env_reads_the_three_variables_as_before(monkeypatch):
+    """--distributed env (the default): initialize() as before, the coordinator, process count and
+    id from the three variables, and a single process (no call) without them."""
+    calls = _record_initialize(monkeypatch)
+    for var in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.join() is False and distributed.join("env") is False and calls == []
+    monkeypatch.setenv(distributed.ENV_COORDINATOR, "10.0.0.1:1234")
+    monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "4")
+    monkeypatch.setenv(distributed.ENV_PROCESS_ID, "2")
+    assert distributed.join("env") is True
+    assert calls == [
+        (
+            (),
+            dict(
+                coordinator_address="10.0.0.1:1234",
+                num_processes=4,
+                process_id=2,
+                local_device_ids=None,
+                initialization_timeout=300,
+            ),
+        )
+    ]
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_entry_points_pass_their_distributed_flag(entry, monkeypatch, capsys):
+    """python -m sparserl_jax.train / evaluate --distributed {env,auto}: the mode reaches join
+    before anything else runs (default env); another value is refused with the accepted ones."""
+    import importlib
+
+    module = importlib.import_module(f"sparserl_jax.{entry}")
+    modes = []
+
+    class Joined(Exception):
+        pass
+
+    def fake_join(mode="env"):
+        modes.append(mode)
+        raise Joined
+
+    monkeypatch.setattr(distributed, "join", fake_join)
+    base = ["--checkpoint", "unused"] if entry == "evaluate" else []
+    for flags, mode in (([], "env"), (["--distributed", "auto"], "auto"), (["--distributed", "env"], "env")):
+        with pytest.raises(Joined):
+            module.main(base + flags)
+        assert modes[-1] == mode
+    with pytest.raises(SystemExit):
+        module.main(base + ["--distributed", "slurm"])
+    assert "invalid choice: 'slurm' (choose from" in capsys.readouterr().err
+
+
 def test_single_process_batch_helpers():
     mesh = shd.make_mesh(shd.MeshConfig())
     assert distributed.local_batch_slice(mesh, 6) == slice(0, 6)

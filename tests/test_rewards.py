@@ -198,7 +198,7 @@ def test_registry():
     assert fn("\\boxed{0.5}", "1/2") == 1.0 and fn("\\boxed{0.6}", "1/2") == 0.0
     assert R.get_reward("boxed_exact")("\\boxed{ 0042 }", "0042") == 1.0
     assert R.get_reward("boxed_exact")("\\boxed{42}", "0042") == 0.0
-    with pytest.raises(ValueError, match=r"reward='nope'.*accepted: \['boxed_exact', 'math'"):
+    with pytest.raises(ValueError, match=r"reward='nope'.*accepted: \['boxed_exact', 'gsm8k', 'math'"):
         R.get_reward("nope")
     with pytest.raises(ValueError, match="no option"):
         R.get_reward("math", timeout=1)

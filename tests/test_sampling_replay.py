@@ -21,7 +21,7 @@ from sparserl_jax.rl.update import make_score_fn
 from sparserl_jax.rollout import sampler as smp
 from sparserl_jax.rollout.config import SortedConfig
 from sparserl_jax.rollout.engine import Finished, SlotEngine
-from sparserl_jax.rollout.sampling import SamplingConfig, processed_logprobs, sample_kept
+from sparserl_jax.rollout.sampling import TIE_SLOTS, SamplingConfig, kept_width, processed_logprobs, sample_kept
 from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.train import Trainer
 
@@ -74,6 +74,60 @@ def test_sample_kept_draws_from_the_recorded_set():
         want = proc[b, token[b]] - np.log(np.exp(vals - vals.max()).sum()) - vals.max()
         assert logp[b] == pytest.approx(want, abs=1e-5)
     assert 1 < np.mean([(i >= 0).sum() for i in ids]) < FILTERS.top_k  # top-p cut inside the top 20
+
+
+def _tied_logits():
+    """Logits h @ w over 32 tokens whose tokens 9-15 share one column of w (7 logits tied at every
+    position), and positions that put that tied group at every rank from the top to the tail."""
+    rng = np.random.default_rng(5)
+    D, V, N = 8, 32, 24
+    w = rng.standard_normal((D, V))
+    w[:, 10:16] = w[:, 9:10]
+    h = rng.standard_normal((N, D)) + np.linspace(-1.5, 2.5, N)[:, None] * w[:, 9] / np.sum(w[:, 9] ** 2)
+    h, w = jnp.asarray(h, jnp.float32), jnp.asarray(w, jnp.float32)
+    return h, w, jnp.dot(h, w, preferred_element_type=jnp.float32)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.95])
+def test_ties_at_the_kth_logit_are_kept_and_replayed(top_p):
+    """Several logits tied at the k-th largest value: the sampler keeps every tied token, as
+    processed_logprobs and vLLM's top-k do (not exactly k), records that set (the record is
+    kept_width(k) = k + TIE_SLOTS wide), draws from it with processed_logprobs' probabilities, and
+    the learner's replay over the recorded ids gives the sampler's log-prob."""
+    h, w, logits = _tied_logits()
+    cfg = SamplingConfig(temperature=1.0, top_p=top_p, top_k=4)
+    proc = np.asarray(processed_logprobs(logits, cfg))
+    sizes = []
+    for seed in range(8):
+        token, logp, ids = (np.asarray(x) for x in sample_kept(logits, jax.random.key(seed), cfg))
+        assert ids.shape == (h.shape[0], kept_width(cfg.top_k)) == (h.shape[0], cfg.top_k + TIE_SLOTS)
+        for b in range(h.shape[0]):
+            kept = ids[b][ids[b] >= 0]
+            np.testing.assert_array_equal(np.sort(kept), np.nonzero(np.isfinite(proc[b]))[0])
+            assert token[b] in kept and logp[b] == pytest.approx(proc[b, token[b]], abs=1e-5)
+            sizes.append(len(kept))
+        replay, _ = tf.chunked_logprobs(h[None], w, jnp.asarray(token)[None], chunk_tokens=8, kept_ids=ids[None])
+        np.testing.assert_allclose(np.asarray(replay)[0], logp, atol=1e-5)
+    # the tied group straddles the 4th rank at some positions: sets of more than k tokens
+    assert max(sizes) > cfg.top_k and (top_p < 1 or min(sizes) >= cfg.top_k)
+
+
+def test_ties_beyond_the_record_are_cut_and_the_draw_follows_the_cut():
+    """More than TIE_SLOTS tokens tied at the k-th value (here every logit equal): the set is cut
+    to the record's width, the lowest ids first (lax.top_k's order), and the token is drawn from
+    that cut set with its renormalised log-prob, which the replay reproduces."""
+    V, k = 64, 4
+    width = kept_width(k)
+    logits = jnp.zeros((16, V))
+    cfg = SamplingConfig(temperature=1.0, top_k=k)
+    assert np.isfinite(np.asarray(processed_logprobs(logits, cfg))).all()  # the top-k rule keeps all 64
+    token, logp, ids = (np.asarray(x) for x in sample_kept(logits, jax.random.key(0), cfg))
+    np.testing.assert_array_equal(ids, np.broadcast_to(np.arange(width), (16, width)))
+    assert np.all(token < width) and len(set(token.tolist())) > 1
+    np.testing.assert_allclose(logp, -np.log(width), rtol=1e-6)
+    h, w = jnp.ones((16, 1)), jnp.zeros((1, V))  # logits 0 everywhere, through the learner's path
+    replay, _ = tf.chunked_logprobs(h[None], w, jnp.asarray(token)[None], chunk_tokens=8, kept_ids=ids[None])
+    np.testing.assert_allclose(np.asarray(replay)[0], logp, rtol=1e-6)
 
 
 def _sorted_rollout(prompts, lengths, cfg):
@@ -157,7 +211,7 @@ def test_dense_top_p_training_runs_end_to_end(tmp_path, scheduler):
         ],
     )
     trainer = Trainer(cfg)
-    assert trainer.sampler_cfg.replay_filters and trainer.learner.update.kept_k == 20
+    assert trainer.sampler_cfg.replay_filters and trainer.learner.update.kept_k == kept_width(20)
     trainer.start()
     # the float noise of decode against teacher forcing for this model over the run's widest rows
     tol = logprob_tol(trainer.model_cfg, trainer.params, keys=cfg.data.max_prompt_len + cfg.rollout.max_new_tokens)

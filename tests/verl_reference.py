@@ -3,7 +3,8 @@ tests: verl's verl/trainer/ppo/rollout_corr_helper.py (compute_rollout_rejection
 compute_rollout_correction_weights, compute_offpolicy_metrics; the presets of
 verl/trainer/config/algorithm.py RolloutCorrectionConfig) and AReaL's ratio rule
 (RejectionSamplingConfig: a ratio aggregated in log space, "sum" the product, "mean" the geometric
-mean, "max" the largest token ratio). log_ratio = log pi_old - log pi_sampler (verl's
+mean, "max" the largest token ratio) and its decoupled PPO loss (areal/utils/functional.py
+ppo_actor_loss_fn with apply_rejection_sampling, token level, action "mask"). log_ratio = log pi_old - log pi_sampler (verl's
 old_log_prob - rollout_log_prob); mask a 0/1 [B, T] array. Written from those sources, not from
 sparserl_jax."""
 
@@ -60,6 +61,27 @@ def areal_ratio_keep(log_ratio, mask, agg: str, lower: float | None, upper: floa
     if lower is not None:
         keep = keep & (stat >= lower)
     return np.broadcast_to(keep, log_ratio.shape), np.broadcast_to(stat, log_ratio.shape)
+
+
+def areal_ppo_actor_loss(logprobs, proximal_logprobs, old_logprobs, advantages, loss_mask, eps_clip, upper, lower=None):
+    """AReaL's ppo_actor_loss_fn with RejectionSamplingConfig(metric="ratio", level="token",
+    action="mask", upper, lower) (AReaL's proximal policy is our pi_old, its old / behave policy
+    our sampler): the loss mask's count is taken BEFORE the rejection (its comment: dropping the
+    rejected tokens from it "would inflate per-token gradients by N_original / N_kept"); the
+    rejection narrows the loss mask; each kept token's surrogate is weighted by the raw
+    behave_imp_weight = pi_prox / pi_behave. Returns (loss, loss mask after rejection)."""
+    loss_mask = loss_mask.astype(bool)
+    loss_mask_count = max(int(loss_mask.sum()), 1)  # count_nonzero() or 1, before rejection
+    log_ratio = proximal_logprobs - old_logprobs
+    log_ratio = np.where(np.isfinite(log_ratio), log_ratio, 0.0)
+    metric = np.exp(log_ratio)
+    in_bounds = metric <= upper if lower is None else (metric >= lower) & (metric <= upper)
+    mask_after = loss_mask & in_bounds
+    behave_imp_weight = np.where(mask_after, np.exp(log_ratio), 0.0)
+    ratio = np.where(mask_after, np.exp(logprobs - proximal_logprobs), 0.0)
+    clipped_ratio = np.clip(ratio, 1.0 - eps_clip, 1.0 + eps_clip)
+    pg_loss = np.maximum(-advantages * ratio, -advantages * clipped_ratio) * behave_imp_weight
+    return np.where(mask_after, pg_loss, 0.0).sum() / loss_mask_count, mask_after
 
 
 def is_weights(log_ratio, mask, level: str, upper: float, lower: float | None = None, icepop: bool = False):

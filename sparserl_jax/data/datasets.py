@@ -1,10 +1,14 @@
-"""Prompt datasets: jsonl files in the SimpleRL-Zoo / verl formats, and resumable batch iterators.
+"""Prompt datasets: jsonl or parquet files in the SimpleRL-Zoo / verl formats, and resumable batch
+iterators.
 
-A row holds a question ("prompt", "question" or "problem"; a "prompt" or "messages" list is a chat)
-and a label ("label", "gt_answer", "answer", "ground_truth" or reward_model.ground_truth). A
-question becomes prompt_template with {question} filled in (Sparse-RL's evaluation prompt, section
-1.6), optionally wrapped in the tokenizer's chat template. Iterators are deterministic functions
-of (seed, epoch, position) so that a resumed run sees the same prompts in the same order.
+A row holds a question ("prompt", "question" or "problem"; a "prompt" or "messages" list is a chat),
+a label ("label", "gt_answer", "answer", "ground_truth" or reward_model.ground_truth) and, when it
+has one, its data_source (which picks its reward, data/rewards.py SOURCE_REWARDS); data.columns
+names other columns. A path ending in .parquet is read by data/parquet.py (verl's preprocessed
+gsm8k / MATH files), any other as jsonl. A question becomes prompt_template with {question} filled
+in (Sparse-RL's evaluation prompt, section 1.6), optionally wrapped in the tokenizer's chat
+template. Iterators are deterministic functions of (seed, epoch, position) so that a resumed run
+sees the same prompts in the same order.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from sparserl_jax.data import parquet
 from sparserl_jax.data.rewards import label_answer
 from sparserl_jax.tokenizer import Tokenizer
 
@@ -26,6 +31,27 @@ QUESTION_FIELDS: tuple[str, ...] = ("prompt", "question", "problem", "messages")
 LABEL_FIELDS: tuple[str, ...] = ("label", "gt_answer", "answer", "ground_truth", "reward_model.ground_truth")
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetColumns:
+    """Which column of a row (a jsonl key or a parquet column; dotted for a nested field, e.g.
+    reward_model.ground_truth) holds its question, label and data_source. None: the first
+    non-empty of QUESTION_FIELDS / LABEL_FIELDS, and "data_source" where a row has it; a column
+    named here must be in every row."""
+
+    question: str | None = None
+    label: str | None = None
+    data_source: str | None = None
+
+    def __post_init__(self):
+        for name in ("question", "label", "data_source"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and all(value.split("."))):
+                raise ValueError(
+                    f"data.columns.{name}={value!r} must be a column name (dotted for a nested field, "
+                    "e.g. reward_model.ground_truth) or null (found in the row)"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +64,7 @@ class DatasetConfig:
     system_prompt: str | None = None
     max_prompt_len: int = 1024
     on_long_prompt: Literal["error", "skip"] = "error"
+    columns: DatasetColumns = DatasetColumns()
 
     def __post_init__(self):
         if "{question}" not in self.prompt_template:
@@ -50,12 +77,15 @@ class DatasetConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PromptExample:
-    """One prompt ready for the sampler: rendered text, its token ids, the answer label, its origin."""
+    """One prompt ready for the sampler: rendered text, its token ids, the answer label, its origin
+    ("<file>:<line>" or "<file> row <i>"), and the row's data_source (None without one), which picks
+    its reward."""
 
     prompt: str
     prompt_ids: tuple[int, ...]
     label: str
     source: str
+    data_source: str | None = None
 
 
 def render_prompt(question: str | list[dict], tokenizer: Tokenizer | None, cfg: DatasetConfig) -> str:
@@ -80,11 +110,13 @@ def render_prompt(question: str | list[dict], tokenizer: Tokenizer | None, cfg: 
 
 
 def make_examples(
-    rows: Sequence[tuple[str | list[dict], str, str]], tokenizer: Tokenizer, cfg: DatasetConfig
+    rows: Sequence[tuple[str | list[dict], str, str] | tuple[str | list[dict], str, str, str | None]],
+    tokenizer: Tokenizer,
+    cfg: DatasetConfig,
 ) -> list[PromptExample]:
-    """(question, label, source) triples -> PromptExamples, enforcing cfg.max_prompt_len."""
+    """(question, label, source[, data_source]) rows -> PromptExamples, enforcing cfg.max_prompt_len."""
     out = []
-    for question, label, source in rows:
+    for question, label, source, *data_source in rows:
         text = render_prompt(question, tokenizer, cfg)
         ids = tuple(tokenizer.encode(text))
         if len(ids) > cfg.max_prompt_len:
@@ -93,7 +125,7 @@ def make_examples(
                 raise ValueError(msg + "; raise max_prompt_len or set data.on_long_prompt='skip'")
             log.warning("skipping %s", msg)
             continue
-        out.append(PromptExample(prompt=text, prompt_ids=ids, label=label, source=source))
+        out.append(PromptExample(text, ids, label, source, data_source[0] if data_source else None))
     return out
 
 
@@ -106,33 +138,67 @@ def _field(row: dict, dotted: str) -> Any:
     return value
 
 
-def parse_row(row: Any, where: str) -> tuple[str | list[dict], str]:
-    """(question or messages, label) of one jsonl row; errors name `where` (file:line)."""
+def _column(row: dict, where: str, named: str | None, part: str, fields: Sequence[str]) -> tuple[str, Any]:
+    """(column, value) of a row's `part` (question or label): the column data.columns names, else
+    the first of `fields` that is not empty."""
+    if named is not None:
+        value = _field(row, named)
+        if value in (None, "", []):
+            raise ValueError(f"{where}: column {named!r} (data.columns.{part}) is missing or empty")
+        return named, value
+    for name in fields:
+        if (value := _field(row, name)) not in (None, "", []):
+            return name, value
+    raise ValueError(
+        f"{where}: row has no {part}; accepted fields: {', '.join(fields)} (or name its column in data.columns.{part})"
+    )
+
+
+def parse_row(row: Any, where: str, columns: DatasetColumns | None = None) -> tuple[str | list[dict], str, str | None]:
+    """(question or messages, label, data_source or None) of one row; errors name `where` (file:line
+    or file row) and the column. `columns`: DatasetColumns() (every part found in the row) when None."""
+    columns = DatasetColumns() if columns is None else columns
     if not isinstance(row, dict):
         raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-    question = next((row[f] for f in QUESTION_FIELDS if row.get(f) not in (None, "", [])), None)
-    if question is None:
-        raise ValueError(f"{where}: row has no question; accepted fields: {', '.join(QUESTION_FIELDS)}")
+    column, question = _column(row, where, columns.question, "question", QUESTION_FIELDS)
     if isinstance(question, list):
-        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in question):
-            raise ValueError(f"{where}: a chat prompt must be a list of {{'role', 'content'}} objects")
+        if not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and m.get("content") is not None for m in question
+        ):
+            raise ValueError(
+                f"{where}: a chat prompt must be a list of {{'role', 'content'}} objects (column {column!r})"
+            )
     elif not isinstance(question, str):
-        raise ValueError(f"{where}: question must be a string or a list of messages, got {type(question).__name__}")
-    label = next((v for f in LABEL_FIELDS if (v := _field(row, f)) not in (None, "")), None)
-    if label is None:
-        raise ValueError(f"{where}: row has no label; accepted fields: {', '.join(LABEL_FIELDS)}")
+        raise ValueError(
+            f"{where}: question must be a string or a list of messages, got {type(question).__name__} "
+            f"(column {column!r})"
+        )
+    column, label = _column(row, where, columns.label, "label", LABEL_FIELDS)
     if isinstance(label, (list, dict)):
-        raise ValueError(f"{where}: label must be a string or a number, got {type(label).__name__}")
-    return question, label_answer(str(label))
+        raise ValueError(f"{where}: label must be a string or a number, got {type(label).__name__} (column {column!r})")
+    column = columns.data_source or "data_source"
+    data_source = _field(row, column)
+    if columns.data_source is not None and data_source in (None, ""):
+        raise ValueError(f"{where}: column {column!r} (data.columns.data_source) is missing or empty")
+    if data_source is not None and not isinstance(data_source, str):
+        raise ValueError(f"{where}: data_source must be a string, got {type(data_source).__name__} (column {column!r})")
+    return question, label_answer(str(label)), data_source or None
+
+
+def load_dataset(
+    path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig | None = None
+) -> list[PromptExample]:
+    """A prompt file into PromptExamples: parquet when the path ends in .parquet, else jsonl."""
+    if os.fspath(path).lower().endswith(".parquet"):
+        return load_parquet(path, tokenizer, cfg)
+    return load_jsonl(path, tokenizer, cfg)
 
 
 def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig | None = None) -> list[PromptExample]:
     """Reads a jsonl prompt file (blank lines ignored) into PromptExamples (`cfg`: DatasetConfig()
     when None)."""
     cfg = DatasetConfig() if cfg is None else cfg
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data.dataset={path!r} does not exist")
+    path = _existing(path)
     rows = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -143,7 +209,38 @@ def load_jsonl(path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
-            rows.append((*parse_row(row, where), where))
+            question, label, data_source = parse_row(row, where, cfg.columns)
+            rows.append((question, label, where, data_source))
+    return _examples(path, rows, tokenizer, cfg)
+
+
+def load_parquet(
+    path: str | os.PathLike, tokenizer: Tokenizer, cfg: DatasetConfig | None = None
+) -> list[PromptExample]:
+    """Reads a parquet prompt file (verl's layout or flat columns; data/parquet.py) into
+    PromptExamples; a row's origin is "<file> row <i>", rows counted from 0 as pyarrow and
+    `datasets` index them."""
+    cfg = DatasetConfig() if cfg is None else cfg
+    path = _existing(path)
+    c = cfg.columns
+    named = {f"data.columns.{k}": v for k, v in dataclasses.asdict(c).items() if v is not None}
+    wanted = [*named.values(), *QUESTION_FIELDS, *LABEL_FIELDS, "data_source"]
+    rows = []
+    for i, row in parquet.read_rows(path, wanted, named):
+        where = f"{path} row {i}"
+        question, label, data_source = parse_row(row, where, c)
+        rows.append((question, label, where, data_source))
+    return _examples(path, rows, tokenizer, cfg)
+
+
+def _existing(path: str | os.PathLike) -> str:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data.dataset={path!r} does not exist")
+    return path
+
+
+def _examples(path: str, rows: list, tokenizer: Tokenizer, cfg: DatasetConfig) -> list[PromptExample]:
     if not rows:
         raise ValueError(f"data.dataset={path!r} is empty (no rows)")
     examples = make_examples(rows, tokenizer, cfg)

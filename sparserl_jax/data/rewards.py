@@ -8,6 +8,9 @@ number tokens that grammar matched. (math-verify's plain-expression extractor ha
 sympy.parse_expr, so it is not used.)
 
 REWARDS maps a name to fn(response_text, label) -> float; tasks and configs pick rewards by name.
+SOURCE_REWARDS maps a row's data_source (verl's column: "openai/gsm8k", "lighteval/MATH", ...) to
+the reward that checks it: math (boxed, symbolic), gsm8k (the number after "####") or
+multiple_choice (a letter A-E); data/reward_pool.py picks each row's reward from it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from fractions import Fraction
 
 RewardFn = Callable[[str, str], float]
 
@@ -153,6 +157,20 @@ def _symbolic_equal(pred: str, gold: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
+_TIMEOUTS = [0]  # checks of this process that ran past their limit
+
+
+def timeouts() -> int:
+    """How many symbolic checks of this process have run past their limit (scored 0) so far."""
+    return _TIMEOUTS[0]
+
+
+def _timed_out(how: str, timeout_s: float) -> bool:
+    _TIMEOUTS[0] += 1
+    logging.getLogger(__name__).warning("math check timed out after %.1fs%s", timeout_s, how)
+    return False
+
+
 def _alarm(signum, frame):
     raise _CheckTimeout()
 
@@ -168,8 +186,7 @@ def _equal_with_alarm(pred: str, gold: str, timeout_s: float) -> bool:
     try:
         return _symbolic_equal(pred, gold)
     except _CheckTimeout:
-        logging.getLogger(__name__).warning("math check timed out after %.1fs", timeout_s)
-        return False
+        return _timed_out("", timeout_s)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -240,8 +257,7 @@ class _Checker:
                 self._stop()  # the checker died (e.g. out of memory): the answer counts as wrong
                 return False
             self._stop()
-            logging.getLogger(__name__).warning("math check timed out after %.1fs (checker process)", timeout_s)
-            return False
+            return _timed_out(" (checker process)", timeout_s)
 
 
 _CHECKER = _Checker()
@@ -282,9 +298,63 @@ def boxed_exact_reward(response: str, label: str) -> float:
     return float(answer is not None and re.sub(r"\s+", "", answer) == re.sub(r"\s+", "", label))
 
 
+_NUMBER_RE = re.compile(r"\$?\s*(-?[\d,]*\.?\d+)")
+
+
+def _number(answer: str | None) -> Fraction | None:
+    """The number an answer starts with ("$1,234.50 dollars" -> 1234.5), exactly; None without one."""
+    found = _NUMBER_RE.match(answer.strip()) if answer is not None else None
+    return Fraction(found.group(1).replace(",", "")) if found and found.group(1).replace(",", "") else None
+
+
+def gsm8k_reward(response: str, label: str) -> float:
+    """1.0 if the number after the response's last "####" (else in its last \\boxed{}) equals the
+    label's (GSM8K: a number; commas, "$" and trailing words ignored). No symbolic check: exact."""
+    answer = extract_gsm8k(response)
+    got = _number(answer if answer is not None else extract_boxed(response))
+    return float(got is not None and got == _number(label_answer(label)))
+
+
+_CHOICE_RE = re.compile(r"^\(?([A-E])\)?(?:$|[\s.:)])")
+_ANSWER_IS_RE = re.compile(r"(?i:answer\s*(?:is|:)\s*(?:option\s*)?)\(?([A-E])\b")
+
+
+def extract_choice(text: str) -> str | None:
+    """The letter A-E a response chose: its last \\boxed{} ("C", "(C)", "\\text{C. 42}"), else
+    its last "answer is C" / "Answer: (C)"."""
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        found = _CHOICE_RE.match(normalize_answer(boxed))
+        return found.group(1) if found else None
+    found = _ANSWER_IS_RE.findall(text)
+    return found[-1] if found else None
+
+
+def choice_reward(response: str, label: str) -> float:
+    """1.0 if the letter the response chose (extract_choice) is the label's ("C", "(C)", "C. 42")."""
+    got = extract_choice(response)
+    gold = _CHOICE_RE.match(normalize_answer(label_answer(label)))
+    return float(got is not None and gold is not None and got == gold.group(1))
+
+
 REWARDS: dict[str, RewardFn] = {
     "math": math_reward,
     "boxed_exact": boxed_exact_reward,
+    "gsm8k": gsm8k_reward,
+    "multiple_choice": choice_reward,
+}
+
+# a row's data_source -> the reward (a REWARDS name) that checks it; verl's names and plain ones
+SOURCE_REWARDS: dict[str, str] = {
+    "math": "math",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "gsm8k": "gsm8k",
+    "openai/gsm8k": "gsm8k",
+    "multiple_choice": "multiple_choice",
+    "cais/mmlu": "multiple_choice",
+    "allenai/ai2_arc": "multiple_choice",
 }
 
 
@@ -293,6 +363,20 @@ def register_reward(name: str, fn: RewardFn) -> None:
     if name in REWARDS:
         raise ValueError(f"reward {name!r} is already registered; registered: {sorted(REWARDS)}")
     REWARDS[name] = fn
+
+
+def register_source_reward(data_source: str, reward: str) -> None:
+    """Checks the rows of `data_source` with the registered reward `reward`; data_sources are unique."""
+    if data_source in SOURCE_REWARDS:
+        raise ValueError(
+            f"data_source {data_source!r} already has reward {SOURCE_REWARDS[data_source]!r}; "
+            f"registered: {sorted(SOURCE_REWARDS)}"
+        )
+    if reward not in REWARDS:
+        raise ValueError(
+            f"reward={reward!r} (for data_source {data_source!r}) is not registered; accepted: {sorted(REWARDS)}"
+        )
+    SOURCE_REWARDS[data_source] = reward
 
 
 def get_reward(name: str, **options) -> RewardFn:
@@ -307,6 +391,18 @@ def get_reward(name: str, **options) -> RewardFn:
     if unknown:
         raise ValueError(f"reward {name!r} has no option(s) {unknown}; accepted: {list(params)[2:]}")
     return functools.partial(fn, **options)
+
+
+def get_timed_reward(name: str, timeout_s: float) -> RewardFn:
+    """The reward `name` with its own time limit (its `timeout_s` option, math's symbolic check)
+    set to `timeout_s`; a reward without one as it is."""
+    fn = get_reward(name)
+    return get_reward(name, timeout_s=timeout_s) if "timeout_s" in inspect.signature(fn).parameters else fn
+
+
+def warm_up() -> None:
+    """Loads sympy and math-verify (seconds), so that no check's time limit counts it."""
+    _math_verify()
 
 
 if __name__ == "__main__":

@@ -216,8 +216,9 @@ def check_training_sampling(update: UpdateConfig, temperature: float, top_p: flo
     equal (the authors use one, --rollout-temperature, for both: slime megatron_utils/loss.py
     get_responses). With top-k / top-p the sampler records each token's kept set and every
     log-prob is renormalised over it (sampling-mask replay, rollout/sampling.py sample_kept); the
-    set is at most rollout.top_k tokens, so top-p needs a top_k bounding it (a nucleus of the whole
-    vocabulary cannot be replayed at 4 bytes a token per kept id)."""
+    set is rollout.top_k tokens at most, and those tied with the k-th (recorded up to TIE_SLOTS
+    more), so top-p needs a top_k bounding it (a nucleus of the whole vocabulary cannot be
+    replayed at 4 bytes a token per kept id)."""
     if temperature != update.temperature:
         raise ValueError(
             f"rollout.temperature={temperature} differs from rl.update.temperature="
@@ -230,7 +231,8 @@ def check_training_sampling(update: UpdateConfig, temperature: float, top_p: flo
         raise ValueError(
             f"rollout.top_p={top_p} with rollout.top_k=0: training replays each token's kept set "
             "(the learner renormalises over it), which needs a bound on its size; set rollout.top_k "
-            "(e.g. 64: the nucleus is taken within the 64 most probable tokens, 256 bytes a token)"
+            "(e.g. 64: the nucleus is taken within the 64 most probable tokens, ties at the 64th "
+            "included, 288 bytes a token)"
         )
 
 

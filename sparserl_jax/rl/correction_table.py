@@ -13,8 +13,8 @@ import argparse
 import dataclasses
 import os
 
-from sparserl_jax.rl.config import MODE_NOTES, RL_MODES
-from sparserl_jax.rl.corrections import CORRECTIONS, Correction
+from sparserl_jax.rl.config import MODE_NOTES, RL_MODES, RLConfig
+from sparserl_jax.rl.corrections import CORRECTIONS, Correction, compose
 
 START = "<!-- correction table: python -m sparserl_jax.rl.correction_table --write -->"
 END = "<!-- end of the correction table -->"
@@ -31,6 +31,14 @@ def _defaults(c: Correction) -> str:
     return ", ".join(f"`{f.name}={f.default}`" for f in fields)
 
 
+def _rejected_in_denominator(mode: str) -> str:
+    """What the loss's denominator does with a preset's rejected tokens (base.py DENOMINATORS)."""
+    cfg = RLConfig(mode=mode)
+    if not any(CORRECTIONS[n].accept is not None for n in cfg.corrections):
+        return "none rejected"
+    return "counted (AReaL's)" if compose.counts_rejections(cfg) else "removed"
+
+
 def render() -> str:
     """Both tables, as markdown."""
     lines = [
@@ -44,11 +52,15 @@ def render() -> str:
         lines.append(
             f"| `{name}`{joins} | {_contributes(c)} | {c.formula} | {_defaults(c)} | {c.source} | {c.frameworks} |"
         )
-    lines += ["", "| preset (`rl.mode=`) | corrections | what it is | source |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| preset (`rl.mode=`) | corrections | rejected tokens in the loss's denominator | what it is | source |",
+        "|---|---|---|---|---|",
+    ]
     for mode, names in RL_MODES.items():
         what, source = MODE_NOTES[mode]
         corr = " + ".join(f"`{n}`" for n in names) or "none"
-        lines.append(f"| `{mode}` | {corr} | {what} | {source} |")
+        lines.append(f"| `{mode}` | {corr} | {_rejected_in_denominator(mode)} | {what} | {source} |")
     return "\n".join(lines)
 
 

@@ -1,12 +1,14 @@
 """Owns the learner step: rewards -> GRPO advantages -> batch -> pi_old / pi_ref -> update.
 Must not touch sampling or the run directory: it imports no rollout/, run_state or train.
 
-`Learner.batch` scores a host rollout (decoded responses through the task reward), computes GRPO
-advantages and assembles the update batch (layout in rl/batch.py) on the host; `Learner.step`
-runs the length-bucketed update (rl/bucketed.py: pi_old and pi_ref teacher-forced where they are
-needed, the update at the width of each micro-batch's longest row), then the host-side rollout
-diagnostics. rl.mode picks the corrections. The learner holds functions and settings only; params,
-optimizer state and pi_ref stay with the caller, which passes them in and takes the updated ones back.
+`Learner.batch` scores a host rollout (decoded responses through each row's reward,
+data/reward_pool.py; each process checks its own share of the rows and the rewards are gathered),
+computes GRPO advantages and assembles the update batch (layout in rl/batch.py) on the host;
+`Learner.step` runs the length-bucketed update (rl/bucketed.py: pi_old and pi_ref teacher-forced
+where they are needed, the update at the width of each micro-batch's longest row), then the
+host-side rollout diagnostics. rl.mode picks the corrections. The learner holds functions and
+settings only; params, optimizer state and pi_ref stay with the caller, which passes them in and
+takes the updated ones back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from sparserl_jax import distributed
+from sparserl_jax.data.reward_pool import RewardChecker
 from sparserl_jax.model import precision, sharding
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl.advantages import grpo_advantages
@@ -47,7 +51,7 @@ class Learner:
         model_cfg,
         mesh,
         tokenizer,
-        reward: Callable[[str, str], float],
+        reward: Callable[[str, str], float] | RewardChecker,
         *,
         max_len: int | None = None,
         kept_k: int = 0,
@@ -55,12 +59,15 @@ class Learner:
         log: Callable = print,
     ):
         """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run.
-        `kept_k`: rollout.top_k when the run samples with top-p / top-k (its rollouts carry each
-        token's kept set, which every log-prob is renormalised over), else 0. `top_k`:
+        `kept_k`: the kept-set record's width, rollout.top_k + TIE_SLOTS
+        (rollout/sampling.py kept_width), when the run samples with top-p / top-k (its rollouts
+        carry each token's kept set, which every log-prob is renormalised over), else 0. `top_k`:
         rollout.agreement_k when the run's rollouts record their top candidates, else 0: the
-        sparse-dense agreement (rl/diagnostics.py agreement) is logged then."""
+        sparse-dense agreement (rl/diagnostics.py agreement) is logged then. `reward`: a reward
+        function (checked serially, rows' data_source picking theirs) or the run's RewardChecker."""
         self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
-        self.tokenizer, self.reward, self.log = tokenizer, reward, log
+        self.checker = reward if isinstance(reward, RewardChecker) else RewardChecker(reward)
+        self.tokenizer, self.reward, self.log = tokenizer, self.checker.default, log
         self.optimizer = make_optimizer(rl.optim)
         self.update = BucketedUpdate(
             model_cfg,
@@ -96,19 +103,28 @@ class Learner:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         return jax.tree.map(lambda x: x if x.ndim else sharding.place(x, replicated), state)
 
-    def score(self, rollout) -> tuple[list[str], np.ndarray]:
+    def score(self, rollout) -> tuple[list[str], np.ndarray, dict]:
         """The responses of one rollout (a rollout.source.RolloutBatch: rows are each of its
-        examples `samples` times, responses on the host) as text, and their rewards [B]."""
+        examples `samples` times, responses on the host) as text, their rewards [B] and the
+        check's metrics. This process checks only its rows (distributed.process_rows); the
+        rewards of all are gathered (a collective on several processes)."""
+        t0 = time.perf_counter()
         n, examples, out = self.samples, rollout.examples, rollout.out
-        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(len(examples) * n)]
+        rows = len(examples) * n
+        texts = [self.tokenizer.decode(out.tokens[i, : out.lengths[i]].tolist()) for i in range(rows)]
         labels = [e.label for e in examples for _ in range(n)]
-        return texts, np.array([self.reward(t, l) for t, l in zip(texts, labels)], np.float32)
+        sources = [getattr(e, "data_source", None) for e in examples for _ in range(n)]
+        mine = distributed.process_rows(rows, jax.process_index(), jax.process_count())
+        rewards, timed_out = self.checker.check(texts[mine], labels[mine], sources[mine])
+        both_Bx2 = distributed.allgather_rows(np.stack([rewards, timed_out.astype(np.float32)], axis=1), rows)
+        metrics = {"reward/timeouts": float(both_Bx2[:, 1].sum()), "time/reward_s": time.perf_counter() - t0}
+        return texts, both_Bx2[:, 0].astype(np.float32), metrics
 
-    def batch(self, rollout, scored: tuple[list[str], np.ndarray] | None = None) -> tuple[dict, dict, list[str]]:
+    def batch(self, rollout, scored: tuple | None = None) -> tuple[dict, dict, list[str]]:
         """The update batch of one rollout as host arrays, its reward metrics and the responses;
-        `scored`: its (texts, rewards) when the caller has them (`score`)."""
+        `scored`: its (texts, rewards[, check metrics]) when the caller has them (`score`)."""
         n, out = self.samples, rollout.out
-        texts, rewards = self.score(rollout) if scored is None else scored
+        texts, rewards, *checked = self.score(rollout) if scored is None else scored
         batch = assemble(
             jnp.asarray(rollout.tokens),
             jnp.asarray(rollout.lengths),
@@ -122,7 +138,11 @@ class Learner:
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
         batch = {k: np.asarray(v) for k, v in batch.items()}
         metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
-        return batch, metrics, texts
+        return batch, {**metrics, **(checked[0] if checked else {})}, texts
+
+    def close(self) -> None:
+        """Stops the reward checker's worker processes (a no-op for serial checks)."""
+        self.checker.close()
 
     def step(self, params, ref_params, opt_state, batch: dict, iteration: int, *, compute=None):
         """Update on one batch, then diagnose it: (params, opt_state, metrics). `compute`: the

@@ -8,11 +8,17 @@ with r, q, w, r_acr and the accept mask (SARS's, with any other correction's) fr
 `corrections/compose.py compute_corrections`. Tokens a correction rejects leave both the
 numerator and the denominator. This is the authors' slime
 policy_loss_function (megatron_utils/loss.py: compute_policy_loss, the mis.py weights, the
-low_var_kl term, sum_of_sample_mean over the modified loss masks).
+low_var_kl term, sum_of_sample_mean over the modified loss masks). A rejection whose
+`denominator` is "before" (AReaL's, rl/corrections/rejection.py) takes its rejected tokens out of
+the numerator only: the denominator counts `corr.counted`, the tokens before that rejection,
+
+  token_mean: sum_t accept_t l_t / sum_t counted_t     (AReaL ppo_actor_loss_fn)
+  seq_mean:   (1 / B) sum_i sum_t accept_it l_it / sum_t counted_it
 
 `policy_loss` returns loss = numerator / denominator. The default denominator is this batch's
-(accepted tokens for "token_mean", rows for "seq_mean"); the update step passes the minibatch's,
-so that micro-batch losses add up to the minibatch loss exactly.
+(counted tokens, the accepted ones unless a rejection counts its own, for "token_mean"; rows for
+"seq_mean"); the update step passes the minibatch's, so that micro-batch losses add up to the
+minibatch loss exactly.
 """
 
 from __future__ import annotations
@@ -41,11 +47,12 @@ def clipped_surrogate(
     return jnp.maximum(unclipped, clipped), clipped > unclipped
 
 
-def loss_denominator(accept: Bool[Array, "B T"], cfg: LossConfig) -> Float[Array, ""]:
-    """Default normaliser: accepted tokens ("token_mean") or responses ("seq_mean")."""
+def loss_denominator(counted: Bool[Array, "B T"], cfg: LossConfig) -> Float[Array, ""]:
+    """Default normaliser: the counted tokens ("token_mean"; the accepted ones unless a rejection
+    keeps its own counted, compose.py Behaviour.counted) or responses ("seq_mean")."""
     if cfg.aggregation == "token_mean":
-        return jnp.sum(accept).astype(jnp.float32)
-    return jnp.float32(accept.shape[0])
+        return jnp.sum(counted).astype(jnp.float32)
+    return jnp.float32(counted.shape[0])
 
 
 def policy_loss(
@@ -56,8 +63,10 @@ def policy_loss(
     *,
     denominator: Float[Array, ""] | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
-    """Aggregated loss and token metrics (means over accepted tokens; "tokens" is their count)."""
+    """Aggregated loss and token metrics (means over accepted tokens; "tokens" is their count,
+    and "counted_tokens" the denominator's when a rejection keeps its own counted)."""
     m = corr.accept
+    counted = m if corr.counted is None else corr.counted
     upper = (1.0 + cfg.eps_high) / corr.r_acr
     pg, clipped = clipped_surrogate(corr.r, adv, 1.0 - cfg.eps_low, upper)
     kl = k3_kl(corr.kl_q, cfg.kl_clamp)
@@ -68,10 +77,10 @@ def policy_loss(
 
     if cfg.aggregation == "token_mean":
         numerator = jnp.sum(l_tok)
-    else:  # seq_mean: per-response mean over accepted tokens; fully rejected rows add 0
-        numerator = jnp.sum(jnp.sum(l_tok, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1))
+    else:  # seq_mean: per-response mean over accepted (counted) tokens; fully rejected rows add 0
+        numerator = jnp.sum(jnp.sum(l_tok, axis=-1) / jnp.maximum(jnp.sum(counted, axis=-1), 1))
     if denominator is None:
-        denominator = loss_denominator(m, cfg)
+        denominator = loss_denominator(counted, cfg)
     loss = numerator / jnp.maximum(denominator, 1e-8)
 
     log_r = jnp.log(corr.r)
@@ -88,4 +97,6 @@ def policy_loss(
     }
     if entropy is not None:
         metrics["loss/entropy"] = masked_mean(entropy, m)
+    if corr.counted is not None:
+        metrics["counted_tokens"] = jnp.sum(counted).astype(jnp.float32)
     return loss, metrics

@@ -3,7 +3,7 @@
 One call of `update` consumes a rollout batch (layout in sparserl_jax/rl/batch.py): the batch is
 split into minibatches of `update.minibatch_size` rows, one optimizer step each (`update.epochs`
 passes); each minibatch's gradient is accumulated over micro-batches (lax.scan). The loss
-denominator (accepted tokens or rows) is the minibatch's, computed before the micro-batch split,
+denominator (counted tokens or rows) is the minibatch's, computed before the micro-batch split,
 so accumulation reproduces the minibatch gradient. The weight normaliser (IBR's) is the rollout
 batch's ("global", computed before splitting) or each micro-batch's ("micro_batch"), decided and
 computed by the code the bucketed update uses (rl/corrections/compose.py). A step whose loss or
@@ -89,12 +89,16 @@ def micro_batch_loss(
     return loss, (metrics, fixed_logp, fixed_top)
 
 
+COUNTS = ("tokens", "counted_tokens")  # token metrics that are counts: summed over micro-batches
+
+
 def _combine(metrics: dict, tokens: Array) -> dict:
-    """Merge stacked per-micro-batch metrics: max for "*_max", token-weighted mean otherwise."""
+    """Merge stacked per-micro-batch metrics: the sum for COUNTS, max for "*_max", token-weighted
+    mean otherwise."""
     w = tokens / jnp.maximum(jnp.sum(tokens), 1.0)
     out = {}
     for k, v in metrics.items():
-        if k == "tokens":
+        if k in COUNTS:
             out[k] = jnp.sum(v)
         elif k.endswith("_max"):
             out[k] = jnp.max(v)
@@ -194,7 +198,7 @@ def make_update_fn(
         if weight_normalisation(cfg) == "global":
             weight_norm = weight_normaliser(b, cfg)
             metrics["ibr/normaliser"] = weight_norm
-        denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(b.accept.reshape(n_mini, u.minibatch_size, T))
+        denoms = jax.vmap(lambda a: loss_denominator(a, cfg.loss))(b.counted.reshape(n_mini, u.minibatch_size, T))
         minibatches = jax.tree.map(lambda x: x.reshape(n_mini, n_micro, u.micro_batch_size, *x.shape[1:]), batch)
 
         def opt_step(carry, xs):

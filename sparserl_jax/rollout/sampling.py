@@ -2,9 +2,12 @@
 
 The recorded log-prob is that of the processed distribution (after temperature and filtering),
 so a learner that recomputes with the same temperature and filters sees the same numbers.
-`sample_kept` also returns the kept set (the top_k candidates that survive top-p) as token ids:
-a learner renormalises its log-probs over them (model.transformer.chunked_logprobs kept_ids), the
-sampling-mask replay that lets a run train with top-p / top-k (docs/implementation.md).
+`sample_kept` also returns the kept set (the tokens processed_logprobs keeps: the top_k
+candidates, every token tied with the k-th included as vLLM's top-k keeps them, that survive
+top-p) as token ids: a learner renormalises its log-probs over them
+(model.transformer.chunked_logprobs kept_ids), the sampling-mask replay that lets a run train with
+top-p / top-k (docs/implementation.md). The record is kept_width(top_k) = top_k + TIE_SLOTS ids
+wide.
 """
 
 from __future__ import annotations
@@ -14,6 +17,18 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
+
+# Record slots beyond top_k for the tokens tied with the k-th largest logit, which the top-k rule
+# keeps (processed_logprobs, as vLLM's): a kept set has at most top_k + TIE_SLOTS ids. Beyond that
+# (more than TIE_SLOTS tokens tied at the k-th value: flat or duplicated logits) it is cut to the
+# top_k + TIE_SLOTS first in lax.top_k's order (the tied tokens of lowest id), and the token is
+# drawn from the cut set, so the record is always the set sampled from.
+TIE_SLOTS = 8
+
+
+def kept_width(top_k: int) -> int:
+    """The width of a kept-set record (sample_kept's ids, the learner's kept_ids) at top_k."""
+    return top_k + TIE_SLOTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +100,13 @@ def kept_set(logp_BxV: Float[Array, "B V"], k: int) -> tuple[Float[Array, "B K"]
 def sample_kept(
     logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig, logp_BxV: Float[Array, "B V"] | None = None
 ) -> tuple[Int[Array, " B"], Float[Array, " B"], Int[Array, "B K"]]:
-    """Draw one token per row from the kept set (top_k candidates after top-p) and return it, its
-    log-prob under the distribution renormalised over that set, and the set's ids ([B, top_k],
-    -1 padded): exactly what the learner replays. Ties at the k-th logit, which `sample` keeps
-    all of, are cut to k here, so the recorded set is the set sampled from. Needs top_k > 0
-    (the set's size) and temperature > 0."""
+    """Draw one token per row from the kept set (the tokens processed_logprobs keeps: top_k
+    candidates, those tied with the k-th included, after top-p) and return it, its log-prob under
+    the distribution renormalised over that set, and the set's ids ([B, kept_width(top_k)], -1
+    padded): exactly what the learner replays. The set, the draw and the log-prob are `sample`'s
+    unless more than TIE_SLOTS tokens tie at the k-th logit; then the set is cut to the record's
+    width and the token drawn from the cut set (TIE_SLOTS). Needs top_k > 0 (the set's bound) and
+    temperature > 0."""
     if cfg.top_k < 1 or cfg.temperature == 0:
         raise ValueError(
             f"sample_kept needs sampling.top_k >= 1 (the kept set's size) and a temperature > 0, got "
@@ -97,7 +114,7 @@ def sample_kept(
         )
     if logp_BxV is None:
         logp_BxV = processed_logprobs(logits, cfg)
-    vals_BxK, ids_BxK = kept_set(logp_BxV, cfg.top_k)
+    vals_BxK, ids_BxK = kept_set(logp_BxV, kept_width(cfg.top_k))
     logp_BxK = vals_BxK - jax.nn.logsumexp(vals_BxK, axis=-1, keepdims=True)
     if key.ndim == 1:
         j_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxK)

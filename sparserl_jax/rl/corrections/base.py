@@ -2,6 +2,7 @@
 correction's name) and what it contributes to the loss (docs/methods.md#sars, #ibr, #tis, #acr):
 
   accept      a token accept mask and an optional sequence veto   (SARS; IBR's "mask" mode)
+  denominator whether its rejected tokens still count in the loss's denominator (AReaL's rule)
   weight      a per-token weight w_t, optionally normalised        (IBR, TIS)
   clip_scale  a factor r_t dividing the PPO upper clip bound       (ACR's r_acr)
   metrics     its own scalar diagnostics
@@ -39,6 +40,9 @@ WeightFn = Callable[[Mismatch, Any], Float[Array, "B T"]]
 NormaliseFn = Callable[[Any], tuple[str, str]]
 # clip_scale(m, settings) -> r [B, T]: the PPO upper clip bound becomes (1 + eps_high) / r.
 ClipScaleFn = Callable[[Mismatch, Any], Float[Array, "B T"]]
+# denominator(settings) -> "after" or "before" (DENOMINATORS): which count of tokens the loss's
+# denominator takes for the correction's rejections (None: "after").
+DenominatorFn = Callable[[Any], str]
 # metrics(m, settings) -> {"<name>/<metric>": scalar}
 MetricsFn = Callable[[Mismatch, Any], dict[str, Float[Array, ""]]]
 
@@ -47,6 +51,12 @@ MetricsFn = Callable[[Mismatch, Any], dict[str, Float[Array, ""]]]
 # the valid response tokens or over the accepted ones.
 NORMALISATIONS = ("global", "micro_batch", "none")
 NORMALISE_OVER = ("valid", "accepted")
+
+# What the loss's denominator counts of a correction's rejected tokens: "after" the rejection
+# (they leave the numerator and the denominator: SARS, verl's modified response mask) or "before"
+# it (they leave the numerator only: AReaL's ppo_actor_loss_fn divides by the loss mask's count
+# taken before its rejection sampling, so rejecting does not scale up the kept tokens' gradients).
+DENOMINATORS = ("after", "before")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +68,7 @@ class Correction:
     name: str
     settings: type
     accept: AcceptFn | None = None
+    denominator: DenominatorFn | None = None
     weight: WeightFn | None = None
     normalise: NormaliseFn | None = None
     clip_scale: ClipScaleFn | None = None
@@ -76,6 +87,8 @@ class Correction:
             raise ValueError(f"correction {self.name!r} contributes nothing: give it an accept, weight or clip_scale")
         if self.normalise is not None and self.weight is None:
             raise ValueError(f"correction {self.name!r}: normalise needs a weight")
+        if self.denominator is not None and self.accept is None:
+            raise ValueError(f"correction {self.name!r}: denominator needs an accept")
 
 
 def masked_mean(x: Array, mask: Array, axis=None) -> Array:

@@ -11,6 +11,8 @@ pi_ref and the sampler pi_sparse (KV-evicted, quantized, or stale weights). From
 
 and from xi, for the corrections in force (`RLConfig.corrections`: the mode's, see RL_MODES):
 accept = the response mask AND every correction's keep mask, veto = the responses removed whole;
+counted = the tokens the loss's denominator counts: accept, plus the rejections of a correction
+whose denominator is "before" (AReaL's rule; base.py DENOMINATORS);
 w = the one weighting correction's weight (1 without one), normalised to mean 1 if it asks (over
 the rollout batch or each micro-batch); r_acr = the product of the clip scales (1 without one).
 Everything computed from xi depends on pi_old and pi_sampler only, so it is fixed for a rollout
@@ -56,6 +58,9 @@ class Corrections:
     weight: Float[Array, "B T"]  # w_t (IBR or TIS), normalised, stop-gradient; 0 outside accept
     r_acr: Float[Array, "B T"]  # the product of the clip scales (ACR: min(1, C / rho)), else 1
     metrics: dict
+    # the tokens the loss's denominator counts, a superset of accept; None: accept itself (no
+    # correction in force keeps its rejections counted)
+    counted: Bool[Array, "B T"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +72,24 @@ class Behaviour:
     accept: Bool[Array, "B T"]  # the response mask AND every correction's keep mask
     veto: Bool[Array, " B"]  # responses removed whole
     weight: Float[Array, "B T"]  # the raw weight before normalisation, 0 outside the response mask
+    # the response mask AND the keep masks of the corrections whose denominator is "after": the
+    # tokens the loss's denominator counts (accept itself unless one is "before")
+    counted: Bool[Array, "B T"]
 
 
 def active(cfg: RLConfig) -> list[tuple[Correction, Any]]:
     """(correction, its settings section of cfg) for every correction in force, in order."""
     return [(CORRECTIONS[name], getattr(cfg, name)) for name in cfg.corrections]
+
+
+def _denominator(c: Correction, settings: Any) -> str:
+    return "after" if c.denominator is None else c.denominator(settings)
+
+
+def counts_rejections(cfg: RLConfig) -> bool:
+    """Whether a correction in force keeps its rejected tokens in the loss's denominator
+    (denominator "before": AReaL's), so that the denominator counts more tokens than accept."""
+    return any(c.accept is not None and _denominator(c, s) == "before" for c, s in active(cfg))
 
 
 def _weighting(cfg: RLConfig) -> tuple[Correction, Any] | None:
@@ -99,24 +117,27 @@ def behaviour(
     mask: Bool[Array, "B T"],
     cfg: RLConfig,
 ) -> Behaviour:
-    """xi of the batch, the accept mask and veto of every correction in force, and the raw weight
-    (set on every response token, rejected ones included: the authors normalise over those too)."""
+    """xi of the batch, the accept mask and veto of every correction in force, the tokens the
+    loss's denominator counts, and the raw weight (set on every response token, rejected ones
+    included: the authors normalise over those too)."""
     mask = mask.astype(bool)
     m = mismatch(old_logp, sampler_logp, mask, cfg.log_ratio_clamp)
     on = active(cfg)
-    accept, veto_B = mask, None
+    accept, counted, veto_B = mask, mask, None
     for c, s in on:
         if c.accept is not None:
             keep, veto = c.accept(m, s)
             if keep is not None:
                 accept = accept & keep
+                if _denominator(c, s) == "after":
+                    counted = counted & keep
             if veto is not None:
                 veto_B = veto if veto_B is None else veto_B | veto
     if veto_B is None:
         veto_B = jnp.zeros(mask.shape[:1], bool)
     weighting = _weighting(cfg)
     w = jnp.ones_like(m.xi) if weighting is None else weighting[0].weight(m, weighting[1])
-    return Behaviour(m, accept, veto_B, jnp.where(mask, w, 0.0))
+    return Behaviour(m, accept, veto_B, jnp.where(mask, w, 0.0), counted)
 
 
 def behaviour_terms(
@@ -226,6 +247,7 @@ def compute_corrections(
         weight=w,
         r_acr=r_acr,
         metrics=metrics,
+        counted=b.counted if counts_rejections(cfg) else None,
     )
 
 

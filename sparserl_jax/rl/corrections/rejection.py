@@ -1,18 +1,24 @@
 """Rejection by a divergence statistic (the family verl and AReaL ship, docs/implementation.md#the-correction-family):
-a response token leaves the loss (numerator and denominator, as SARS's rejections) when the
-statistic of xi at its aggregation is outside the bounds (divergence.py):
+a response token leaves the loss's numerator when the statistic of xi at its aggregation is
+outside the bounds (divergence.py):
 
   keep_t  iff  bounds(aggregate_{t in response}(statistic(log xi_t)))
 
+and, with `denominator="after"`, its denominator too (as SARS's rejections and verl's modified
+response mask); with `denominator="before"` the denominator keeps counting it (AReaL's
+ppo_actor_loss_fn: sum_t keep_t l_t / #(loss mask before rejection), so rejecting does not scale
+up the kept tokens' gradients by N_before / N_kept; rl/loss.py).
+
 Four registry entries share this code, each a settings class with its published defaults:
 
-  rejection  ratio per token, keep xi in (0, 5]          (AReaL RejectionSamplingConfig defaults)
-  geo_rs     k1 mean, |mean log xi| <= log 1.001          (verl decoupled_geo_rs: the geometric mean)
-  seq_mask   k1 sum, prod_t xi_t in [0.5, 2]              (verl decoupled_seq_is_rs, its mask)
-  k3_rs      k3 mean <= 0.01                              (verl decoupled_k3_rs)
+  rejection  ratio per token, keep xi in (0, 5], denominator before   (AReaL RejectionSamplingConfig)
+  geo_rs     k1 mean, |mean log xi| <= log 1.001, after               (verl decoupled_geo_rs: the geometric mean)
+  seq_mask   k1 sum, prod_t xi_t in [0.5, 2], after                   (verl decoupled_seq_is_rs, its mask)
+  k3_rs      k3 mean <= 0.01, after                                   (verl decoupled_k3_rs)
 
 Any of them joins any mode with `rl.<name>.enabled=true`; every field is a setting
-(`rl.k3_rs.aggregation=max` is verl's seq_max_k3, which replaced the min-xi veto there)."""
+(`rl.k3_rs.aggregation=max` is verl's seq_max_k3, which replaced the min-xi veto there;
+`rl.geo_rs.denominator=before` counts Geo-RS's rejections as AReaL would)."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from sparserl_jax.rl.corrections.base import Mismatch, masked_mean
+from sparserl_jax.rl.corrections.base import DENOMINATORS, Mismatch, masked_mean
 from sparserl_jax.rl.corrections.divergence import (
     AGGREGATIONS,
     STATISTICS,
@@ -38,8 +44,12 @@ from sparserl_jax.validate import check_bool, check_in
 class RejectionConfig:
     """Reject the tokens whose statistic of xi, at `aggregation` over their response, is outside
     [lo, hi] (divergence.py states each statistic's bounds; lo None: ratio unbounded below, k1
-    1 / hi). `enabled` adds it to any mode. Defaults: AReaL's RejectionSamplingConfig (ratio,
-    token level, upper 5, no lower bound)."""
+    1 / hi). `denominator`: the loss's denominator counts the response tokens "after" the
+    rejection (rejected tokens leave it too) or "before" it (they still count: AReaL's).
+    `enabled` adds it to any mode. Defaults: AReaL's RejectionSamplingConfig (ratio, token level,
+    upper 5, no lower bound) with AReaL's denominator. AReaL's mask action also weights each kept
+    token by its raw xi (behave_imp_weight): `rl.importance.enabled=true` with importance.hi equal
+    to this hi adds that (tests/test_correction_family.py checks the pair against AReaL's loss)."""
 
     SECTION: ClassVar[str] = "rejection"
     enabled: bool = False
@@ -47,12 +57,14 @@ class RejectionConfig:
     aggregation: str = "token"
     lo: float | None = None
     hi: float = 5.0
+    denominator: str = "before"
 
     def __post_init__(self):
         check_bool(f"{self.SECTION}.enabled", self.enabled)
         check_in(f"{self.SECTION}.statistic", self.statistic, STATISTICS)
         check_in(f"{self.SECTION}.aggregation", self.aggregation, AGGREGATIONS)
         check_bounds(self.SECTION, self.statistic, self.lo, self.hi)
+        check_in(f"{self.SECTION}.denominator", self.denominator, DENOMINATORS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +77,7 @@ class GeoRsConfig(RejectionConfig):
     aggregation: str = "mean"
     lo: float | None = 0.999
     hi: float = 1.001
+    denominator: str = "after"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +90,7 @@ class SeqMaskConfig(RejectionConfig):
     aggregation: str = "sum"
     lo: float | None = 0.5
     hi: float = 2.0
+    denominator: str = "after"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +101,7 @@ class K3RsConfig(RejectionConfig):
     statistic: str = "k3"
     aggregation: str = "mean"
     hi: float = 0.01
+    denominator: str = "after"
 
 
 def rejection_keep(m: Mismatch, cfg: RejectionConfig) -> Bool[Array, "B T"]:
@@ -97,6 +112,10 @@ def rejection_keep(m: Mismatch, cfg: RejectionConfig) -> Bool[Array, "B T"]:
 
 def rejection_accept(m: Mismatch, cfg: RejectionConfig) -> tuple[Bool[Array, "B T"], None]:
     return rejection_keep(m, cfg), None
+
+
+def rejection_denominator(cfg: RejectionConfig) -> str:
+    return cfg.denominator
 
 
 def rejection_metrics(m: Mismatch, cfg: RejectionConfig) -> dict[str, Float[Array, ""]]:
@@ -113,7 +132,7 @@ def rejection_metrics(m: Mismatch, cfg: RejectionConfig) -> dict[str, Float[Arra
 _SOURCES = {
     RejectionConfig: (
         "AReaL RejectionSamplingConfig (action mask)",
-        "keep iff xi_t <= 5",
+        "keep iff xi_t <= 5; rejected tokens still counted in the denominator",
         "AReaL (action mask), verl (rollout_rs)",
     ),
     GeoRsConfig: (
@@ -133,4 +152,6 @@ _SOURCES = {
     ),
 }
 
-CORRECTIONS = register_each(_SOURCES, accept=rejection_accept, metrics=rejection_metrics)
+CORRECTIONS = register_each(
+    _SOURCES, accept=rejection_accept, denominator=rejection_denominator, metrics=rejection_metrics
+)
