@@ -14,10 +14,11 @@ from sparserl_jax import kvcache as kv
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import TrainConfig
 from sparserl_jax.data import datasets
-from sparserl_jax.data.rewards import get_reward
+from sparserl_jax.data.reward_pool import RewardChecker
+from sparserl_jax.data.rewards import get_timed_reward
 from sparserl_jax.data.tasks import get_task
 from sparserl_jax.model import hf, transformer
-from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.config import ModelConfig, check_sequence_length
 from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.rollout.source import BatchSource, SortedSource
@@ -29,15 +30,15 @@ class Components:
     model_cfg: ModelConfig
     params: transformer.Params
     tokenizer: HFTokenizer
-    task: object | None  # a synthetic task (for SFT demonstrations), or None for jsonl datasets
-    reward: Callable[[str, str], float]
+    task: object | None  # a synthetic task (for SFT demonstrations), or None for datasets
+    reward: Callable[[str, str], float]  # the task's, or data.reward (math's limit data.reward_pool.timeout_s)
 
 
 def build_model(cfg: TrainConfig) -> Components:
     """An HF checkpoint (model.checkpoint) or a random model of model.arch with the task's
     tokenizer; the params are the master weights, in model.param_dtype."""
     task = get_task(cfg.data.task, **dict(cfg.data.task_options)) if cfg.data.task else None
-    reward = task.reward if task is not None else get_reward(cfg.data.reward)
+    reward = task.reward if task is not None else get_timed_reward(cfg.data.reward, cfg.data.reward_pool.timeout_s)
     settings = cfg.model.arch_settings
     if cfg.model.checkpoint:
         model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.param_dtype)
@@ -55,6 +56,12 @@ def build_model(cfg: TrainConfig) -> Components:
     if cfg.model.init_from:
         params, _ = restore_params(os.path.join(cfg.model.init_from, "reference"), params)
     return Components(model_cfg, params, tokenizer, task, reward)
+
+
+def reward_checker(cfg: TrainConfig, reward: Callable[[str, str], float]) -> RewardChecker:
+    """The training rollouts' reward checks (data.reward_pool): `reward` (build_model's) for the
+    rows whose data_source names none, serially or in the run's pool of worker processes."""
+    return RewardChecker(reward, cfg.data.reward_pool)
 
 
 def curriculum_task(cfg: TrainConfig):
@@ -76,13 +83,14 @@ def curriculum_task(cfg: TrainConfig):
 
 def check_lengths(cfg: TrainConfig, model_cfg: ModelConfig) -> None:
     """Length settings that cannot work together, named."""
+    check_sequence_length(
+        model_cfg,
+        cfg.data.max_prompt_len,
+        cfg.rollout.max_new_tokens,
+        prompt="data.max_prompt_len",
+        new="rollout.max_new_tokens",
+    )
     total = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
-    if total > model_cfg.max_seq_len:
-        raise ValueError(
-            f"data.max_prompt_len={cfg.data.max_prompt_len} + rollout.max_new_tokens="
-            f"{cfg.rollout.max_new_tokens} = {total} exceeds the model's max_seq_len="
-            f"{model_cfg.max_seq_len}"
-        )
     if not cfg.kv.is_dense and cfg.kv.budget + cfg.kv.buffer > total:
         raise ValueError(
             f"kv.budget={cfg.kv.budget} + kv.buffer={cfg.kv.buffer} exceeds the maximum sequence "
@@ -109,6 +117,7 @@ def dataset_config(cfg: TrainConfig, tokenizer=None) -> datasets.DatasetConfig:
         chat_template=chat,
         max_prompt_len=d.max_prompt_len,
         on_long_prompt=d.on_long_prompt,
+        columns=d.columns,
     )
 
 
@@ -119,15 +128,16 @@ def render_prompt(cfg: TrainConfig, tokenizer) -> Callable[[str], str]:
 
 
 def prompt_source(cfg: TrainConfig, tokenizer, *, batch_size: int, eval_split: bool = False):
-    """Training prompt batches (synthetic task or jsonl), with state_dict/load_state_dict; with
-    eval_split, task prompts come from a seed stream disjoint from training."""
+    """Training prompt batches (synthetic task, or a jsonl / parquet dataset), with
+    state_dict/load_state_dict; with eval_split, task prompts come from a seed stream disjoint
+    from training."""
     seed = cfg.train.seed + (7919 if eval_split else 0)
     if cfg.data.task:
         task = get_task(cfg.data.task, **dict(cfg.data.task_options))
         return datasets.TaskPromptIterator(
             task, batch_size, seed=seed, tokenizer=tokenizer, cfg=dataset_config(cfg, tokenizer)
         )
-    examples = datasets.load_jsonl(cfg.data.dataset, tokenizer, dataset_config(cfg, tokenizer))
+    examples = datasets.load_dataset(cfg.data.dataset, tokenizer, dataset_config(cfg, tokenizer))
     if not 1 <= batch_size <= len(examples):
         raise ValueError(
             f"rollout.prompts={batch_size} must be in [1, {len(examples)}] (the number of "
@@ -142,7 +152,7 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
     if cfg.data.task:
         return prompt_source(cfg, tokenizer, batch_size=n or 64, eval_split=True).next_batch()
     path = cfg.data.eval_dataset or cfg.data.dataset
-    examples = datasets.load_jsonl(path, tokenizer, dataset_config(cfg, tokenizer))
+    examples = datasets.load_dataset(path, tokenizer, dataset_config(cfg, tokenizer))
     return examples[:n] if n else examples
 
 

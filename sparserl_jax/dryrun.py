@@ -81,6 +81,7 @@ from sparserl_jax.model.config import ModelConfig, param_count
 from sparserl_jax.model.hf_config import config_from_hf
 from sparserl_jax.rl.optim import make_optimizer
 from sparserl_jax.rollout.sampler import cache_capacity
+from sparserl_jax.rollout.sampling import kept_width
 
 GIB = 1024**3
 PHASES = ("persistent", "rollout", "score", "update")
@@ -234,159 +235,266 @@ def check_config(cfg: TrainConfig, m: ModelConfig, prompt_len: int) -> None:
 # ----------------------------------------------------------------------------- the estimate
 
 
-def estimate(
-    cfg: TrainConfig, m: ModelConfig, sizes: dict[str, int], *, prompt_len: int | None = None
-) -> tuple[list[Item], dict]:
-    """Per-device memory items of one training iteration, and facts used (shapes, capacities)."""
-    P_len = prompt_len or cfg.data.max_prompt_len
-    check_config(cfg, m, P_len)
-    r, u, q = cfg.rollout, cfg.rl.update, cfg.quant
-    t, fsdp = sizes["tensor"], sizes["fsdp"]
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """What every item of `estimate` reads, per device: the module docstring's symbols (D, L, H,
+    Nt, Kt, Ft, V, Vt, a, M, T, C) and rows (b of each phase), the params' and optimizer state's
+    bytes, and the two caches."""
+
+    cfg: TrainConfig
+    m: ModelConfig
+    sizes: dict
+    P_len: int
+    D: int
+    L: int
+    H: int
+    Nt: int
+    Kt: int
+    Ft: int
+    V: int
+    Vt: int
+    a: int
+    M: int
+    T: int
+    b_roll: int
+    b_call: int
+    b_micro: int
+    b_score: int
+    params: Any
+    p_bytes: int
+    c_bytes: int
+    o_bytes: int
+    sparse_cache: Any
+    C: int
+    dense_cache: Any
+    C_dense: int
+
+    @property
+    def mixed(self) -> bool:
+        return self.m.dtype != self.m.param_dtype
+
+    def hidden(self, b: int, T_: int) -> int:
+        return b * T_ * self.D * self.a
+
+    def attn(self, b: int, T_: int) -> int:
+        if self.m.attention == "cudnn":  # fused: the [T, T] scores never leave the kernel; its softmax statistics stay
+            return b * self.Nt * T_ * F32
+        return 2 * b * self.Nt * T_ * T_ * F32  # materialised scores and probabilities
+
+    def layer(self, b: int, T_: int) -> int:
+        return b * T_ * self.a * (4 * self.D + 2 * self.Nt * self.H + 2 * self.Kt * self.H + 3 * self.Ft) + self.attn(
+            b, T_
+        )
+
+    def chunk(self, b: int, T_: int) -> int:
+        return min(self.cfg.rl.update.chunk_tokens, b * T_)
+
+
+F32 = 4
+
+
+def shapes(cfg: TrainConfig, m: ModelConfig, sizes: dict[str, int], P_len: int) -> Shapes:
+    """The per-device shapes and exact bytes (jax.eval_shape) of cfg's run."""
+    r, u = cfg.rollout, cfg.rl.update
+    t = sizes["tensor"]
     split = lambda n: n // t if n % t == 0 else n  # a dim the tensor axis splits when it divides it
-    D, L, H = m.d_model, m.n_layers, m.head_dim
-    Nt, Kt, Ft, V, Vt = split(m.n_heads), split(m.n_kv_heads), split(m.d_ff), m.vocab_size, split(m.vocab_size)
-    a, f32 = jnp.dtype(m.dtype).itemsize, 4
-    M = -(-r.max_new_tokens // cfg.kv.buffer) * cfg.kv.buffer  # decoded in whole chunks
-    T = P_len + r.max_new_tokens  # width of the update batch (rl.batch.assemble)
-
-    rows, call_rows = r.rows, r.call_rows
-    b_roll = per_device_rows(rows, "rollout.prompts x rollout.samples", sizes)
-    b_call = per_device_rows(call_rows, "rollout.rows_per_call", sizes) if r.rows_per_call else b_roll
-    b_micro = per_device_rows(u.micro_batch_size, "rl.update.micro_batch_size", sizes)
-    b_score = per_device_rows(min(u.score_batch_size, rows), "rl.update.score_batch_size", sizes)
-
     params = sharding.abstract_params(m)
     opt_state = jax.eval_shape(make_optimizer(cfg.rl.optim).init, params)
-    p_bytes = tree_bytes(params, sizes)  # the master (model.param_dtype)
-    c_bytes = tree_bytes(params, sizes, dtype=m.dtype)  # a copy as the forwards read it
-    mixed = m.dtype != m.param_dtype
-    o_bytes = tree_bytes(opt_state, sizes)
-    sparse_cache, C = abstract_cache(cfg.kv, m, call_rows, P_len, r.max_new_tokens)
+    sparse_cache, C = abstract_cache(cfg.kv, m, r.call_rows, P_len, r.max_new_tokens)
     dense_kv = dataclasses.replace(cfg.kv, policy="none")
-    dense_cache, C_dense = abstract_cache(dense_kv, m, call_rows, P_len, r.max_new_tokens)
+    dense_cache, C_dense = abstract_cache(dense_kv, m, r.call_rows, P_len, r.max_new_tokens)
+    b_roll = per_device_rows(r.rows, "rollout.prompts x rollout.samples", sizes)
+    return Shapes(
+        cfg=cfg,
+        m=m,
+        sizes=sizes,
+        P_len=P_len,
+        D=m.d_model,
+        L=m.n_layers,
+        H=m.head_dim,
+        Nt=split(m.n_heads),
+        Kt=split(m.n_kv_heads),
+        Ft=split(m.d_ff),
+        V=m.vocab_size,
+        Vt=split(m.vocab_size),
+        a=jnp.dtype(m.dtype).itemsize,
+        M=-(-r.max_new_tokens // cfg.kv.buffer) * cfg.kv.buffer,  # decoded in whole chunks
+        T=P_len + r.max_new_tokens,  # width of the update batch (rl.batch.assemble)
+        b_roll=b_roll,
+        b_call=per_device_rows(r.call_rows, "rollout.rows_per_call", sizes) if r.rows_per_call else b_roll,
+        b_micro=per_device_rows(u.micro_batch_size, "rl.update.micro_batch_size", sizes),
+        b_score=per_device_rows(min(u.score_batch_size, r.rows), "rl.update.score_batch_size", sizes),
+        params=params,
+        p_bytes=tree_bytes(params, sizes),  # the master (model.param_dtype)
+        c_bytes=tree_bytes(params, sizes, dtype=m.dtype),  # a copy as the forwards read it
+        o_bytes=tree_bytes(opt_state, sizes),
+        sparse_cache=sparse_cache,
+        C=C,
+        dense_cache=dense_cache,
+        C_dense=C_dense,
+    )
 
-    hidden = lambda b, T_: b * T_ * D * a
-    if m.attention == "cudnn":  # fused: the [T, T] scores never leave the kernel; its softmax statistics stay
-        attn = lambda b, T_: b * Nt * T_ * f32
-    else:  # materialised scores and probabilities
-        attn = lambda b, T_: 2 * b * Nt * T_ * T_ * f32
-    layer = lambda b, T_: b * T_ * a * (4 * D + 2 * Nt * H + 2 * Kt * H + 3 * Ft) + attn(b, T_)
-    chunk = lambda b, T_: min(u.chunk_tokens, b * T_)
-    head = 2 * hidden(b_micro, T) + 3 * chunk(b_micro, T) * Vt * f32
-    acts_no_remat = (L + 1) * layer(b_micro, T) + head
-    if u.remat:
-        acts = L * hidden(b_micro, T) + 2 * layer(b_micro, T) + head
-        acts_how = "L hidden + 2 layer + head (remat)"
-    else:
-        acts, acts_how = acts_no_remat, "(L + 1) layer + head (no remat)"
-    if cfg.kv.policy == "rkv":
-        scores, scores_how = 2 * b_call * Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
-    else:
-        scores, scores_how = 2 * b_call * Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
-    compress = 0 if cfg.kv.is_dense else scores + 2 * b_call * Kt * C * H * a
-    gathers = 0
-    if fsdp > 1:
-        one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(params["layers"][0]))
-        gathers = (2 * one_layer + V * D) * a // t
-    batch_bytes = b_roll * T * (4 + 1 + 3 * f32) + b_roll * f32  # tokens, mask, 3 log-probs, adv.
-    # per token: the kept set when training with top-p / top-k (int32 ids), and the agreement's top
-    # candidates (int32 ids + float32 log-probs)
-    kept_tok = 4 * r.top_k if r.filters else 0
-    top_tok = 8 * r.agreement_k
-    batch_bytes += b_roll * T * (kept_tok + top_tok // 2)  # the update reads the ids, not the log-probs
 
-    per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
+def persistent_items(s: Shapes) -> list[Item]:
+    """theta (the master), pi_ref, the optimizer state, and the compute copy with mixed precision."""
+    m = s.m
     items = [
-        Item("params (theta)", "persistent", p_bytes, f"{m.param_dtype}{' master' if mixed else ''}, PARTITION_RULES"),
+        Item(
+            "params (theta)", "persistent", s.p_bytes, f"{m.param_dtype}{' master' if s.mixed else ''}, PARTITION_RULES"
+        ),
         Item(
             "reference params (pi_ref)",
             "persistent",
-            c_bytes,
-            "a second copy after step 1" + (f", {m.dtype} (only scored)" if mixed else ""),
+            s.c_bytes,
+            "a second copy after step 1" + (f", {m.dtype} (only scored)" if s.mixed else ""),
         ),
-        Item("optimizer state", "persistent", o_bytes, "make_optimizer(rl.optim).init, like params"),
-        Item(
-            "KV cache (rollout)",
-            "rollout",
-            cache_bytes(sparse_cache, sizes),
-            f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs",
-        ),
-        Item(
-            "prefill activations",
-            "rollout",
-            layer(b_call, P_len) + 2 * L * b_call * P_len * Kt * H * a,
-            f"layer(b={b_call}, P={P_len}) + prompt K/V of every layer",
-        ),
-        Item(
-            "decode step + compression",
-            "rollout",
-            3 * b_call * V * f32 + 2 * b_call * Nt * C * f32 + compress,
-            f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}, b={b_call}",
-        ),
-        Item(
-            "rollout outputs",
-            "rollout",
-            b_call * (M * (13 + kept_tok + top_tok) + P_len * 4),
-            f"tokens, log-probs, mask, kept [b={b_call}, {M}] (one call's)"
-            + (f" + {kept_tok + top_tok} B a token of kept sets / top candidates" if kept_tok + top_tok else ""),
-        ),
-        Item("update batch", "score+update", batch_bytes, f"[b={b_roll}, T={T}] tokens, mask, log-probs"),
-        Item(
-            "score activations",
-            "score",
-            layer(b_score, T) + hidden(b_score, T) + 2 * chunk(b_score, T) * Vt * f32,
-            f"layer + hidden + head, b={b_score}",
-        ),
-        Item(
-            "gradients (f32 accumulator + micro-batch)",
-            "update",
-            tree_bytes(params, sizes, dtype=jnp.float32) + c_bytes,
-            "f32 sum + compute dtype",
-        ),
-        Item(
-            "update outputs",
-            "update",
-            0 if u.donate else p_bytes + o_bytes + mixed * c_bytes,
-            "in the donated buffers (rl.update.donate)"
-            if u.donate
-            else f"new params{' + compute copy' if mixed else ''} + opt state (rl.update.donate=false)",
-        ),
-        Item("update activations", "update", acts, f"{acts_how}, b={b_micro}, T={T}, {m.attention} attention"),
-        Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
+        Item("optimizer state", "persistent", s.o_bytes, "make_optimizer(rl.optim).init, like params"),
     ]
-    if mixed:  # the compute copy, cast from the master after each optimizer step
+    if s.mixed:  # the compute copy, cast from the master after each optimizer step
         items.insert(
             1,
             Item(
                 "compute copy of params",
                 "persistent",
-                c_bytes,
+                s.c_bytes,
                 f"{m.dtype}, cast from the master after each step: the sampler's and the learner's",
             ),
         )
+    return items
+
+
+def token_record_bytes(cfg: TrainConfig) -> tuple[int, int]:
+    """Bytes a token of the sampler's records: (kept set with top-p / top-k training, int32 ids;
+    the agreement's top candidates, int32 ids + float32 log-probs)."""
+    r = cfg.rollout
+    return (4 * kept_width(r.top_k) if r.filters else 0), 8 * r.agreement_k
+
+
+def rollout_items(s: Shapes) -> list[Item]:
+    """One sampler call's cache, prefill, decode step and compression, outputs, and QuRL's copy."""
+    cfg, r, q = s.cfg, s.cfg.rollout, s.cfg.quant
+    b, C, f32 = s.b_call, s.C, F32
+    if cfg.kv.policy == "rkv":
+        scores, scores_how = 2 * b * s.Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
+    else:
+        scores, scores_how = 2 * b * s.Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
+    compress = 0 if cfg.kv.is_dense else scores + 2 * b * s.Kt * C * s.H * s.a
+    kept_tok, top_tok = token_record_bytes(cfg)
+    call_rows, rows = r.call_rows, r.rows
+    per_call = f"{call_rows} rows per call" if call_rows < rows else f"all {rows} rows in one call"
+    items = [
+        Item(
+            "KV cache (rollout)",
+            "rollout",
+            cache_bytes(s.sparse_cache, s.sizes),
+            f"{call_rows} rows x C={C} slots ({cfg.kv.policy}; {per_call}), cache_specs",
+        ),
+        Item(
+            "prefill activations",
+            "rollout",
+            s.layer(b, s.P_len) + 2 * s.L * b * s.P_len * s.Kt * s.H * s.a,
+            f"layer(b={b}, P={s.P_len}) + prompt K/V of every layer",
+        ),
+        Item(
+            "decode step + compression",
+            "rollout",
+            3 * b * s.V * f32 + 2 * b * s.Nt * C * f32 + compress,
+            f"3 b V f32 + 2 b Nt C f32 + {scores_how if compress else '0 (dense)'}, b={b}",
+        ),
+        Item(
+            "rollout outputs",
+            "rollout",
+            b * (s.M * (13 + kept_tok + top_tok) + s.P_len * 4),
+            f"tokens, log-probs, mask, kept [b={b}, {s.M}] (one call's)"
+            + (f" + {kept_tok + top_tok} B a token of kept sets / top candidates" if kept_tok + top_tok else ""),
+        ),
+    ]
     if q.enabled:  # QuRL: the sampler's quantized copy of theta, made before every rollout
         items.insert(
-            3,
+            0,
             Item(
                 "quantized params (behaviour copy)",
                 "rollout",
-                quantized_copy_bytes(cfg, params, sizes),
+                quantized_copy_bytes(cfg, s.params, s.sizes),
                 f"quant.format={q.format} quant.mode={q.mode}: values + f32 scales",
             ),
         )
+    return items
+
+
+def update_activations(s: Shapes) -> tuple[int, int, str]:
+    """(activations with rl.update.remat as set, without remat, how they were counted) of one
+    micro-batch's forward and backward."""
+    b, T, f32 = s.b_micro, s.T, F32
+    head = 2 * s.hidden(b, T) + 3 * s.chunk(b, T) * s.Vt * f32
+    no_remat = (s.L + 1) * s.layer(b, T) + head
+    if s.cfg.rl.update.remat:
+        return s.L * s.hidden(b, T) + 2 * s.layer(b, T) + head, no_remat, "L hidden + 2 layer + head (remat)"
+    return no_remat, no_remat, "(L + 1) layer + head (no remat)"
+
+
+def learner_items(s: Shapes) -> list[Item]:
+    """The update batch, the scoring pass, the gradients, the update's outputs and activations,
+    and fsdp's all-gather buffers."""
+    u, m, f32, T = s.cfg.rl.update, s.m, F32, s.T
+    kept_tok, top_tok = token_record_bytes(s.cfg)
+    batch_bytes = s.b_roll * T * (4 + 1 + 3 * f32) + s.b_roll * f32  # tokens, mask, 3 log-probs, adv.
+    batch_bytes += s.b_roll * T * (kept_tok + top_tok // 2)  # the update reads the ids, not the log-probs
+    acts, _, acts_how = update_activations(s)
+    gathers = 0
+    if s.sizes["fsdp"] > 1:
+        one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(s.params["layers"][0]))
+        gathers = (2 * one_layer + s.V * s.D) * s.a // s.sizes["tensor"]
+    return [
+        Item("update batch", "score+update", batch_bytes, f"[b={s.b_roll}, T={T}] tokens, mask, log-probs"),
+        Item(
+            "score activations",
+            "score",
+            s.layer(s.b_score, T) + s.hidden(s.b_score, T) + 2 * s.chunk(s.b_score, T) * s.Vt * f32,
+            f"layer + hidden + head, b={s.b_score}",
+        ),
+        Item(
+            "gradients (f32 accumulator + micro-batch)",
+            "update",
+            tree_bytes(s.params, s.sizes, dtype=jnp.float32) + s.c_bytes,
+            "f32 sum + compute dtype",
+        ),
+        Item(
+            "update outputs",
+            "update",
+            0 if u.donate else s.p_bytes + s.o_bytes + s.mixed * s.c_bytes,
+            "in the donated buffers (rl.update.donate)"
+            if u.donate
+            else f"new params{' + compute copy' if s.mixed else ''} + opt state (rl.update.donate=false)",
+        ),
+        Item("update activations", "update", acts, f"{acts_how}, b={s.b_micro}, T={T}, {m.attention} attention"),
+        Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
+    ]
+
+
+def estimate(
+    cfg: TrainConfig, m: ModelConfig, sizes: dict[str, int], *, prompt_len: int | None = None
+) -> tuple[list[Item], dict]:
+    """Per-device memory items of one training iteration (persistent, rollout, then learner
+    items), and facts used (shapes, capacities)."""
+    P_len = prompt_len or cfg.data.max_prompt_len
+    check_config(cfg, m, P_len)
+    s = shapes(cfg, m, sizes, P_len)
+    items = [*persistent_items(s), *rollout_items(s), *learner_items(s)]
+    r = cfg.rollout
     facts = dict(
         prompt_len=P_len,
         max_new_tokens=r.max_new_tokens,
-        update_width=T,
-        rollout_rows=rows,
-        rows_per_call=call_rows,
-        rollout_calls=rows // call_rows,
-        rows_per_device=dict(rollout=b_roll, rollout_call=b_call, micro_batch=b_micro, score=b_score),
-        cache_capacity=C,
-        dense_capacity=C_dense,
-        dense_cache_bytes=cache_bytes(dense_cache, sizes),
-        sparse_cache_bytes=next(i.bytes for i in items if i.name == "KV cache (rollout)"),
-        update_activations_no_remat=acts_no_remat,
+        update_width=s.T,
+        rollout_rows=r.rows,
+        rows_per_call=r.call_rows,
+        rollout_calls=r.rows // r.call_rows,
+        rows_per_device=dict(rollout=s.b_roll, rollout_call=s.b_call, micro_batch=s.b_micro, score=s.b_score),
+        cache_capacity=s.C,
+        dense_capacity=s.C_dense,
+        dense_cache_bytes=cache_bytes(s.dense_cache, sizes),
+        sparse_cache_bytes=cache_bytes(s.sparse_cache, sizes),
+        update_activations_no_remat=update_activations(s)[1],
     )
     return items, facts
 

@@ -25,7 +25,7 @@ from sparserl_jax import cli, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
-from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.config import ModelConfig, check_sequence_length
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate_jit
 from sparserl_jax.rollout.sampling import SamplingConfig
 from sparserl_jax.tokenizer import HFTokenizer
@@ -57,12 +57,8 @@ def pad_prompts(ids: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarr
 
 
 def check_lengths(model_cfg: ModelConfig, prompt_len: int, max_new_tokens: int) -> None:
-    total = prompt_len + max_new_tokens
-    if total > model_cfg.max_seq_len:
-        raise ValueError(
-            f"--max-new-tokens={max_new_tokens} plus the longest prompt ({prompt_len} tokens) is "
-            f"{total}, beyond the model's max_position_embeddings={model_cfg.max_seq_len}"
-        )
+    """The longest prompt plus --max-new-tokens within the model's positions."""
+    check_sequence_length(model_cfg, prompt_len, max_new_tokens, prompt="the longest prompt", new="--max-new-tokens")
 
 
 # --kv-* flag -> KVConfig field

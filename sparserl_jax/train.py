@@ -30,7 +30,7 @@ from sparserl_jax.model import sharding
 from sparserl_jax.rl.learner import Learner, check_minibatch
 from sparserl_jax.rollout import question
 from sparserl_jax.rollout.prompts import check_prompt_lengths
-from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.rollout.sampling import SamplingConfig, kept_width
 from sparserl_jax.run_state import RunState
 from sparserl_jax.sft import run_warm_start
 
@@ -58,9 +58,9 @@ class Trainer:
             self.model_cfg,
             self.mesh,
             self.tokenizer,
-            parts.reward,
+            components.reward_checker(cfg, parts.reward),
             max_len=cfg.data.max_prompt_len + r.max_new_tokens,
-            kept_k=r.top_k if r.filters else 0,
+            kept_k=kept_width(r.top_k) if r.filters else 0,
             top_k=r.agreement_k,
             log=self.log,
         )
@@ -121,8 +121,8 @@ class Trainer:
         """Sample (with `policy`, the compute copy of the params; default the params), reward,
         and assemble the update batch for one iteration."""
         rollout = self.source.next(self.params if policy is None else policy, key, self.iteration)
-        texts, rewards = self.learner.score(rollout)
-        batch, metrics, texts = self.learner.batch(rollout, (texts, rewards))
+        texts, rewards, checked = self.learner.score(rollout)
+        batch, metrics, texts = self.learner.batch(rollout, (texts, rewards, checked))
         if rollout.out.prompt_kept is not None:  # rollout.question_kv
             if self._is_number is None:
                 self._is_number = question.number_token_ids(self.tokenizer, self.model_cfg.vocab_size)
@@ -197,6 +197,7 @@ class Trainer:
             if self.state.save_due(self.iteration, self.source.at_group_boundary):
                 self.save()
         self.state.close()
+        self.learner.close()
         return history
 
 
@@ -204,8 +205,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m sparserl_jax.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", action="append", default=[], help="YAML file(s), merged in order")
     p.add_argument("overrides", nargs="*", help="key=value settings, e.g. kv.budget=256")
+    distributed.add_distributed_arg(p)
     args = p.parse_args(argv)
-    distributed.initialize()  # before any other JAX call; a no-op on a single process
+    distributed.join(args.distributed)  # before any other JAX call; a no-op on a single process
     cfg = load_config(args.config, args.overrides)
     return Trainer(cfg).run()
 

@@ -1,7 +1,7 @@
 """A training run in a subprocess, for tests/test_reliability.py.
 
 python tests/reliability_worker.py metrics OUT.json [key=value ...]
-    pins itself to one core (experiments/workers.py), trains the default experiment's config
+    pins itself to one core (experiments/lib/workers.py), trains the default experiment's config
     with the overrides and writes every metric of every iteration except timings to OUT.json.
 python tests/reliability_worker.py kill POINT STEP [key=value ...]
     runs `python -m sparserl_jax.train` on the smoke config and SIGKILLs itself at POINT of
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from sparserl_jax.experiments import workers  # imports no JAX
+from experiments.lib import workers  # imports no JAX
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,27 +1,18 @@
-"""Smoke test of experiments/bench_decode.py: its main at tiny settings writes a well-formed JSON
+"""Smoke test of experiments/bench/bench_decode.py (its benchmark: experiments/lib/decode_bench.py): its main at tiny settings writes a well-formed JSON
 and markdown with finite, positive figures (no timing assertions), and the GPU profile lowers."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
+from experiments.lib import decode_bench
 from sparserl_jax import kvcache as kv
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "bench_decode.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    return decode_bench
 
 
 def test_cpu_main_writes_rows(bench, tmp_path):

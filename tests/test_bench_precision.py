@@ -1,4 +1,4 @@
-"""experiments/bench_precision.py: its report from a made-up measurement (the default tier), and
+"""experiments/bench/bench_precision.py: its report from a made-up measurement (the default tier), and
 at smoke size on a tiny checkpoint, both arms trained with no compile after the warm-up
 (extended)."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sparserl_jax.experiments import bench_precision as bp
+from experiments.bench import bench_precision as bp
 
 
 def _arm(dtype: str, scale: float) -> dict:
@@ -36,7 +36,7 @@ def test_report_from_a_measurement():
     assert summary["float32"]["iteration_s"] == 30.0  # the warm-up iteration is left out
     assert summary["float32"]["compiles_in_timed"] == 0 and summary["bfloat16"]["rollout_s"] == 1.0
     data = {
-        "command": "taskset -c 1 python experiments/bench_precision.py",
+        "command": "taskset -c 1 python experiments/bench/bench_precision.py",
         "provenance": {
             "commit": "abc",
             "uncommitted_changes": False,

@@ -1,4 +1,4 @@
-"""experiments/bench_vs_hf.py runs end to end in smoke mode, on its random model and on a
+"""experiments/bench/bench_vs_hf.py runs end to end in smoke mode, on its random model and on a
 checkpoint directory (--checkpoint, as for SmolLM2), and writes its JSON and markdown."""
 
 import json
@@ -15,7 +15,7 @@ def test_smoke_writes_rows(tmp_path, use_checkpoint, monkeypatch):
     # bench_vs_hf sets XLA_FLAGS for its own process when imported: keep it out of later
     # tests' subprocesses (monkeypatch restores the variable)
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    from sparserl_jax.experiments import bench_vs_hf
+    from experiments.bench import bench_vs_hf
 
     args = ["--smoke", "--batch", "1", "2", "--out", str(tmp_path / "b.json")]
     if use_checkpoint:

@@ -1,4 +1,4 @@
-"""experiments/bench_vs_trl.py at smoke size: both arms run on a tiny checkpoint, every phase is
+"""experiments/bench/bench_vs_trl.py at smoke size: both arms run on a tiny checkpoint, every phase is
 timed, our learner compiles nothing after the warm-up and the report is written."""
 
 import json
@@ -7,7 +7,7 @@ import os
 import pytest
 
 pytest.importorskip("trl")
-from sparserl_jax.experiments import bench_vs_trl
+from experiments.bench import bench_vs_trl
 
 pytestmark = pytest.mark.xdist_group("bench_vs_trl")
 

@@ -4,7 +4,11 @@ they name is run by a test or has a committed results.md. The code (sources, doc
 tests) cites docs by their path in the repository: every docs/<file>.md it names exists, with
 every #heading it names, and the method notes are cited as docs/methods.md. No JAX: milliseconds."""
 
+import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Scripts the docs name that neither a test nor a committed results.md runs, and why.
-NOT_RUN = {"experiments/bench_kernel.py": "needs a GPU or TPU (pending a GPU session)"}
+NOT_RUN = {"experiments/bench/bench_kernel.py": "needs a GPU or TPU (pending a GPU session)"}
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 # Files that cite docs: the package, the kernels, the experiments and their configs, the tests.
@@ -180,6 +184,17 @@ def test_layout_names_every_module():
     assert unnamed_modules((REPO / "docs/layout.md").read_text(), modules) == []
 
 
+def test_every_module_opens_with_a_docstring():
+    """docs/layout.md says every module of the three trees opens with one."""
+    bare = [
+        p.relative_to(REPO).as_posix()
+        for tree in ("sparserl_jax", "kernels", "experiments")
+        for p in (REPO / tree).rglob("*.py")
+        if not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert bare == []
+
+
 def test_every_script_named_is_run_by_a_test_or_a_committed_result():
     assert unexercised("\n".join(d.read_text() for d in DOCS)) == []
 
@@ -230,15 +245,60 @@ def test_the_checkers_find_what_is_broken():
         },
     ) == ["sparserl_jax/quant/__init__.py", "sparserl_jax/rl/config.py", "sparserl_jax/rl/update.py"]
     assert unexercised(
-        "python experiments/bench_kernel.py python experiments/not_run_anywhere.py\n"
+        "python experiments/bench/bench_kernel.py python experiments/not_run_anywhere.py\n"
         "python -m sparserl_jax.train python -m sparserl_jax.untested"
     ) == ["experiments/not_run_anywhere.py", "python -m sparserl_jax.untested"]
 
 
+def max_cell(text: str) -> int:
+    """The longest cell of the markdown tables in `text` (0 without a table)."""
+    cells = [c.strip() for line in text.splitlines() if line.startswith("|") for c in line.strip("|").split("|")]
+    return max(map(len, cells), default=0)
+
+
+def test_the_landing_checks_can_fail():
+    assert max_cell("| a | b |\n|---|---|\n| " + "x" * 301 + " | y |\n") == 301
+    assert max_cell("no table") == 0
+
+
 def test_readme_is_a_landing_page():
-    """The README stays short (the rest lives in docs/) and keeps CI's test command."""
+    """The README stays a landing page (the rest lives in docs/): under 10k characters, no table
+    cell over 300 (one line a figure), and its second command is CI's own (`bash .ci/run`,
+    whose test command it names)."""
     text = (REPO / "README.md").read_text()
-    assert len(text.splitlines()) < 150
+    assert len(text) < 10_000 and len(text.splitlines()) < 150
+    assert max_cell(text) <= 300
     ci = (REPO / ".ci/run").read_text().strip().splitlines()[-1]
-    assert ci in text and ci.startswith("python -m pytest")
+    assert "bash .ci/run" in text and ci in text and ci.startswith("python -m pytest")
     assert "## RL on SmolLM2-135M" in (REPO / "docs/real-model.md").read_text()
+
+
+HELP_EACH = r"""
+import contextlib, io, json, runpy, sys
+out = {}
+for script in json.loads(sys.argv[1]):
+    sys.argv = [script, "--help"]
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            runpy.run_path(script, run_name="__main__")
+        out[script] = "ran without exiting"
+    except SystemExit as e:
+        out[script] = "ok" if e.code in (0, None) and "usage" in buf.getvalue().lower() else f"exit {e.code}"
+    except BaseException as e:
+        out[script] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_every_documented_script_answers_help():
+    """Every `python experiments/...py` command of the README and docs/ answers --help (each run as
+    its command runs it, in one fresh interpreter from the checkout's root)."""
+    scripts = sorted({s for d in DOCS for s in SCRIPT.findall(d.read_text()) if s.startswith("experiments/")})
+    assert "experiments/default.py" in scripts and len(scripts) >= 20
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP_EACH, json.dumps(scripts)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert {s: r for s, r in got.items() if r != "ok"} == {}

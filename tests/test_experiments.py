@@ -11,7 +11,7 @@ import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments import default as default_experiment
+from experiments.lib import default_experiment
 
 EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 
@@ -33,8 +33,8 @@ def test_default_experiment_smoke(tmp_path):
     rules, verdicts per warm start and pooled, provenance, arms.json, and the fingerprint of warm
     start 0, which on the CPU model and jax version that committed it equals
     experiments/results/default/fingerprint_smoke.json bit for bit (what `python
-    experiments/fingerprint.py` computes in one process: the same run with one warm start)."""
-    from sparserl_jax.experiments import fingerprint
+    experiments/bench/fingerprint.py` computes in one process: the same run with one warm start)."""
+    from experiments.bench import fingerprint
 
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "SPARSERL_PORTABLE_CPU")}
     # on one core (the docs' taskset pinning): one worker process, every program compiled once
@@ -103,7 +103,7 @@ def test_default_experiment_smoke(tmp_path):
 
 @pytest.mark.extended
 def test_warm_start_spread_smoke(tmp_path):
-    from sparserl_jax.experiments import warm_start_spread
+    from experiments.figures import warm_start_spread
 
     out = warm_start_spread.main(
         [

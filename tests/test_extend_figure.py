@@ -19,7 +19,7 @@ import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments import figlib
+from experiments.lib import figlib
 
 jax.devices()  # the backend runs: the runs train in this process (no worker start-up)
 

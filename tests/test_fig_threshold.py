@@ -1,12 +1,10 @@
-"""experiments/fig_threshold.py: the declared threshold test on synthetic runs, and the committed
+"""experiments/figures/fig_threshold.py: the declared threshold test on synthetic runs, and the committed
 result recomputed from the committed results.json files it reads."""
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-import fig_threshold as F  # noqa: E402
+from experiments.figures import fig_threshold as F
 
 
 def _pt(x, reading, k3=0.1):

@@ -1,11 +1,11 @@
-"""The shared table, comparison and panel builders of the figure scaffold (experiments/figstats.py,
+"""The shared table, comparison and panel builders of the figure scaffold (experiments/lib/figstats.py,
 figplot.py, figruns.py, figlib.Figure's choices and budgets) on crafted inputs whose cells,
 verdicts and drawn marks are known; figures render off-screen (Agg) and train nothing."""
 
 import numpy as np
 import pytest
 
-from sparserl_jax.experiments import figlib
+from experiments.lib import figlib
 
 COLUMNS = (("acc", "dense_acc", ".3f"), ("saving", "train_kv_saving", ".1%"))
 
@@ -227,7 +227,7 @@ def test_sparse_curve_keeps_only_the_iterations_every_run_logged():
 
 def test_titles_and_captions():
     base = figlib.load_config([figlib.DEFAULT_CONFIG])
-    cmd = "python experiments/fig_c_policies.py --config experiments/configs/walk_key.yaml"
+    cmd = "python experiments/figures/fig_c_policies.py --config experiments/configs/walk_key.yaml"
     title = figlib.run_title(base, cmd, [0, 1], "What", setting="budget 8", runs="2 seeds, 5 iterations")
     assert title == f"What\nwalk_key (task {base.data.task}), budget 8\n2 seeds, 5 iterations"
     assert f"{base.kv.policy} budget {base.kv.budget}" in figlib.run_title(base, cmd, [0])

@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.config import load_config
-from sparserl_jax.experiments import (
+from experiments.figures import (
     calibrate_task,
-    fig_a_curves,
     fig_b_budget,
     fig_c_policies,
     fig_d_corrections,
@@ -26,12 +24,13 @@ from sparserl_jax.experiments import (
     fig_qurl,
     fig_sortedrl,
     fig_tail,
-    figlib,
     memo_choice,
-    real_rl,
     warm_start_spread,
 )
-from sparserl_jax.experiments import default as default_experiment
+from experiments.lib import curves as fig_a_curves
+from experiments.lib import default_experiment, figlib
+from experiments.real import rl as real_rl
+from sparserl_jax.config import load_config
 
 pytestmark = pytest.mark.xdist_group("figures")
 jax.devices()  # the backend runs: Study.train_all trains here (no worker start-up)
@@ -118,7 +117,7 @@ def test_paper_regime_figure_a(runs_dir, tmp_path):
 
 @pytest.mark.extended
 def test_fig_tail_calibrates_a_schedule_and_trains_naive_with_it(runs_dir, tmp_path):
-    """Figure tail (experiments/fig_tail.py) at smoke size: the warm start's tail per bin for each fixed budget, the schedule
+    """Figure tail (experiments/figures/fig_tail.py) at smoke size: the warm start's tail per bin for each fixed budget, the schedule
     calibrated sequentially from them (its own measured row), and naive sparse training at the base
     budget, the reference budget and the schedule, with the claims read at every run."""
     argv = ["--smoke", "--budgets", "32", "48", "--base", "32", "--reference", "48", "--seeds", "0"]
@@ -424,7 +423,7 @@ def test_memo_choice(runs_dir, tmp_path):
 def test_a_figure_trains_on_every_core_its_command_may_use(tmp_path, monkeypatch):
     """study_from_args counts the cores before it pins its own process to the first: train_all's
     workers get all of them (pinning first left one worker for the whole figure)."""
-    from sparserl_jax.experiments import workers
+    from experiments.lib import workers
 
     cores = [0, 1, 2]
     monkeypatch.setattr(workers, "available_cores", lambda: list(cores))
@@ -449,7 +448,7 @@ def test_a_figures_defaults_come_before_smoke_and_the_command_line(tmp_path):
     the command line's override (the default experiment's 40 iterations, smoke's 2, a user's 7)."""
     import argparse
 
-    from sparserl_jax.experiments import default as default_experiment
+    from experiments.lib import default_experiment
 
     args = argparse.Namespace(
         replot=None, smoke=True, config=default_experiment.CONFIG, overrides=["train.seed=3"], runs_dir=str(tmp_path)

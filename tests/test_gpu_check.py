@@ -1,4 +1,4 @@
-"""The device check (experiments/gpu_check.py): its --smoke run goes through every step on CPU and
+"""The device check (experiments/device/gpu_check.py): its --smoke run goes through every step on CPU and
 reports a failure as one, the guard records timeouts and crashes and goes on, and the full-size
 programs it will run on a GPU build and lower for cuda here."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparserl_jax.experiments import gpu_check, gpu_e2e, gpu_report, gpu_sizes, gpu_update
+from experiments.device import gpu_check, gpu_e2e, gpu_report, gpu_sizes, gpu_update
 from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE
 
 EXPERIMENTS = Path(__file__).parent.parent / "experiments"
@@ -217,8 +217,8 @@ def test_an_update_variant_that_raises_is_recorded_and_the_next_runs(monkeypatch
 @pytest.mark.skipif(not TRITON_AVAILABLE, reason="this jax has no Pallas Triton")
 def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
     """The numerics step's kernel calls, plain and under shard_map, exported for cuda from shapes
-    (`python experiments/gpu_check.py --lower` does every step's programs, about a minute)."""
-    from sparserl_jax.experiments import gpu_lower
+    (`python experiments/device/gpu_check.py --lower` does every step's programs, about a minute)."""
+    from experiments.device import gpu_lower
 
     rows = gpu_lower.lower_all(gpu_sizes.SIZES["quick"], steps=("numerics",), log=lambda *a, **k: None)
     assert len(rows) == 2 * 2 * 2  # two models' heads x two batches x plain / shard_map
@@ -229,7 +229,8 @@ def test_the_study_step_runs_the_collapse_studys_config_and_prices_its_plan(tmp_
     """The `study` step's arms are the collapse study's runs (its config, the arm's overrides at the
     default setting, the evaluation as the study's) on the checkpoint it is given, and its plan's
     cost adds every planned iteration and evaluation (naive at Sparse-RL's seconds)."""
-    from sparserl_jax.experiments import gpu_study, real_collapse
+    from experiments.device import gpu_study
+    from experiments.real import collapse as real_collapse
 
     with open(gpu_study.ARCH) as f:
         arch = json.load(f)

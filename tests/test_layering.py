@@ -6,7 +6,8 @@ function body, is an arrow.
 - The rooms (a top-level module, or a package with everything under it) stand on FLOORS: a room
   imports only rooms on lower floors, never one on its own floor or above; a new room must be
   given a floor. So kernels import nothing of the model, and the model nothing of rollout/ or rl/.
-- experiments/ (installed as sparserl_jax.experiments) is no room: none imports it.
+- experiments/ (installed under its own name) is no room: none imports it; its own floors are
+  tests/test_layering_experiments.py's.
 - No call-time import of the package anywhere: an import of sparserl_jax inside a function body
   hides an arrow from a reader (and, before this test, hid cycles). Third-party packages that a
   feature needs only when it runs (torch, transformers and gguf for a conversion, math_verify for
@@ -50,14 +51,15 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "tokenizer",
         "mesh_axes",
         "registry",
+        "eval_metrics",
     ),  # leaves: nothing of the package
     ("kernels", "quant", "kvcache", "data"),  # attention kernels, quantization, KV cache, tasks
     ("model",),  # the transformer, HF import/export, sharding
     ("distributed", "fetch"),  # multi-process helpers; checkpoint download
     ("rollout", "rl"),  # sampling; the update
     ("config", "generate"),  # the run's schema; the generation CLI
-    ("components", "run_state"),  # what a run is built from; its directory
-    ("evaluate", "sft", "dryrun"),  # evaluation; the warm start; the memory plan
+    ("components", "run_state", "eval_suite"),  # what a run is built from; its directory; a suite's table
+    ("evaluate", "sft", "dryrun", "export"),  # evaluation; the warm start; the memory plan; export to HF
     ("train",),  # the RL loop
 )
 ALLOWED = {  # a module (or package prefix) -> the only rooms of the package it may import
@@ -233,9 +235,9 @@ def test_the_loop_rules():
 
 
 def test_no_room_imports_the_experiments():
-    """experiments/ (installed as sparserl_jax.experiments) stands above every floor: the package
-    and the kernels never import it."""
-    experiments = {"sparserl_jax.experiments", *_modules({REPO / "experiments": "sparserl_jax.experiments"})}
+    """experiments/ (installed as `experiments`) stands above every floor: the package and the
+    kernels never import it."""
+    experiments = {"experiments", *_modules({REPO / "experiments": "experiments"})}
     assert {m: sorted(imports(p, experiments, m)) for m, p in _modules().items() if imports(p, experiments, m)} == {}
 
 

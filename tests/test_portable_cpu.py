@@ -1,5 +1,5 @@
-"""Bit-identical numbers on every x86-64 CPU with AVX2 (experiments/workers.py, portable CPU
-settings): experiments/fingerprint.py is the default smoke's first warm start and tells which field
+"""Bit-identical numbers on every x86-64 CPU with AVX2 (experiments/lib/workers.py, portable CPU
+settings): experiments/bench/fingerprint.py is the default smoke's first warm start and tells which field
 differs (tests/test_experiments.py checks the default smoke's fingerprint against the committed one
 bit for bit), and a CPU without AVX-512 (EPYC Rome, emulated by qemu-user) computes what this one
 computes."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparserl_jax.experiments import workers  # imports no JAX
+from experiments.lib import workers  # imports no JAX
 
 REPO = Path(__file__).parent.parent
 EXPERIMENTS = REPO / "experiments"
@@ -29,7 +29,7 @@ HOST_AVX512 = "avx512f" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpu
 PROBE = r"""
 import hashlib, site, sys
 site.addsitedir(sys.argv[1])  # its .pth files too: the editable install's import hook, under qemu as well
-from sparserl_jax.experiments import workers
+from experiments.lib import workers
 if sys.argv[2] == "portable":
     workers.pin_to_one_core()
 import jax, jax.numpy as jnp, numpy as np
@@ -132,14 +132,16 @@ def test_large_dots_equal_on_an_emulated_avx2_cpu():
 
 
 def test_fingerprint_is_the_default_smoke_at_warm_start_0(tmp_path):
-    """`python experiments/fingerprint.py` computes in one process what `default.py --smoke`
+    """`python experiments/bench/fingerprint.py` computes in one process what `default.py --smoke`
     computes for its first warm start: the same resolved config (tests/test_experiments.py's
     default smoke compares that run's fingerprint with the committed one bit for bit)."""
     import argparse
     import dataclasses
 
+    from experiments.bench import fingerprint
+    from experiments.lib import default_experiment as default
+    from experiments.lib import figlib
     from sparserl_jax.config import load_config
-    from sparserl_jax.experiments import default, figlib, fingerprint
 
     args = argparse.Namespace(replot=None, smoke=True, config=default.CONFIG, overrides=[], runs_dir=str(tmp_path))
     smoke = figlib.study_from_args(args, [0], None, default.DEFAULT_OVERRIDES).base
@@ -154,7 +156,7 @@ def test_fingerprint_compares_field_by_field(tmp_path, monkeypatch, capsys):
     """fingerprint.py's verdict: 0 and "reproduces" when every field but the CPU equals the file's,
     1 and one line per differing field otherwise (with the reason when jax or the settings differ);
     --write records this machine's."""
-    from sparserl_jax.experiments import fingerprint
+    from experiments.bench import fingerprint
 
     committed = json.loads((EXPERIMENTS / "results/default/fingerprint_smoke.json").read_text())
     path = tmp_path / "fp.json"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sparserl_jax.experiments import figplot, figprov
+from experiments.lib import figplot, figprov
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"

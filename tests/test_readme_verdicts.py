@@ -1,9 +1,11 @@
-"""The README's figures table states no verdict by hand: every verdict word it gives with a count
-("**supported** (12 of 12)") is the one the shared rule (figlib.verdict_phrase) gives that count,
-and the counts of the default experiment's row and figures a, b, d and e's R-KV rows are those
-their committed results.json files give (each figure's claims; the default's pooled over its
-replicates on other machines); the real-model collapse rows' words are the plan's rules on their
-results.json. Nothing is trained."""
+"""The figures' verdict tables state no verdict by hand: docs/reproducing.md's full table ("Every
+figure's verdict") and the README's one-line table. Every verdict word either gives with a count
+("**supported** (12 of 12)") is the one the shared rule (figlib.verdict_phrase) gives that count;
+the counts of the default experiment's row and figures a, b, d and e's R-KV rows are those their
+committed results.json files give (each figure's claims; the default's pooled over its replicates
+on other machines); the real-model collapse rows' words are the plan's rules on their
+results.json; and every count and verdict word of a README row is its full row's (the row with the
+same results link). Nothing is trained."""
 
 import json
 import re
@@ -11,27 +13,40 @@ from pathlib import Path
 
 import pytest
 
-from sparserl_jax.experiments import default as default_experiment
-from sparserl_jax.experiments import (
-    fig_a_curves,
-    fig_b_budget,
-    fig_d_corrections,
-    fig_e_robustness,
-    figlib,
-    figstats,
-    real_collapse,
-)
+from experiments.figures import fig_b_budget, fig_d_corrections, fig_e_robustness
+from experiments.lib import curves as fig_a_curves
+from experiments.lib import default_experiment, figlib, figstats
+from experiments.real import collapse as real_collapse
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
 VERDICT = re.compile(r"\*\*(supported|not supported|refuted|tie)\*\* \((\d+) of (\d+)\b")
 
 
-def figure_rows(readme: str) -> dict[str, str]:
-    """The figures table: each row's first cell -> its verdict cell."""
-    table = readme.split("## Figures", 1)[1].split("\n## ", 1)[0]
+FULL = REPO / "docs" / "reproducing.md"
+COUNT = re.compile(r"(?:\*\*[a-z ]+\*\* \()?\d+ of \d+")
+LINK = re.compile(r"\]\((?:\.\./)?([^)#]+)")
+
+
+def table_cells(text: str, heading: str) -> list[list[str]]:
+    """The rows (cells) of the first table under `heading`, its header row left out."""
+    table = text.split(heading, 1)[1].split("\n## ", 1)[0]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| ")]
-    return {c[0]: c[1] for c in cells[1:] if len(c) >= 2}
+    return [c for c in cells[1:] if len(c) >= 2]
+
+
+def figure_rows(text: str, heading: str = "## Every figure's verdict") -> dict[str, str]:
+    """A figures table: each row's first cell -> its verdict cell."""
+    return {c[0]: c[1] for c in table_cells(text, heading)}
+
+
+def by_link(text: str, heading: str) -> dict[str, str]:
+    """A figures table's verdict cells by the first file its results cell links (repo-relative)."""
+    out = {}
+    for c in table_cells(text, heading):
+        target = LINK.search(c[2]).group(1)
+        out[target[len("docs/") :] if target.startswith("docs/") else target] = c[1]
+    return out
 
 
 def wrong_words(cell: str) -> list[str]:
@@ -55,11 +70,23 @@ def claims_of(data: dict) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def rows():
-    return figure_rows((REPO / "README.md").read_text())
+    return figure_rows(FULL.read_text())
 
 
 def test_every_verdict_word_is_the_rules(rows):
-    assert rows and all(wrong_words(cell) == [] for cell in rows.values())
+    readme = figure_rows((REPO / "README.md").read_text(), "## Figures")
+    assert rows and readme and all(wrong_words(cell) == [] for cell in [*rows.values(), *readme.values()])
+
+
+def test_every_readme_count_is_its_full_rows():
+    """A README row quotes only counts and verdicts its full row gives (which the tests below
+    recompute from results.json)."""
+    readme = by_link((REPO / "README.md").read_text(), "## Figures")
+    full = by_link(FULL.read_text(), "## Every figure's verdict")
+    full = {k.replace("../", ""): v for k, v in full.items()}
+    assert len(readme) >= 15 and set(readme) <= set(full), sorted(set(readme) - set(full))
+    stray = {k: [c for c in COUNT.findall(cell) if c not in full[k]] for k, cell in readme.items()}
+    assert {k: v for k, v in stray.items() if v} == {}
 
 
 def test_the_default_rows_counts_are_its_results_pooled_over_machines(rows):

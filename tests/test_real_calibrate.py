@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments.real import calibrate
+from experiments.real import calibrate
 
 HERE = os.path.dirname(__file__)
 

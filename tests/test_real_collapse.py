@@ -1,4 +1,4 @@
-"""experiments/real_collapse.py at smoke size on a tiny checkpoint: every arm and seed trains with
+"""experiments/real/collapse.py at smoke size on a tiny checkpoint: every arm and seed trains with
 the dense periodic evaluation and leaves a record; the table, the rules' verdicts and the figure
 are written from the records, --replot re-renders them from results.json alone, and a study with
 some records present trains only the missing runs (a study continued on another machine)."""
@@ -10,7 +10,8 @@ import jax
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments import real_collapse, run_records, run_replay
+from experiments.lib import run_records, run_replay
+from experiments.real import collapse as real_collapse
 
 jax.devices()  # the backend runs: the arms train in this process (no worker start-up)
 

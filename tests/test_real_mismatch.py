@@ -13,8 +13,8 @@ from compile_cache import compile_cache_in_process
 from float_tol import EPS32, logprob_tol
 from hf_fixtures import make_tiny_hf_checkpoint
 
+from experiments.real import mismatch, prompts, report, update_mask
 from sparserl_jax import quant
-from sparserl_jax.experiments.real import mismatch, prompts, report, update_mask
 from sparserl_jax.model import hf
 from sparserl_jax.tokenizer import CharTokenizer
 

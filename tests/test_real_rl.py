@@ -1,4 +1,4 @@
-"""experiments/real_rl.py at smoke size on a tiny Llama checkpoint with the char tokenizer's chat
+"""experiments/real/rl.py at smoke size on a tiny Llama checkpoint with the char tokenizer's chat
 template: the arms that exercise every rollout path (dense, R-KV + Sparse-RL, int8 + QuRL, R-KV +
 int8 + SortedRL), their table and figure, --replot, and the exact resume of a killed run."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from compile_cache import compile_cache_in_process
 
-from sparserl_jax.experiments import real_rl
+from experiments.real import rl as real_rl
 from sparserl_jax.metrics_log import read_metrics
 from sparserl_jax.train import Trainer
 

@@ -1,20 +1,17 @@
-"""experiments/real_tail.py: the schedule built from calibrated bins, and the whole measurement
+"""experiments/real/tail_study.py: the schedule built from calibrated bins, and the whole measurement
 end to end on a tiny HF checkpoint the test builds (random Qwen2 weights + the char tokenizer)."""
 
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
-from sparserl_jax.experiments.real import report
+from experiments.real import report
+from experiments.real import tail_study as real_tail
+from experiments.real.schedule import schedule_for, sequential_schedule
 from sparserl_jax.tokenizer import CharTokenizer
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
-import real_tail  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("real_tail")
 
@@ -30,14 +27,14 @@ def test_the_schedule_takes_per_bin_the_smallest_budget_reaching_tau():
         _row(64, {1: 0.99, 2: 0.90, 3: 0.70}),
     ]
     # bin 0: no tokens (nothing evicted): the smallest; bin 3: none reaches tau: the largest
-    assert real_tail.schedule_for(rows, [16, 32, 64], 0.8) == (16, 16, 32, 64)
-    assert real_tail.schedule_for(rows, [64, 16, 32], 0.5) == (16, 16, 16, 16)
+    assert schedule_for(rows, [16, 32, 64], 0.8) == (16, 16, 32, 64)
+    assert schedule_for(rows, [64, 16, 32], 0.5) == (16, 16, 16, 16)
 
 
 def test_the_report_renders_a_measurement(tmp_path):
     """results.md and the one-column figure from a made-up measurement (the default tier; the
     measurement itself is the extended tier's smoke below)."""
-    from sparserl_jax.experiments.real import report
+    from experiments.real import report
 
     def row(name, budget, schedule, p5s, saving, k3):
         bins = {b: {"p5": v, "mean": v + 0.3, "tokens": 100} for b, v in enumerate(p5s, start=1)}
@@ -73,7 +70,7 @@ def test_the_report_renders_a_measurement(tmp_path):
         "provenance": {"commit": "abc", "wall_s": 1.0},
     }
     data["rows"].append(row("rkv schedule", 64, [32, 32, 64], [0.5, 0.46], 0.4, 0.05))
-    report.write("tail", str(tmp_path), data, cmd="python experiments/real_tail.py")
+    report.write("tail", str(tmp_path), data, cmd="python experiments/real/tail_study.py")
     md = (tmp_path / "results.md").read_text()
     assert "tau = 0.4500" in md and "| rkv schedule | 40.0% |" in md and "below tau in 0 of 2 bins" in md
     assert "0.300* (100)" in md  # a bin below tau is marked
@@ -97,7 +94,7 @@ def test_smoke_measurement_and_replot(tmp_path):
         assert 0 <= r["agreement_p5"] <= r["agreement_mean"] <= 1 and r["agreement_p5"] <= r["agreement_upper_p5"]
         assert 0 < r["kv_saving"] < 1 and r["kl_k3"] >= 0
     md = (out / "results.md").read_text()
-    assert "Command: `python experiments/real_tail.py" in md and f"tau = {tau:.4f}" in md and "Outcome" in md
+    assert "Command: `python experiments/real/tail_study.py" in md and f"tau = {tau:.4f}" in md and "Outcome" in md
     assert (out / "tail.png").stat().st_size > 0
     before = md
     real_tail.main(["--replot", str(out)])
@@ -120,14 +117,14 @@ def test_the_sequential_calibration_samples_each_bin_with_the_earlier_choices_in
             for s in schedules
         ]
 
-    schedule, sampled, final = real_tail.sequential_schedule(4, [64, 16, 32], 0.3, {1, 2, 3}, measure)
+    schedule, sampled, final = sequential_schedule(4, [64, 16, 32], 0.3, {1, 2, 3}, measure)
     # bin 0: no token, the smallest (16); bin 1: (16 + B) / 2 reaches 30 only at B = 64; bin 2:
     # (16 + 64 + 16) / 3 = 32 at B = 16; bin 3: (96 + 16) / 4 = 28 < 30, (96 + 32) / 4 = 32 at B = 32
     assert schedule == (16, 64, 16, 32)
     assert [len(c) for c in calls] == [3, 3, 3] and len(sampled) == 9
     assert calls[1][0] == (16, 64, 16, 64) and final["arm"]["schedule"] == schedule
     # no candidate reaches tau: the largest
-    assert real_tail.sequential_schedule(2, [16, 32], 0.9, {1}, measure)[0] == (16, 32)
+    assert sequential_schedule(2, [16, 32], 0.9, {1}, measure)[0] == (16, 32)
 
 
 def test_the_sequential_calibration_keeps_every_later_bin_at_its_target():
@@ -141,9 +138,9 @@ def test_the_sequential_calibration_keeps_every_later_bin_at_its_target():
             for s in schedules
         ]
 
-    assert real_tail.sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure)[0] == (16, 64, 32)
+    assert sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure)[0] == (16, 64, 32)
     # bin 2's ceiling 0.12 (the largest budget's own percentile there) is its target: 32 in bin 1 suffices
-    capped = real_tail.sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure, {1: 0.64, 2: 0.12})
+    capped = sequential_schedule(3, [16, 32, 64], 0.3, {1, 2}, measure, {1: 0.64, 2: 0.12})
     assert capped[0] == (16, 32, 16)
 
 

@@ -57,7 +57,7 @@ def _finish(proc, timeout=300):
 @pytest.mark.slow
 def test_same_metrics_on_one_and_two_cores(tmp_path):
     """The default experiment's config (16 rows, a 5-step warm start, 2 iterations) in a
-    pinned process (experiments/workers.py) under taskset -c 1 and taskset -c 0,1 (it pins
+    pinned process (experiments/lib/workers.py) under taskset -c 1 and taskset -c 0,1 (it pins
     itself to core 0 there: the two run side by side). Each compiles for itself (no cache)."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     # at this size the unpinned process gives different metrics on 1 and 2 cores (measured)

@@ -20,6 +20,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rl import buckets
 from sparserl_jax.rl import update as update_lib
 from sparserl_jax.rl.bucketed import BucketedUpdate, Path
+from sparserl_jax.rl.config import RejectionConfig
 from sparserl_jax.rl.corrections import CORRECTIONS, Correction, register
 
 MC = ModelConfig.tiny()
@@ -217,6 +218,30 @@ def test_a_new_weighting_correction_is_normalised_alike_by_both_updates(toy_weig
     _assert_same_params(cfg, params, want_params, got_params)
     assert "ibr/normaliser" in want and float(want["ibr/normaliser"]) != 1.0
     np.testing.assert_allclose(out.metrics["ibr/normaliser"], float(want["ibr/normaliser"]), rtol=1e-5)
+
+
+def test_areals_denominator_is_counted_alike_by_both_updates():
+    """A rejection whose denominator is "before" (AReaL's) divides the minibatch's gradient by
+    the response tokens counted before it rejects (token mean, one minibatch): the padded update's
+    gradient is the "after" one times N_kept / N_before, and the bucketed update (which sums the
+    micro-batches' counts) takes the same step."""
+    base = _cfg("dense", normalisation="none", aggregation="token_mean", beta=0.0)
+    cfgs = {
+        d: dataclasses.replace(base, rejection=RejectionConfig(enabled=True, lo=0.8, hi=1.25, denominator=d))
+        for d in ("before", "after")
+    }
+    params, ref_params, host, _, want_before, m_before, upd = _padded_and_bucketed(cfgs["before"])
+    _, _, _, _, want_after, m_after, _ = _padded_and_bucketed(cfgs["after"])
+    n_kept, n_before = float(m_before["tokens"]), float(m_before["counted_tokens"])
+    assert 0 < n_kept < n_before == host["response_mask"].sum() and "counted_tokens" not in m_after
+    eps = np.finfo(np.float32).eps
+    for p, b, a in zip(jax.tree.leaves(params), jax.tree.leaves(want_before), jax.tree.leaves(want_after)):
+        p, b, a = np.asarray(p), np.asarray(b), np.asarray(a)  # SGD at lr 1: the gradients
+        want = (a - p) * n_kept / n_before
+        np.testing.assert_allclose(b - p, want, rtol=0, atol=1e-5 * np.abs(want).max() + 4 * eps * np.abs(p).max())
+    got_params, _, out = upd(params, ref_params, SGD_COUNTING.init(params), host)
+    _assert_same_params(cfgs["before"], params, want_before, got_params)
+    assert out.metrics["counted_tokens"] == n_before and out.metrics["tokens"] == n_kept
 
 
 def test_the_cheaper_exact_path_is_chosen():

@@ -14,7 +14,7 @@ difficulty setting, rollout.max_new_tokens). Every call appends one run to resul
 (default experiments/results/real/calibration/<task>/) and re-renders results.md from all runs,
 so the settings tried (failures too) stay side by side; --fresh starts a new file. One process,
 arms one after the other: pin it to one core (taskset -c 0) for the numbers of the other
-experiments (experiments/workers.py).
+experiments (experiments/lib/workers.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from sparserl_jax.experiments import figprov  # the provenance sentence every results.md carries
+from experiments.lib import figprov  # the provenance sentence every results.md carries
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -178,7 +178,7 @@ class DenseScorer:
         self.rows.append(jax.device_get((old, batch["sampler_logp"], batch["response_mask"])))
 
     def mismatch(self) -> dict:
-        from sparserl_jax.experiments.real import measure
+        from experiments.real import measure
 
         width = max(r[0].shape[1] for r in self.rows)
 
@@ -568,7 +568,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from sparserl_jax.experiments import workers  # imports no JAX
+    from experiments.lib import workers  # imports no JAX
 
     workers.set_portable_cpu_env()  # the numerics of the project's other CPU experiments
     main()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparserl_jax.experiments.real import measure
+from experiments.real import measure
 from sparserl_jax.rollout.engine import SlotEngine
 from sparserl_jax.rollout.sampler import generate_jit
 from sparserl_jax.rollout.stats import rollout_bubble

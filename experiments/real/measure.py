@@ -1,7 +1,7 @@
 """One arm of the real-model measurements: sample chat rollouts with a behaviour policy (sparse
 KV and/or quantized weights), teacher-force the dense full-precision model over the same tokens,
 and measure the mismatch the corrections see (docs/methods.md#three-policies-xi-and-r, #sars,
-#qurl). Every function here runs inside one single-core worker process (experiments/workers.py)
+#qurl). Every function here runs inside one single-core worker process (experiments/lib/workers.py)
 and returns plain floats and lists.
 
 Per-token estimators on the sampler's tokens o_t ~ pi_s (xi_t = pi_dense(o_t) / pi_s(o_t)):
@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.real import prompts as prompt_list
 from sparserl_jax import kvcache as kv
 from sparserl_jax import quant
-from sparserl_jax.experiments.real import prompts as prompt_list
 from sparserl_jax.model import hf
 from sparserl_jax.rl.batch import assemble
 from sparserl_jax.rl.config import RLConfig, UpdateConfig
@@ -69,6 +69,21 @@ class Arm:
             budget_schedule=self.schedule,
             schedule_every=self.every,
         )
+
+
+def arm_from_args(args, name: str, **kw) -> Arm:
+    """The arm a measurement's command line asks for (its checkpoint, prompts, lengths, seed,
+    buffer and rows per call), with `kw` (policy, budget, ...) on top."""
+    return Arm(
+        name=name,
+        checkpoint=args.checkpoint,
+        prompts=args.prompts,
+        max_new=args.max_new,
+        seed=args.seed,
+        buffer=args.buffer,
+        rows_per_call=args.rows_per_call,
+        **kw,
+    )
 
 
 def load(arm: Arm):

@@ -8,7 +8,7 @@
 
 Each writes experiments/results/real/<name>/ (results.md with this command and the tables,
 results.json, <name>.png). Arms run in single-core worker processes, one per available core
-(experiments/workers.py). The checkpoint comes from
+(experiments/lib/workers.py). The checkpoint comes from
 `python -m sparserl_jax.fetch smollm2-135m-instruct --out checkpoints/smollm2-135m`.
 """
 
@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from sparserl_jax.experiments import figprov, workers  # import no JAX
-from sparserl_jax.experiments.real import report
+from experiments.lib import figprov, workers  # import no JAX
+from experiments.real import report
 from sparserl_jax.kvcache.policies import POLICIES as REGISTRY  # starts no backend
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,22 +65,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _arm(args, name: str, **kw):
-    from sparserl_jax.experiments.real import measure
+    from experiments.real import measure
 
-    return measure.Arm(
-        name=name,
-        checkpoint=args.checkpoint,
-        prompts=args.prompts,
-        max_new=args.max_new,
-        seed=args.seed,
-        buffer=args.buffer,
-        rows_per_call=args.rows_per_call,
-        **kw,
-    )
+    return measure.arm_from_args(args, name, **kw)
 
 
 def _run_mismatch(arm):
-    from sparserl_jax.experiments.real import measure
+    from experiments.real import measure
 
     return measure.mismatch_arm(arm)
 
@@ -89,7 +80,7 @@ def _run_job(job):
     """Worker entry: ("mismatch", arm) or ("update", arm)."""
     kind, arm = job
     if kind == "update":
-        from sparserl_jax.experiments.real import update_mask
+        from experiments.real import update_mask
 
         return update_mask.update_arm(arm)
     return _run_mismatch(arm)
@@ -130,7 +121,7 @@ def lengths(args) -> dict:
 
 
 def _lengths_job(job):
-    from sparserl_jax.experiments.real import lengths as lengths_mod
+    from experiments.real import lengths as lengths_mod
 
     arm, slots, repeats = job
     return lengths_mod.lengths_arm(arm, slots=slots, repeats=repeats)

@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from sparserl_jax.experiments import figprov  # the provenance sentence every results.md carries
-from sparserl_jax.experiments.figplot import POLICY_COLOURS, check_print_size, width_note  # the figures' shared style
-from sparserl_jax.experiments.real import refs
+from experiments.lib import figprov  # the provenance sentence every results.md carries
+from experiments.lib.figplot import POLICY_COLOURS, check_print_size, width_note  # the figures' shared style
+from experiments.real import refs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -606,8 +606,3 @@ def rerender(out_dir: str) -> None:
     cmd = data.pop("command")
     name = next(n for n in RENDER if cmd.split()[2:3] == [n])
     write(name, out_dir, data, cmd=cmd)
-
-
-if __name__ == "__main__":  # python experiments/real/report.py experiments/results/real/<name>
-    for directory in sys.argv[1:]:
-        rerender(directory)

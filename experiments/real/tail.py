@@ -1,8 +1,8 @@
-"""One arm of the tail measurement (experiments/real_tail.py): sample chat rollouts with a KV
+"""One arm of the tail measurement (experiments/real/tail_study.py): sample chat rollouts with a KV
 policy at a fixed budget or a budget schedule, teacher-force the dense model over them, and
 return Sparrow's per-token agreement (rl/diagnostics.py agreement: sum_v min(p_sampler(v),
 p_dense(v)) over the sampler's top 20) pooled and by bin of tokens seen, with the mean mismatch
-and the KV saving. Runs inside one single-core worker process (experiments/workers.py)."""
+and the KV saving. Runs inside one single-core worker process (experiments/lib/workers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparserl_jax.experiments.real import measure
+from experiments.real import measure
 from sparserl_jax.model import transformer
 from sparserl_jax.rl.diagnostics import agreement
 from sparserl_jax.rollout.stats import kv_statistics

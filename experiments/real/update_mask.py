@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.real import measure
 from sparserl_jax import quant
-from sparserl_jax.experiments.real import measure
 from sparserl_jax.quant.config import PROJECTIONS
 from sparserl_jax.rl.advantages import grpo_advantages
 from sparserl_jax.rl.config import OptimConfig, RLConfig, UpdateConfig

@@ -9,12 +9,10 @@ Shape legend used in names across the package:
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
+from sparserl_jax.model.families import FAMILIES as FAMILY_REGISTRY
 from sparserl_jax.validate import check_at_least, check_bool, check_in, check_multiple, check_positive
 
-Family = Literal["qwen2", "llama", "qwen3"]
-FAMILIES: tuple[str, ...] = ("qwen2", "llama", "qwen3")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
 # model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend. "xla" materialises the
 # [T, T] scores (every platform); "cudnn" is cuDNN's fused attention through jax.nn.dot_product_attention
@@ -51,7 +49,7 @@ class RopeScaling:
 class ModelConfig:
     """Architecture of a decoder-only transformer (Qwen2/Qwen2.5, Llama 3.x, Qwen3)."""
 
-    family: Family = "qwen2"
+    family: str = "qwen2"  # a registered model family (model/families/)
     vocab_size: int = 256
     d_model: int = 64
     n_layers: int = 2
@@ -74,7 +72,7 @@ class ModelConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        check_in("model.family", self.family, FAMILIES)
+        check_in("model.family", self.family, tuple(FAMILY_REGISTRY))
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len"):
             check_at_least(f"model.{name}", getattr(self, name), 1)
         check_multiple("model.n_heads", self.n_heads, "model.n_kv_heads", self.n_kv_heads)
@@ -94,16 +92,31 @@ class ModelConfig:
         return self.n_heads // self.n_kv_heads
 
     @classmethod
-    def tiny(cls, family: Family = "qwen2", **overrides) -> ModelConfig:
-        """A small model of the given family for CPU tests and the default experiment."""
+    def tiny(cls, family: str = "qwen2", **overrides) -> ModelConfig:
+        """A small model of the given family (its switches and RoPE variant) for CPU tests and the
+        default experiment."""
+        check_in("model.family", family, tuple(FAMILY_REGISTRY))
+        fam = FAMILY_REGISTRY[family]
         base = dict(
             family=family,
-            qkv_bias=family == "qwen2",
-            qk_norm=family == "qwen3",
-            rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64) if family == "llama" else None,
+            qkv_bias=fam.qkv_bias,
+            qk_norm=fam.qk_norm,
+            rope_scaling=RopeScaling(factor=8.0, original_max_position_embeddings=64) if fam.rope == "llama3" else None,
         )
         base.update(overrides)
         return cls(**base)
+
+
+def check_sequence_length(cfg: ModelConfig, prompt_len: int, max_new_tokens: int, *, prompt: str, new: str) -> None:
+    """A prompt of `prompt_len` tokens plus `max_new_tokens` must fit the model's positions
+    (max_seq_len, HF's max_position_embeddings); the error names the two settings (`prompt`,
+    `new`) the caller reads them from."""
+    total = prompt_len + max_new_tokens
+    if total > cfg.max_seq_len:
+        raise ValueError(
+            f"{prompt}={prompt_len} + {new}={max_new_tokens} = {total} exceeds the model's max_seq_len="
+            f"{cfg.max_seq_len} (max_position_embeddings)"
+        )
 
 
 def param_count(cfg: ModelConfig) -> int:

@@ -11,29 +11,29 @@ from __future__ import annotations
 from typing import Any
 
 from sparserl_jax.model.config import ModelConfig, RopeScaling
+from sparserl_jax.model.families import FAMILIES, ROPE_TYPES
 
-# HF architecture name -> our family; the only heads this model implements (causal LM).
-ARCHITECTURES: dict[str, str] = {
-    "Qwen2ForCausalLM": "qwen2",
-    "LlamaForCausalLM": "llama",
-    "Qwen3ForCausalLM": "qwen3",
-}
-ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+def architectures() -> dict[str, str]:
+    """HF architecture name -> our family (model/families/, read at each call: a family registered
+    later counts); the only heads this model implements (causal LM)."""
+    return {f.architecture: f.name for f in FAMILIES.values()}
 
 
 def family_from_hf(hf: dict[str, Any]) -> str:
     """Our family from `architectures` (or `model_type` when a file lists no architecture)."""
-    archs = hf.get("architectures") or []
+    archs, known = hf.get("architectures") or [], architectures()
     for arch in archs:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
+        if arch in known:
+            return known[arch]
     model_type = hf.get("model_type")
-    if not archs and model_type in ARCHITECTURES.values():
+    if not archs and model_type in known.values():
         return model_type
     raise ValueError(
         f"config.json architectures={archs} (model_type={model_type!r}) is not supported: "
-        f"supported architectures are {tuple(ARCHITECTURES)}"
+        f"supported architectures are {tuple(known)}"
     )
 
 
@@ -79,7 +79,7 @@ def _check_supported(hf: dict[str, Any], family: str) -> None:
         raise ValueError(f"config.json hidden_act={act!r} is not supported: expected 'silu'")
     if hf.get("mlp_bias"):
         raise ValueError("config.json mlp_bias=true is not supported: expected false (no MLP biases)")
-    if family != "qwen2" and hf.get("attention_bias"):
+    if not FAMILIES[family].qkv_bias and hf.get("attention_bias"):
         raise ValueError(
             f"config.json attention_bias=true ({family}) is not supported: it adds an o_proj bias; expected false"
         )
@@ -129,8 +129,8 @@ def config_from_hf(
         rope_scaling=rope_scaling,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2",  # Qwen2 always has q/k/v biases; others refused above
-        qk_norm=family == "qwen3",
+        qkv_bias=FAMILIES[family].qkv_bias,  # a family's biases are its own; others refused above
+        qk_norm=FAMILIES[family].qk_norm,
         max_seq_len=int(hf.get("max_position_embeddings", 2048)),
         dtype=dtype,
         param_dtype=dtype,
@@ -149,17 +149,14 @@ def _eos_json(cfg: ModelConfig):
 def config_to_hf(cfg: ModelConfig, dtype: str | None = None) -> dict[str, Any]:
     """config.json contents for `cfg` (the inverse of config_from_hf); `dtype` names the stored
     tensors' dtype (default cfg.dtype)."""
-    arch = {family: arch for arch, family in ARCHITECTURES.items()}[cfg.family]
-    if cfg.qkv_bias != (cfg.family == "qwen2"):
-        raise ValueError(
-            f"model.qkv_bias={cfg.qkv_bias} cannot be exported as {arch}: "
-            f"expected qkv_bias={cfg.family == 'qwen2'} for family {cfg.family!r}"
-        )
-    if cfg.qk_norm != (cfg.family == "qwen3"):
-        raise ValueError(
-            f"model.qk_norm={cfg.qk_norm} cannot be exported as {arch}: "
-            f"expected qk_norm={cfg.family == 'qwen3'} for family {cfg.family!r}"
-        )
+    fam = FAMILIES[cfg.family]
+    arch = fam.architecture
+    for switch in ("qkv_bias", "qk_norm"):
+        if getattr(cfg, switch) != getattr(fam, switch):
+            raise ValueError(
+                f"model.{switch}={getattr(cfg, switch)} cannot be exported as {arch}: "
+                f"expected {switch}={getattr(fam, switch)} for family {cfg.family!r}"
+            )
     dtype = dtype or cfg.dtype
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
@@ -197,12 +194,7 @@ def config_to_hf(cfg: ModelConfig, dtype: str | None = None) -> dict[str, Any]:
     }
     if cfg.rope_scaling is not None:
         hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    if cfg.family in ("llama", "qwen3"):
-        hf["attention_bias"] = False
-    if cfg.family == "llama":
-        hf["mlp_bias"] = False
-    if cfg.family in ("qwen2", "qwen3"):
-        hf["use_sliding_window"] = False
+    hf.update(dict(fam.config_extra))
     return hf
 
 

@@ -6,7 +6,7 @@ can have its own width (rl/buckets.py): rows trimmed to the longest among them, 
 multiple of update.length_bucket. Per micro-batch one jitted program (compiled once per width)
 computes the learner's log-probs, the corrections and the gradient of the loss *numerator*,
 accumulated in float32; per minibatch one jitted program divides by the minibatch's denominator
-(accepted tokens or rows, known once every micro-batch is done) and takes the optimizer step.
+(counted tokens or rows, known once every micro-batch is done) and takes the optimizer step.
 Dividing at the end is exact: the denominator is a constant of the minibatch.
 
 Forwards that compute nothing new are skipped, and each batch takes the cheaper of the exact
@@ -92,8 +92,8 @@ class BucketedUpdate:
         """`max_len`: the widest batch a run can produce (data.max_prompt_len +
         rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
         the run's, not each batch's (a batch whose prompts pad to another width compiles nothing).
-        `kept_k`: the size of the kept sets the run's batches carry (rollout.top_k when it trains
-        with filters; 0 without) and of the top candidates they record (rollout.agreement_k; 0:
+        `kept_k`: the width of the kept sets the run's batches carry (rollout/sampling.py
+        kept_width(rollout.top_k) when it trains with filters; 0 without) and of the top candidates they record (rollout.agreement_k; 0:
         none): what warm_up compiles for."""
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1 (data.max_prompt_len + rollout.max_new_tokens)")
@@ -305,15 +305,17 @@ class BucketedUpdate:
 
     def __call__(self, params, ref_params, opt_state, batch: dict, *, compute=None):
         """One rollout batch (host arrays: tokens, response_mask, sampler_logp [B, T],
-        advantages [B]) -> (params, opt_state, LearnerOutput)."""
-        cfg, u = self.cfg, self.cfg.update
+        advantages [B]) -> (params, opt_state, LearnerOutput), in four phases: the batch padded
+        to the run's width and its path chosen, pi_old / pi_ref scored where the update does not
+        compute them, the optimizer steps over minibatches of length-bucketed micro-batches, and
+        the metrics with pi_old's log-probs."""
+        u = self.cfg.update
         B, T_batch = batch["tokens"].shape
         if B % u.minibatch_size:
             raise ValueError(
                 f"rollout batch of {B} responses must be a multiple of update.minibatch_size={u.minibatch_size}"
             )
         T = max(T_batch, self.max_len or 0)
-        with_ref = cfg.loss.beta > 0
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
         if u.compile_ahead:
             self.warm_up(params, ref_params, opt_state, B, T)
@@ -329,22 +331,52 @@ class BucketedUpdate:
         lengths = buckets.row_lengths(batch["response_mask"])
         widths = self.widths(T)
         path = self.choose(lengths, widths)
+        host = self._padded(batch, T)
+        norms_B, metrics, old_top, score_s = self._score_first(policy, ref_params, host, lengths, path)
+        params, opt_state, steps, old_parts, positions = self._optimizer_steps(
+            params, ref_params, opt_state, policy, host, lengths, widths, path, norms_B
+        )
+        metrics.update(self._step_metrics(steps, B))
+        metrics["old_from_update"] = float(path.fused)
+        if path.fused:
+            old, old_top = self._old_from_update(host, old_parts, B, T)
+        else:
+            old = host["old_logp"]
+        full = self._place({"old": old, "sampler": host["sampler_logp"], "mask": host["response_mask"]})
+        metrics.update(
+            {
+                k: float(v)
+                for k, v in distributed.to_host(self._mismatch(full["old"], full["sampler"], full["mask"])).items()
+            }
+        )
+        old_top = None if old_top is None else old_top[:, :T_batch]
+        return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], old_top, score_s, positions)
+
+    def _padded(self, batch: dict, T: int) -> dict:
+        """The batch's host arrays padded to width T (kept sets and top ids with -1: none), after
+        checking it carries the records this update was built for."""
         for key, k, what in ((KEPT, self.kept_k, "kept sets"), (TOP, self.top_k, "top candidates")):
             if (key in batch) != bool(k):
                 raise ValueError(
                     f"the batch {'carries' if key in batch else 'lacks'} the sampler's {what} "
                     f"(batch[{key!r}]) and this update was built for {key.split('_')[0]}_k={k}"
                 )
+        T_batch = batch["tokens"].shape[1]
 
-        def pad(x):  # [B, T_batch, ...] -> [B, T, ...]; kept sets and top ids padded with -1 (none)
+        def pad(x):  # [B, T_batch, ...] -> [B, T, ...]
             if x.ndim == 1:
                 return x
             widths = ((0, 0), (0, T - T_batch)) + ((0, 0),) * (x.ndim - 2)
             return np.pad(x, widths, constant_values=-1 if x.ndim == 3 else 0)
 
-        host = {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT, TOP) if k in batch}
-        old_top = None
-        norms_B, metrics, score_s = None, {}, 0.0
+        return {k: pad(np.asarray(batch[k])) for k in (*TOKEN_INPUTS, "advantages", KEPT, TOP) if k in batch}
+
+    def _score_first(self, policy, ref_params, host: dict, lengths, path):
+        """pi_old (unfused path) and pi_ref (when the update does not compute it) scored before the
+        update, into `host`; the rows' weight normalisers. Returns (norms_B or None, metrics,
+        pi_old's top-candidate log-probs or None, seconds scoring)."""
+        with_ref = self.cfg.loss.beta > 0
+        norms_B, metrics, old_top, score_s = None, {}, None, 0.0
         if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
             kept = host.get(KEPT)
@@ -360,8 +392,17 @@ class BucketedUpdate:
             norms_B = np.asarray(
                 distributed.to_host(self._row_norms(full["old_logp"], full["sampler_logp"], full["response_mask"]))
             )
-            if weight_normalisation(cfg) == "global":
+            if weight_normalisation(self.cfg) == "global":
                 metrics["ibr/normaliser"] = float(norms_B[0])
+        return norms_B, metrics, old_top, score_s
+
+    def _optimizer_steps(self, params, ref_params, opt_state, policy, host, lengths, widths, path, norms_B):
+        """update.epochs passes over the minibatches: each micro-batch's numerator gradient
+        accumulated, then one optimizer step dividing by the minibatch's denominator (counted
+        tokens, or rows). Returns (params, opt_state, [(micro-batch metrics, step metrics)],
+        the fused path's (micro-batch, pi_old log-probs, top) parts, positions run)."""
+        cfg, u = self.cfg, self.cfg.update
+        B = host["tokens"].shape[0]
         positions, old_parts, steps = 0, [], []
         for _ in range(u.epochs):
             for start in range(0, B, u.minibatch_size):
@@ -376,43 +417,38 @@ class BucketedUpdate:
                     positions += len(mb.rows) * mb.width
                     if path.fused:
                         old_parts.append((mb, logp, top))
-                tokens = self._micro_sum([p["tokens"] for p in parts])
+                counted = "counted_tokens" if "counted_tokens" in parts[0] else "tokens"
+                tokens = self._micro_sum([p[counted] for p in parts])
                 denom = tokens if cfg.loss.aggregation == "token_mean" else self._scalar(u.minibatch_size)
                 loss = self._micro_sum(nums)
                 params, opt_state, applied = self._apply(params, opt_state, acc, loss, denom)
                 policy = self._recast(params, policy) if self.mixed else params
                 steps.append((parts, applied))
-        # metrics: token-weighted over micro-batches, then over optimizer steps (as make_update_fn)
-        steps = distributed.to_host(steps)
+        return params, opt_state, steps, old_parts, positions
+
+    def _step_metrics(self, steps, B: int) -> dict:
+        """Token-weighted over micro-batches, then over optimizer steps (as make_update_fn)."""
         per_step = []
-        for parts, applied in steps:
+        for parts, applied in distributed.to_host(steps):
             stacked = {k: np.stack([np.asarray(p[k]) for p in parts]) for k in parts[0]}
             per_step.append({**{k: np.asarray(v) for k, v in _combine(stacked, stacked["tokens"]).items()}, **applied})
         stacked = {k: np.stack([s[k] for s in per_step]) for k in per_step[0]}
-        metrics.update({k: float(v) for k, v in reduce_steps(stacked).items()})
-        metrics["steps"] = float(u.epochs * (B // u.minibatch_size))
-        if not with_ref:
+        metrics = {k: float(v) for k, v in reduce_steps(stacked).items()}
+        metrics["steps"] = float(self.cfg.update.epochs * (B // self.cfg.update.minibatch_size))
+        if self.cfg.loss.beta <= 0:
             metrics.pop("loss/kl_ref", None)  # no pi_ref computed: nothing to report
-        metrics["old_from_update"] = float(path.fused)
-        if path.fused:
-            old = np.zeros((B, T), np.float32)
-            if TOP in host:
-                old_top = np.full(host[TOP].shape, -np.inf, np.float32)
-            for mb, logp, top in old_parts:
-                old[mb.rows, : mb.width] = np.asarray(distributed.to_host(logp))
-                if top is not None:
-                    old_top[mb.rows, : mb.width] = np.asarray(distributed.to_host(top))
-        else:
-            old = host["old_logp"]
-        full = self._place({"old": old, "sampler": host["sampler_logp"], "mask": host["response_mask"]})
-        metrics.update(
-            {
-                k: float(v)
-                for k, v in distributed.to_host(self._mismatch(full["old"], full["sampler"], full["mask"])).items()
-            }
-        )
-        old_top = None if old_top is None else old_top[:, :T_batch]
-        return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], old_top, score_s, positions)
+        return metrics
+
+    def _old_from_update(self, host: dict, old_parts, B: int, T: int):
+        """pi_old's log-probs [B, T] (and top candidates') gathered from the fused update's
+        micro-batches."""
+        old = np.zeros((B, T), np.float32)
+        old_top = np.full(host[TOP].shape, -np.inf, np.float32) if TOP in host else None
+        for mb, logp, top in old_parts:
+            old[mb.rows, : mb.width] = np.asarray(distributed.to_host(logp))
+            if top is not None:
+                old_top[mb.rows, : mb.width] = np.asarray(distributed.to_host(top))
+        return old, old_top
 
 
 def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None, gather_ids=None):

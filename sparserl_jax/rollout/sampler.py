@@ -39,7 +39,14 @@ from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
-from sparserl_jax.rollout.sampling import SamplingConfig, kept_set, processed_logprobs, sample, sample_kept
+from sparserl_jax.rollout.sampling import (
+    SamplingConfig,
+    kept_set,
+    kept_width,
+    processed_logprobs,
+    sample,
+    sample_kept,
+)
 from sparserl_jax.validate import check_at_least, check_bool, check_in
 
 PLATFORMS = ("cpu", "gpu", "tpu")  # sampler.attn_platform: what the attention kernel is built for
@@ -60,8 +67,9 @@ class SamplerConfig:
     # (None: no shard_map; with a sharded cache XLA would then gather it before a Pallas call).
     mesh: Mesh | None = None
     record_kept: bool = False  # keep each chunk's kept positions (for masked recompute checks)
-    # Sample from and record each token's kept set (sampling.top_k candidates after top-p) for the
-    # learner to renormalise over: training with top-p / top-k (rollout/sampling.py sample_kept).
+    # Sample from and record each token's kept set (sampling.top_k candidates, ties at the k-th
+    # included, after top-p) for the learner to renormalise over: training with top-p / top-k
+    # (rollout/sampling.py sample_kept).
     replay_filters: bool = False
     # Record each token's `agreement_k` most probable tokens and their log-probs under the sampled
     # distribution, for the learner's sparse-dense agreement (rl/diagnostics.py agreement); 0: none.
@@ -130,12 +138,12 @@ class TokenRecord(NamedTuple):
 
 
 def token_records(cfg: SamplerConfig) -> dict[str, TokenRecord]:
-    """The per-token records cfg asks for, by their Rollout field: `kept_ids` [top_k] with
-    replay_filters (4 * top_k bytes a token), `top_ids` and `top_logp` [agreement_k] with
-    agreement_k (8 * agreement_k bytes a token)."""
+    """The per-token records cfg asks for, by their Rollout field: `kept_ids`
+    [kept_width(top_k) = top_k + TIE_SLOTS] with replay_filters (4 bytes an id), `top_ids` and
+    `top_logp` [agreement_k] with agreement_k (8 * agreement_k bytes a token)."""
     records = {}
     if cfg.replay_filters:
-        records["kept_ids"] = TokenRecord(cfg.sampling.top_k, jnp.int32, -1)
+        records["kept_ids"] = TokenRecord(kept_width(cfg.sampling.top_k), jnp.int32, -1)
     if cfg.agreement_k:
         records["top_ids"] = TokenRecord(cfg.agreement_k, jnp.int32, -1)
         records["top_logp"] = TokenRecord(cfg.agreement_k, jnp.float32, 0.0)
@@ -352,13 +360,7 @@ def generate(
         r, carry = state[0], state[1]
         return (r < n_chunks) & ~jnp.all(carry[4])
 
-    outs = (
-        jnp.full((B, n_chunks * U), cfg.pad_token_id, jnp.int32),
-        jnp.zeros((B, n_chunks * U), jnp.float32),
-        jnp.zeros((B, n_chunks * U), bool),
-        jnp.zeros((B, n_chunks * U), jnp.int32),
-        empty_records(cfg, (B, n_chunks * U)),
-    )
+    outs = empty_outputs(cfg, B, n_chunks * U)
     kept_pos = None
     if cfg.record_kept:
         K = model_cfg.n_kv_heads
@@ -380,6 +382,18 @@ def generate(
         kept_positions=kept_pos,
         prompt_kept=kv.position_kept(carry[0], P) if cfg.record_prompt_kept else None,
         **records,
+    )
+
+
+def empty_outputs(cfg: SamplerConfig, B: int, width: int) -> tuple:
+    """The decode loop's per-token outputs before the first chunk: tokens (pad), log-probs, mask,
+    kept entries and cfg's token records, each [B, width]."""
+    return (
+        jnp.full((B, width), cfg.pad_token_id, jnp.int32),
+        jnp.zeros((B, width), jnp.float32),
+        jnp.zeros((B, width), bool),
+        jnp.zeros((B, width), jnp.int32),
+        empty_records(cfg, (B, width)),
     )
 
 
