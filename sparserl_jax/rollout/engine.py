@@ -51,59 +51,30 @@ The slot-step form is 1 - active slot-steps / (Q x steps).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from jax.sharding import Mesh
-from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import compile_clock
-from sparserl_jax import kvcache as kv
 from sparserl_jax.distributed import to_host
 from sparserl_jax.model import sharding as shd
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.model.precision import compute_params
+from sparserl_jax.rollout import engine_programs as programs
+from sparserl_jax.rollout.engine_programs import SlotState
 from sparserl_jax.rollout.sampler import (
     Rollout,
     SamplerConfig,
     cache_capacity,
-    decode_token,
     empty_records,
     evicted_fraction,
-    prefill_requests,
-    request_keys,
     token_records,
 )
 from sparserl_jax.validate import check_at_least
-
-
-@struct.dataclass
-class SlotState:
-    """Everything of the Q slots that lives on the devices (every leaf has leading axis Q)."""
-
-    cache: kv.KVCache
-    logits: Float[Array, "Q V"]  # next-token logits of each slot
-    logits_version: Int[Array, " Q"]  # policy version of the weights that computed them
-    kept: Int[Array, " Q"]  # KV entries behind those logits
-    prev: Int[Array, " Q"]  # last token (newline trigger)
-    done: Bool[Array, " Q"]  # not decoding: free, or finished and not yet harvested
-    n_comp: Int[Array, " Q"]
-    t: Int[Array, " Q"]  # index of the next response token = tokens generated so far
-    request: Int[Array, " Q"]  # request id (its random keys)
-    limit: Int[Array, " Q"]  # forced response length (max_new_tokens when none)
-    prompt_len: Int[Array, " Q"]
-    tokens: Int[Array, "Q M"]
-    logprobs: Float[Array, "Q M"]
-    kept_tok: Int[Array, "Q M"]
-    version: Int[Array, "Q M"]  # policy version whose logits each token was sampled from
-    # the sampler's per-token records (sampler.token_records), when its config asks for them
-    kept_ids: Int[Array, "Q M K"] | None = None
-    top_ids: Int[Array, "Q M A"] | None = None
-    top_logp: Float[Array, "Q M A"] | None = None
 
 
 @dataclasses.dataclass
@@ -248,9 +219,14 @@ class SlotEngine:
         self.stats = EngineStats()
         self.sync = False  # block on every insert and harvest (profiles; module doc)
         self._device_s = 0.0  # sync: device time blocked on, for the next segment's interval
-        self._segment = jax.jit(self._segment_fn, donate_argnums=(1,))
-        self._insert = jax.jit(self._insert_fn, donate_argnums=(1,), static_argnames=("resume",))
-        self._harvest = jax.jit(self._harvest_fn)
+        self.shape = programs.EngineShape(
+            model_cfg, cfg, slots, prompt_len, self.M, self.C, segment_chunks, self.records
+        )
+        self._segment = jax.jit(functools.partial(programs.segment, self.shape), donate_argnums=(1,))
+        self._insert = jax.jit(
+            functools.partial(programs.insert, self.shape), donate_argnums=(1,), static_argnames=("resume",)
+        )
+        self._harvest = jax.jit(functools.partial(programs.harvest, self.shape))
         self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
         self._all_slots = None  # the harvest's row index, every slot (built on first use)
         self._warmed: set[bool] = set()  # insert kinds (resume?) whose buckets are compiled
@@ -258,26 +234,7 @@ class SlotEngine:
     # ------------------------------------------------------------------ device programs
 
     def init_state(self) -> SlotState:
-        Q, M, mc = self.Q, self.M, self.model_cfg
-        zeros = lambda: jnp.zeros((Q,), jnp.int32)  # every leaf its own buffer (donated)
-        state = SlotState(
-            cache=kv.cache_for(self.cfg.kv, mc, Q, min(self.P, self.C), jnp.dtype(mc.dtype), capacity=self.C),
-            logits=jnp.zeros((Q, mc.vocab_size), jnp.float32),
-            logits_version=zeros(),
-            kept=zeros(),
-            prev=zeros() - 1,
-            done=jnp.ones((Q,), bool),
-            n_comp=zeros(),
-            t=zeros(),
-            request=zeros(),
-            limit=zeros() + M,
-            prompt_len=zeros(),
-            tokens=jnp.full((Q, M), self.cfg.pad_token_id, jnp.int32),
-            logprobs=jnp.zeros((Q, M), jnp.float32),
-            kept_tok=jnp.zeros((Q, M), jnp.int32),
-            version=jnp.zeros((Q, M), jnp.int32),
-            **empty_records(self.cfg, (Q, M)),
-        )
+        state = programs.empty_state(self.shape)
         if self.mesh is None:
             # committed to the device, as every program's output is: a jit cache key includes
             # committedness, so an uncommitted fresh state would compile the insert again
@@ -289,123 +246,6 @@ class SlotEngine:
 
     def _place(self, tree):
         return tree if self.mesh is None else shd.shard_batch(tree, self.mesh)
-
-    def _segment_fn(self, params, state: SlotState, key, version):
-        """Up to segment_chunks x buffer decode steps with the weights of `version` (fewer once
-        every slot is done); returns the state, the active slot-steps and the steps run. Token t
-        is sampled from the stored logits, so it carries their version; the step then stores the
-        logits `params` compute for the next token."""
-        cfg, U, M, Q = self.cfg, self.cfg.kv.buffer, self.M, self.Q
-        params = compute_params(params, self.model_cfg)  # once, not in every decode step
-        keys = request_keys(key, state.request)
-        rows_Q = jnp.arange(Q)
-
-        def step(c, _):
-            st, active = c
-            carry = (st.cache, st.logits, st.kept, st.prev, st.done, st.n_comp)
-            carry, (token_Q, logp_Q, live_Q, kept_Q, rec_Q) = decode_token(
-                params, self.model_cfg, cfg, self.C, keys, carry, st.t, interval=True, limit_B=st.limit
-            )
-            cache, logits, kept, prev, done, n_comp = carry
-            col_Q = jnp.where(live_Q, st.t, M)  # M: out of range, dropped
-
-            def put(buf, x):
-                return buf.at[rows_Q, col_Q].set(x.astype(buf.dtype), mode="drop")
-
-            st = st.replace(
-                cache=cache,
-                logits=logits,
-                kept=kept,
-                prev=prev,
-                done=done,
-                n_comp=n_comp,
-                logits_version=jnp.where(live_Q, version, st.logits_version),
-                t=st.t + live_Q,
-                tokens=put(st.tokens, token_Q),
-                logprobs=put(st.logprobs, logp_Q),
-                kept_tok=put(st.kept_tok, kept_Q),
-                version=put(st.version, st.logits_version),
-                **{name: put(getattr(st, name), x) for name, x in rec_Q.items()},
-            )
-            return (st, active + jnp.sum(live_Q, dtype=jnp.int32)), None
-
-        def chunk(c):
-            r, st, active = c
-            (st, active), _ = jax.lax.scan(step, (st, active), None, length=U)
-            return r + 1, st, active
-
-        def going(c):
-            return (c[0] < self.segment_chunks) & ~jnp.all(c[1].done)
-
-        r, state, active = jax.lax.while_loop(going, chunk, (jnp.int32(0), state, jnp.int32(0)))
-        return state, active, r * U
-
-    def _insert_fn(
-        self,
-        params,
-        state: SlotState,
-        key,
-        slots,
-        prompts,
-        lengths,
-        request,
-        t0,
-        limit,
-        prefix,
-        version,
-        *,
-        resume: bool,
-    ):
-        """Prefill `prompts` (prompt, or prompt + partial response when `resume`) with the
-        weights of `version` into a fresh cache and scatter every leaf into `slots` (index Q: a
-        padding row, dropped). `prefix`: the rows' tokens so far and their records (resumed: the
-        partial responses'; fresh: none, the records then start empty here)."""
-        keys = request_keys(key, request)
-        logits, cache, n_comp = prefill_requests(
-            params, self.model_cfg, prompts, lengths, keys.at(t0) if resume else keys, self.cfg, self.C
-        )
-
-        def put(dst, src):
-            return dst.at[slots].set(src.astype(dst.dtype), mode="drop")
-
-        tokens, logprobs, kept_tok, token_version, prev_n_comp, records = prefix
-        n = prompts.shape[0]
-        if not resume:
-            records = empty_records(self.cfg, (n, self.M))
-        prev = jnp.take_along_axis(tokens, jnp.maximum(t0 - 1, 0)[:, None], axis=1)[:, 0]
-        return state.replace(
-            cache=jax.tree.map(put, state.cache, cache),
-            logits=put(state.logits, logits),
-            logits_version=put(state.logits_version, jnp.broadcast_to(version, (n,))),
-            kept=put(state.kept, lengths),
-            prev=put(state.prev, jnp.where(t0 > 0, prev, -1)),
-            done=put(state.done, jnp.zeros((n,), bool)),
-            n_comp=put(state.n_comp, n_comp + prev_n_comp),
-            t=put(state.t, t0),
-            request=put(state.request, request),
-            limit=put(state.limit, limit),
-            prompt_len=put(state.prompt_len, lengths - t0),
-            tokens=put(state.tokens, tokens),
-            logprobs=put(state.logprobs, logprobs),
-            kept_tok=put(state.kept_tok, kept_tok),
-            version=put(state.version, token_version),
-            **{name: put(getattr(state, name), x) for name, x in records.items()},
-        )
-
-    def _harvest_fn(self, state: SlotState, slots):
-        s = state
-        records = {name: getattr(s, name)[slots] for name in self.records}
-        return (
-            s.request[slots],
-            s.tokens[slots],
-            s.logprobs[slots],
-            s.kept_tok[slots],
-            s.version[slots],
-            s.t[slots],
-            s.n_comp[slots],
-            s.prompt_len[slots],
-            records,
-        )
 
     # ------------------------------------------------------------------ host side
 
