@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -145,6 +146,18 @@ def from_dict(cls, d: Mapping[str, Any], prefix: str):
         return cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"{prefix or 'config'}: {e}") from None
+    except ValueError as e:
+        raise ValueError(named_under(str(e), prefix, tuple(fields))) from None
+
+
+def named_under(message: str, prefix: str, fields: tuple[str, ...]) -> str:
+    """A dataclass's own checks name its settings by its usual section (ModelConfig's `model.`);
+    built under another one (`model.arch`), the message names them there: `model.family=` ->
+    `model.arch.family=`."""
+    if not prefix or not fields:
+        return message
+    pattern = re.compile(r"(?<![\w.])((?:\w+\.)+)(" + "|".join(map(re.escape, fields)) + r")(?==)")
+    return pattern.sub(lambda m: m.group(0) if m.group(1) == prefix + "." else f"{prefix}.{m.group(2)}", message)
 
 
 def to_dict(cfg) -> dict:

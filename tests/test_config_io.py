@@ -129,3 +129,14 @@ def test_config_exports_only_its_own_names():
     }
     assert {"TrainConfig", "DataConfig", "load_config", "dump_config"} <= own
     assert set(getattr(run_config, "__all__", own)) <= own
+
+
+def test_a_nested_sections_own_checks_name_it_where_it_sits():
+    """ModelConfig names its settings model.<field>; built as model.arch the error says so."""
+    from sparserl_jax.config_io import named_under
+
+    assert named_under("model.family='gpt': accepted", "model.arch", ("family",)) == "model.arch.family='gpt': accepted"
+    assert named_under("kv.window=8 must be smaller than kv.budget=2", "kv", ("window", "budget")) == (
+        "kv.window=8 must be smaller than kv.budget=2"
+    )
+    assert named_under("rollout.max_new_tokens=3 too long", "kv", ("budget",)) == "rollout.max_new_tokens=3 too long"
