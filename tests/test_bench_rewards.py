@@ -39,5 +39,7 @@ def test_smoke_run_writes_json_and_markdown(tmp_path):
     assert saved["summary"].keys() == {"serial", "pool_1"} and saved["responses"] == 32
     assert all(s["equal_to_serial"] and s["timeouts"] == 0 for s in data["summary"].values())
     md = (tmp_path / "bench_rewards.md").read_text()
-    assert md.startswith("# Reward throughput") and "| pool_1 |" in md and "loaded machine" in md
+    assert md.startswith("# Reward throughput") and "| pool_1 |" in md and "Measured" in md
+    # the report says when the machine was loaded (load average at the start >= its cores)
+    assert ("loaded machine" in md) == (saved["load_average"]["start"] >= saved["cores"])
     assert os.path.exists(out)

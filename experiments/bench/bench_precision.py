@@ -28,7 +28,6 @@ ISA at AVX2, which would hide those instructions); run it pinned to one core wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -219,11 +218,7 @@ def main(argv=None) -> dict:
         "summary": {d: summarise(a) for d, a in arms.items()},
         "dots": dots,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(to_markdown(data))
+    figprov.write_report(args.out, data, to_markdown(data))
     print(to_markdown(data))
     return data
 

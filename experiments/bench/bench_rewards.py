@@ -20,7 +20,6 @@ over serial, and whether its rewards equal the serial ones.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shlex
@@ -282,11 +281,7 @@ def main(argv=None) -> dict:
         **measured,
         "summary": summarise(measured["arms"], args.responses),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(to_markdown(data))
+    figprov.write_report(args.out, data, to_markdown(data))
     print(to_markdown(data))
     return data
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -281,11 +280,7 @@ def main(argv=None) -> dict:
             flush=True,
         )
     report["total_s"] = time.perf_counter() - t_start
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=2)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as fh:
-        fh.write(markdown(report) + "\n")
+    figprov.write_report(args.out, report, markdown(report), indent=2)
     print(markdown(report))
     return report
 

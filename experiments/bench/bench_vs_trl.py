@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -490,12 +489,8 @@ def _main(args, argv) -> dict:
         report["regimes"][regime] = {
             res["arm"]: {**res, "summary": summarise(res["iterations"], padded=res["arm"] == "ours")} for res in results
         }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
     md = markdown(report)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(md + "\n")
+    figprov.write_report(args.out, report, md)
     print(md)
     return report
 

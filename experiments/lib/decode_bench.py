@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from experiments.lib import figprov
 from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.kvcache.policies import POLICIES
@@ -478,10 +479,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def write(report: dict, out: str) -> None:
     """The JSON at `out` and the markdown next to it (same name, .md)."""
-    with open(out, "w") as fh:
-        json.dump(report, fh, indent=2)
-    with open(os.path.splitext(out)[0] + ".md", "w") as fh:
-        fh.write(markdown(report) + "\n")
+    figprov.write_report(out, report, markdown(report), indent=2)
 
 
 def _fmt(x, spec: str) -> str:

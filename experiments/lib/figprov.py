@@ -7,6 +7,7 @@ take them from here too. Imports no JAX.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -223,3 +224,13 @@ def provenance_line(data: dict, results_json: str | None = None) -> str:
         f"Provenance: {_fields(f'{nr} (its results.json was {where})', unknown_tree, None, None, legacy_cores, legacy_wall)}; "
         f"committed {numerics}; no arms.json."
     )
+
+
+def write_report(path: str, data: dict, markdown: str, *, indent: int = 1) -> None:
+    """A benchmark's numbers at `path` (JSON) and its markdown beside it (the same name, .md),
+    the folder made if need be."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=indent)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(markdown if markdown.endswith("\n") else markdown + "\n")
