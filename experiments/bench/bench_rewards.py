@@ -225,7 +225,7 @@ def to_markdown(data: dict) -> str:
         + (
             "; the kernel shares the cores between sessions (sched_autogroup on), so this process and "
             "its workers together had about one session's share however many of them ran"
-            if data.get("autogroup")
+            if data.get("autogroup") and load["start"] >= data["cores"]
             else ""
         )
         + ". The figures are the ratios of arms measured side by side in one run, batches "
