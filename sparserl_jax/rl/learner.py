@@ -67,7 +67,7 @@ class Learner:
         function (checked serially, rows' data_source picking theirs) or the run's RewardChecker."""
         self.rl, self.samples, self.mesh, self.model_cfg = rl, samples, mesh, model_cfg
         self.checker = reward if isinstance(reward, RewardChecker) else RewardChecker(reward)
-        self.tokenizer, self.reward, self.log = tokenizer, self.checker.default, log
+        self.tokenizer, self.log = tokenizer, log
         self.optimizer = make_optimizer(rl.optim)
         self.update = BucketedUpdate(
             model_cfg,
@@ -120,11 +120,11 @@ class Learner:
         metrics = {"reward/timeouts": float(both_Bx2[:, 1].sum()), "time/reward_s": time.perf_counter() - t0}
         return texts, both_Bx2[:, 0].astype(np.float32), metrics
 
-    def batch(self, rollout, scored: tuple | None = None) -> tuple[dict, dict, list[str]]:
+    def batch(self, rollout, scored: tuple[list[str], np.ndarray, dict] | None = None) -> tuple[dict, dict, list[str]]:
         """The update batch of one rollout as host arrays, its reward metrics and the responses;
-        `scored`: its (texts, rewards[, check metrics]) when the caller has them (`score`)."""
+        `scored`: what `score` returned for it, when the caller has it."""
         n, out = self.samples, rollout.out
-        texts, rewards, *checked = self.score(rollout) if scored is None else scored
+        texts, rewards, checked = self.score(rollout) if scored is None else scored
         batch = assemble(
             jnp.asarray(rollout.tokens),
             jnp.asarray(rollout.lengths),
@@ -138,7 +138,7 @@ class Learner:
         batch["advantages"] = grpo_advantages(jnp.asarray(rewards), n)
         batch = {k: np.asarray(v) for k, v in batch.items()}
         metrics = {"reward/mean": float(rewards.mean()), "reward/accuracy": float((rewards >= 1.0).mean())}
-        return batch, {**metrics, **(checked[0] if checked else {})}, texts
+        return batch, {**metrics, **checked}, texts
 
     def close(self) -> None:
         """Stops the reward checker's worker processes (a no-op for serial checks)."""
