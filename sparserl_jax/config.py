@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from sparserl_jax.cli import DEFAULT_COMPILE_CACHE
 from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
@@ -35,13 +36,13 @@ class ModelSource:
     replaces those weights with the reference policy of an earlier run (e.g. a shared warm start).
     `dtype` is the compute dtype (forward, backward, rollouts, KV cache), `param_dtype` the master
     weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py);
-    `attention` how the full-sequence passes attend (model/config.py ATTENTION: xla, or cuDNN's
-    fused attention on a GPU)."""
+    `attention` how the full-sequence passes attend (model/config.py ATTENTION; auto: cuDNN on a
+    GPU for bfloat16, splash on a TPU, blockwise on a CPU)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
-    attention: str = "xla"
+    attention: str = "auto"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
@@ -145,6 +146,11 @@ class RunConfig:
     # stop the run (keeping the checkpoints from before) after this many iterations in a row whose
     # optimizer steps were skipped for a non-finite loss or gradient; 0: never stop
     max_skipped_iterations: int = 5
+    # the folder `python -m sparserl_jax.train` keeps compiled programs in across runs (JAX's
+    # persistent compilation cache: a rerun, a resumed run or another run of the same shapes loads
+    # them instead of compiling); "" or null: off. $SPARSERL_COMPILE_CACHE or JAX's own
+    # JAX_COMPILATION_CACHE_DIR, when set, win (sparserl_jax/cli.py use_compile_cache)
+    compile_cache: str | None = DEFAULT_COMPILE_CACHE
 
     def __post_init__(self):
         for name, low in (

@@ -207,6 +207,7 @@ def test_dense_top_p_training_runs_end_to_end(tmp_path, scheduler):
             "kv.policy=none",
             "rollout.top_p=0.9",
             "rollout.top_k=20",
+            "rollout.agreement_k=20",  # a dense run records no candidates unless asked ("auto")
             *SCHEDULERS[scheduler],
         ],
     )

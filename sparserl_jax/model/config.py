@@ -14,19 +14,24 @@ from sparserl_jax.model.families import FAMILIES as FAMILY_REGISTRY
 from sparserl_jax.validate import check_at_least, check_bool, check_in, check_multiple, check_positive
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
-# model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend. "xla" materialises the
-# [T, T] scores (every platform); "cudnn" is cuDNN's fused attention through jax.nn.dot_product_attention
-# (a GPU only; memory linear in T). Decoding uses the Pallas kernel (GPU / TPU) or XLA (CPU) either way.
-ATTENTION: tuple[str, ...] = ("xla", "cudnn")
+# model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend (model/attention.py).
+# "auto" (default): cuDNN on a GPU for bfloat16 (xla for float32), splash on a TPU, blockwise on a CPU; "xla"
+# materialises the [T, T] scores (every platform); "cudnn" is cuDNN's fused attention (a GPU, bfloat16);
+# "blockwise" FlashAttention in plain JAX (every platform, memory linear in T, forward and backward); "splash"
+# TPU's Pallas kernel (a TPU, or a program lowered for one). Decoding uses the Pallas kernel (GPU / TPU) or XLA
+# (CPU) either way.
+ATTENTION: tuple[str, ...] = ("auto", "xla", "cudnn", "blockwise", "splash")
 
 
 def check_attention(attention: str, dtype: str) -> None:
-    """model.attention is one of ATTENTION, and cuDNN's only with bfloat16 compute."""
+    """model.attention is one of ATTENTION, and cuDNN's only with bfloat16 compute. The platform
+    is checked where the program is traced or lowered (model/attention.py): a CPU may lower a
+    TPU's program, so splash is no error here."""
     check_in("model.attention", attention, ATTENTION)
     if attention == "cudnn" and dtype != "bfloat16":
         raise ValueError(
             f"model.attention=cudnn needs model.dtype=bfloat16 (cuDNN's fused attention takes no {dtype}): "
-            "set model.dtype=bfloat16 or model.attention=xla"
+            "set model.dtype=bfloat16 or model.attention=auto, blockwise or xla"
         )
 
 
@@ -66,7 +71,7 @@ class ModelConfig:
     max_seq_len: int = 2048
     dtype: str = "float32"  # compute: weights as the forward reads them, activations, KV cache
     param_dtype: str = "float32"  # the master weights (and so the optimizer state) the update steps
-    attention: str = "xla"  # the full-sequence passes' attention (ATTENTION)
+    attention: str = "auto"  # the full-sequence passes' attention (ATTENTION)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0

@@ -2,9 +2,12 @@
 
 The mesh has axes ("data", "fsdp", "tensor"). Batches split over data x fsdp; parameters are
 fully sharded over fsdp (ZeRO-3 style: gathered per use by XLA) and split Megatron-style over
-tensor (heads, MLP hidden dim, vocabulary). Rules are regexes on the '/'-joined parameter path,
-so the same pure model code runs on 1 CPU, 8 fake CPU devices, one GPU or a multi-host pod:
-only the mesh changes. A dim that its mesh axes do not divide is replicated instead (logged once).
+tensor (heads, MLP hidden dim, vocabulary). The entry points hand the model their mesh, which
+keeps the activations on the batch split (model/activation_sharding.py): without it XLA would
+split the activations' model dim as the weights' instead, every device holding the whole batch.
+Rules are regexes on the '/'-joined parameter path, so the same pure model code runs on 1 CPU,
+8 fake CPU devices, one GPU or a multi-host pod: only the mesh changes. A dim that its mesh axes
+do not divide is replicated instead (logged once).
 
 Usage (jit + NamedSharding, the modern pjit):
     mesh = make_mesh(MeshConfig(data=-1, fsdp=2, tensor=2))
@@ -252,7 +255,7 @@ def sharded_logits(mesh: Mesh, cfg: ModelConfig) -> Callable:
     batch = data_sharding(mesh)
 
     def fn(params, tokens: Int[Array, "B T"]):
-        return transformer.logits(params, cfg, tokens)
+        return transformer.logits(params, cfg, tokens, mesh=mesh)
 
     p_sh = param_shardings(abstract_params(cfg), mesh)
     return jax.jit(fn, in_shardings=(p_sh, batch), out_shardings=batch)
@@ -267,7 +270,7 @@ def sharded_prefill(
     c_sh = cache_shardings(cache, mesh)
 
     def fn(params, tokens, lengths, cache):
-        return transformer.prefill(params, cfg, tokens, lengths, cache, observe_prefill=observe_prefill)
+        return transformer.prefill(params, cfg, tokens, lengths, cache, observe_prefill=observe_prefill, mesh=mesh)
 
     p_sh = param_shardings(abstract_params(cfg), mesh)
     return jax.jit(fn, in_shardings=(p_sh, batch, batch, c_sh), out_shardings=(batch, c_sh), donate_argnums=3)

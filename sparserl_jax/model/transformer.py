@@ -23,10 +23,14 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
+from sparserl_jax.mesh_axes import BATCH
+from sparserl_jax.model import attention
+from sparserl_jax.model.activation_sharding import ActivationSharding
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
 from sparserl_jax.model.precision import compute_params
@@ -126,23 +130,8 @@ def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N 
     return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
 
 
-def causal_attention(
-    q: Float[Array, "B T N H"],
-    k: Float[Array, "B T K H"],
-    v: Float[Array, "B T K H"],
-    mask: Bool[Array, "B N T T"] | None = None,
-    implementation: str = "xla",
-) -> Float[Array, "B T N H"]:
-    """Causal self-attention through jax.nn.dot_product_attention (float32 softmax). `implementation`
-    is model.attention: "xla" materialises the [T, T] scores on every platform (jax's default,
-    also on a GPU); "cudnn" is cuDNN's fused attention, a GPU only. Right padding needs no mask:
-    padded keys come after every real query."""
-    if implementation == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"model.attention=cudnn needs a GPU (jax's backend here is {jax.default_backend()}): "
-            "set model.attention=xla"
-        )
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation=implementation)
+# model.attention's implementations (xla, cudnn, blockwise, splash, auto) live in model/attention.py
+causal_attention = attention.causal_attention
 
 
 # ----------------------------------------------------------------------------- full sequences
@@ -156,31 +145,36 @@ def forward(
     remat: bool = False,
     return_qkv: bool = False,
     attn_masks: list[Bool[Array, "B N T T"]] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ):
     """Teacher-forced pass over right-padded tokens. Returns final-normed hidden states [B, T, D]
     (and, with return_qkv, per-layer post-RoPE queries [B, T, N, H], keys and values [B, T, K, H]).
 
     `attn_masks` (one boolean [B, N, T, T] mask per layer, applied on top of causality) replays
     what a sparse sampler let each query see, for an exact teacher-forced recompute.
-    Every entry point reads the weights in cfg.dtype (model/precision.py: a no-op on a compute copy)."""
+    Every entry point reads the weights in cfg.dtype (model/precision.py: a no-op on a compute copy).
+    `mesh` (the one the params and tokens are sharded on): the residual stream stays split on B
+    over data x fsdp at every layer boundary, heads over tensor (model/activation_sharding.py)."""
     params = compute_params(params, cfg)
+    act = ActivationSharding(mesh)
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    x = params["embed"][tokens]
+    x = act.rows(params["embed"][tokens])
 
     def block(layer, x, mask):
-        q, k, v = _qkv(layer, x, positions, cfg)
-        o = causal_attention(q, k, v, mask, cfg.attention)
-        return _finish_block(layer, x, o, cfg), (q, k, v)
+        q, k, v = (act.heads(a) for a in _qkv(layer, x, positions, cfg))
+        o = causal_attention(q, k, v, mask, cfg.attention, mesh=mesh)
+        return _finish_block(layer, x, act.heads(o), cfg), (q, k, v)
 
     if remat:
         block = jax.checkpoint(block)
     qkv = []
     for i, layer in enumerate(params["layers"]):
         x, layer_qkv = block(layer, x, None if attn_masks is None else attn_masks[i])
+        x = act.rows(x)
         if return_qkv:
             qkv.append(layer_qkv)
-    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    h = act.rows(rms_norm(x, params["final_norm"], cfg.norm_eps))
     if not return_qkv:
         return h
     qs, ks, vs = (list(t) for t in zip(*qkv))
@@ -196,10 +190,12 @@ def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array,
     return jnp.einsum("...d,vd->...v", h, params["embed"], preferred_element_type=jnp.float32)
 
 
-def logits(params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"]) -> Float[Array, "B T V"]:
+def logits(
+    params: Params, cfg: ModelConfig, tokens: Int[Array, "B T"], *, mesh: jax.sharding.Mesh | None = None
+) -> Float[Array, "B T V"]:
     """Full float32 logits over [B, T] (tests and small vocabularies only)."""
     params = compute_params(params, cfg)
-    return logits_from_hidden(params, forward(params, cfg, tokens))
+    return logits_from_hidden(params, forward(params, cfg, tokens, mesh=mesh))
 
 
 def chunked_logprobs(
@@ -211,31 +207,43 @@ def chunked_logprobs(
     chunk_tokens: int = 1024,
     kept_ids: Int[Array, "B T K"] | None = None,
     gather_ids: Int[Array, "B T A"] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Float[Array, "B T"], ...]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
-    holding [B, T, V] logits: tokens are processed `chunk_tokens` at a time, and each chunk's
-    logits are recomputed in the backward pass (jax.checkpoint) rather than stored.
+    holding [B, T, V] logits: each device processes `chunk_tokens` of its tokens at a time, and
+    each chunk's logits are recomputed in the backward pass (jax.checkpoint) rather than stored.
+    With `mesh` (h's rows split over its data x fsdp) a chunk takes `chunk_tokens` of every row
+    shard's own tokens, so no device gathers another's hidden states; without one (or with one
+    shard) the tokens are chunked in order, as one [B T, D] array.
 
     `kept_ids` (the sampler's kept set per position, -1 padded; rollout/sampling.py sample_kept):
     where a position has one, its log-prob is renormalised over that set, log p(target) -
     logsumexp over the set (the sampling-mask replay); elsewhere over the whole vocabulary. The
     entropy is always the whole distribution's. `gather_ids` (-1 padded): the log-probs of those
     tokens too, normalised as the targets' are, returned third ([B, T, A]; -inf at -1)."""
-    B, T, D = h.shape
-    n = B * T
-    n_chunks = -(-n // chunk_tokens)
-    pad = n_chunks * chunk_tokens - n
-    h_NxD = jnp.pad(h.reshape(n, D), ((0, pad), (0, 0)))
-    t_N = jnp.pad(targets.reshape(n), (0, pad))
-    xs = [h_NxD.reshape(n_chunks, chunk_tokens, D), t_N.reshape(n_chunks, chunk_tokens)]
+    # G row shards (1 without a mesh) of M tokens each, in S chunks of C tokens per shard: chunk s
+    # holds tokens [s C, (s + 1) C) of every shard, so each device reads only its own rows
+    act = ActivationSharding(mesh)
+    B, T = targets.shape
+    G, C = act.batch_shards(B), chunk_tokens
+    M = B // G * T
+    S = -(-M // C)
+
+    def chunked(x, fill=0):  # [B, T, ...] -> [S, G C, ...]
+        x_GxM = act.rows(x.reshape(G, M, *x.shape[2:]))
+        x_GxM = jnp.pad(x_GxM, ((0, 0), (0, S * C - M)) + ((0, 0),) * (x.ndim - 2), constant_values=fill)
+        x_SxGxC = act.pin(x_GxM.reshape(G, S, C, *x.shape[2:]).swapaxes(0, 1), P(None, BATCH))
+        return x_SxGxC.reshape(S, G * C, *x.shape[2:])
+
+    def unchunked(o):  # [S, G C, ...] -> [B, T, ...]
+        o_GxSxC = o.reshape(S, G, C, *o.shape[2:]).swapaxes(0, 1)
+        return o_GxSxC.reshape(G, S * C, *o.shape[2:])[:, :M].reshape(B, T, *o.shape[2:])
+
+    xs = [chunked(h), chunked(targets)]
     if kept_ids is not None:
-        K = kept_ids.shape[-1]
-        k_NxK = jnp.pad(kept_ids.reshape(n, K), ((0, pad), (0, 0)), constant_values=-1)
-        xs.append(k_NxK.reshape(n_chunks, chunk_tokens, K))
+        xs.append(chunked(kept_ids, -1))
     if gather_ids is not None:
-        A = gather_ids.shape[-1]
-        g_NxA = jnp.pad(gather_ids.reshape(n, A), ((0, pad), (0, 0)), constant_values=-1)
-        xs.append(g_NxA.reshape(n_chunks, chunk_tokens, A))
+        xs.append(chunked(gather_ids, -1))
     has_kept = kept_ids is not None
 
     @jax.checkpoint
@@ -263,10 +271,7 @@ def chunked_logprobs(
         return None, one_chunk(*xs)
 
     _, outs = jax.lax.scan(body, None, tuple(xs))
-    lp, ent = (o.reshape(-1)[:n].reshape(B, T) for o in outs[:2])
-    if gather_ids is None:
-        return lp, ent
-    return lp, ent, outs[2].reshape(-1, A)[:n].reshape(B, T, A)
+    return tuple(unchunked(o) for o in outs)
 
 
 def token_logprobs(
@@ -279,13 +284,15 @@ def token_logprobs(
     remat: bool = False,
     kept_ids: Int[Array, "B T K"] | None = None,
     gather_ids: Int[Array, "B T A"] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Float[Array, "B T"], ...]:
     """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
     position scores token 0 and should be masked) and the entropy of each next-token distribution;
     with `kept_ids` renormalised over the sampler's kept set where a position has one, and with
-    `gather_ids` the log-probs of those tokens third (chunked_logprobs)."""
+    `gather_ids` the log-probs of those tokens third (chunked_logprobs). `mesh`: the activations
+    stay split on B over it (forward)."""
     params = compute_params(params, cfg)
-    h = forward(params, cfg, tokens, remat=remat)
+    h = forward(params, cfg, tokens, remat=remat, mesh=mesh)
     targets = jnp.roll(tokens, -1, axis=1)
     return chunked_logprobs(
         h,
@@ -295,6 +302,7 @@ def token_logprobs(
         chunk_tokens=chunk_tokens,
         kept_ids=kept_ids,
         gather_ids=gather_ids,
+        mesh=mesh,
     )
 
 
@@ -309,15 +317,17 @@ def prefill(
     cache: kvc.KVCache,
     *,
     observe_prefill: Callable | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[Float[Array, "B V"], kvc.KVCache]:
     """Run right-padded prompts, store their keys/values in `cache`, and return the float32 logits
     of the next token after each prompt's last real token.
 
     `observe_prefill(cache, qs, ks, lengths) -> cache` (per-layer [B, T, N, H] queries and
-    [B, T, K, H] keys) lets an eviction policy initialise its state from the prompt.
+    [B, T, K, H] keys) lets an eviction policy initialise its state from the prompt. `mesh`: the
+    activations stay split on B over it (forward).
     """
     params = compute_params(params, cfg)
-    h, qs, ks, vs = forward(params, cfg, tokens, return_qkv=True)
+    h, qs, ks, vs = forward(params, cfg, tokens, return_qkv=True, mesh=mesh)
     last_BxD = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)[:, 0]
     cache = kvc.write_prefill(cache, ks, vs, lengths)
     if observe_prefill is not None:

@@ -101,9 +101,12 @@ class BucketedUpdate:
         self.kept_k, self.top_k = kept_k, top_k
         self.mesh = mesh if mesh is not None and mesh.size > 1 else None
         u = cfg.update
-        self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens))
+        # the forwards keep the activations split on B over self.mesh (model/activation_sharding.py)
+        self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens, mesh=self.mesh))
         self._micro = jax.jit(
-            functools.partial(_micro_step, model_cfg, cfg), static_argnames=("fused",), donate_argnums=(2,)
+            functools.partial(_micro_step, model_cfg, cfg, mesh=self.mesh),
+            static_argnames=("fused",),
+            donate_argnums=(2,),
         )
         # the accumulator is not donated to the step: no output has its place (a warning)
         self._apply = jax.jit(functools.partial(_apply, optimizer), donate_argnums=(0, 1) if donate else ())
@@ -163,7 +166,7 @@ class BucketedUpdate:
         )
 
     def widths(self, T: int) -> tuple[int, ...]:
-        return buckets.bucket_widths(T, self.cfg.update.length_bucket)
+        return buckets.bucket_widths(T, self.cfg.update.length_bucket, self.cfg.update.max_buckets)
 
     # ------------------------------------------------------------------ placement
 
@@ -451,8 +454,9 @@ class BucketedUpdate:
         return old, old_top
 
 
-def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None, gather_ids=None):
-    """log-probs [B, T]; with `gather_ids` also those tokens' ([B, T, A]): (logp, top)."""
+def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None, gather_ids=None, *, mesh=None):
+    """log-probs [B, T]; with `gather_ids` also those tokens' ([B, T, A]): (logp, top). `mesh`: the
+    activations stay split on B over it."""
     logp, _, *top = transformer.token_logprobs(
         params,
         model_cfg,
@@ -461,20 +465,28 @@ def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=N
         chunk_tokens=chunk_tokens,
         kept_ids=kept_ids,
         gather_ids=gather_ids,
+        mesh=mesh,
     )
     return (logp, top[0]) if top else logp
 
 
-def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool):
+def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool, mesh=None):
     """One micro-batch: (accumulated float32 gradient of the loss numerator, the numerator, the
     token metrics, the learner's log-probs, its log-probs of mb["top_ids"] or None). With
-    `ref_params`, log pi_ref is teacher-forced here."""
+    `ref_params`, log pi_ref is teacher-forced here. `mesh`: the activations stay split on B over it."""
     u = cfg.update
     if ref_params is not None:
-        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"], mb.get(KEPT))
+        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"], mb.get(KEPT), mesh=mesh)
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
     (num, (metrics, logp, top)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
-        params, mb, model_cfg, cfg, denominator=jnp.float32(1.0), weight_norm=weight_norm, old_from_forward=fused
+        params,
+        mb,
+        model_cfg,
+        cfg,
+        denominator=jnp.float32(1.0),
+        weight_norm=weight_norm,
+        old_from_forward=fused,
+        mesh=mesh,
     )
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
     return acc, num, metrics, logp, top

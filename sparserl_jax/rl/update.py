@@ -17,6 +17,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
 from sparserl_jax.model import transformer
@@ -49,6 +50,7 @@ def micro_batch_loss(
     denominator: Float[Array, ""] | None = None,
     weight_norm: Float[Array, ""] | Float[Array, " B"] | None = None,
     old_from_forward: bool = False,
+    mesh: Mesh | None = None,
 ) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"], Float[Array, "B T A"] | None]]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:
     (loss, (token metrics, the learner's log-probs under stop-gradient, and with mb["top_ids"]
@@ -57,7 +59,9 @@ def micro_batch_loss(
     `old_from_forward`: log pi_old is this forward's own log-probs under stop_gradient (exact
     when params are theta_old: the first forward of the only optimizer step); mb["old_logp"] is
     then not read. Without mb["ref_logp"] (loss.beta = 0) pi_ref is taken equal to pi_theta: the
-    KL term and its metric are 0. `weight_norm` is a scalar or one value per row."""
+    KL term and its metric are 0. `weight_norm` is a scalar or one value per row. `mesh` (the one
+    the batch is split on): the forward's activations stay split on B over it (FSDP as data
+    parallelism, model/activation_sharding.py)."""
     u = cfg.update
     logp, entropy, *top = transformer.token_logprobs(
         params,
@@ -68,6 +72,7 @@ def micro_batch_loss(
         remat=u.remat,
         kept_ids=mb.get("kept_ids"),
         gather_ids=mb.get("top_ids"),
+        mesh=mesh,
     )
     fixed_logp = jax.lax.stop_gradient(logp)
     fixed_top = jax.lax.stop_gradient(top[0]) if top else None
@@ -115,6 +120,7 @@ def minibatch_gradients(
     *,
     denominator: Float[Array, ""],
     weight_norm: Float[Array, ""] | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[Params, Float[Array, ""], dict]:
     """Gradient of the minibatch loss, accumulated in float32 over micro-batches stacked on a
     leading axis ([n_micro, micro, ...]); returns (grads in float32, loss, metrics)."""
@@ -122,7 +128,7 @@ def minibatch_gradients(
     def one(acc, mb):
         grads_acc, loss_acc = acc
         (loss, (metrics, *_)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
-            params, mb, model_cfg, cfg, denominator=denominator, weight_norm=weight_norm
+            params, mb, model_cfg, cfg, denominator=denominator, weight_norm=weight_norm, mesh=mesh
         )
         grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
         return (grads_acc, loss_acc + loss), metrics
@@ -174,9 +180,11 @@ def make_update_fn(
     optimizer: optax.GradientTransformation | None = None,
     *,
     donate: bool = False,
+    mesh: Mesh | None = None,
 ) -> Callable[[Params, optax.OptState, Batch], tuple[Params, optax.OptState, dict]]:
     """Jitted `update(params, opt_state, batch) -> (params, opt_state, metrics)`. The optimizer
-    defaults to make_optimizer(cfg.optim); `donate` donates params and optimizer state."""
+    defaults to make_optimizer(cfg.optim); `donate` donates params and optimizer state; `mesh` (the
+    one params and batch are sharded on) keeps the activations split on B over it."""
     optimizer = optimizer or make_optimizer(cfg.optim)
     u = cfg.update
 
@@ -205,7 +213,7 @@ def make_update_fn(
             params, opt_state = carry
             mbs, denom = xs
             grads, loss, step_metrics = minibatch_gradients(
-                params, mbs, model_cfg, cfg, denominator=denom, weight_norm=weight_norm
+                params, mbs, model_cfg, cfg, denominator=denom, weight_norm=weight_norm, mesh=mesh
             )
             params, opt_state, applied = apply_gradients(optimizer, params, opt_state, grads, loss)
             step_metrics.update(loss=loss, **applied)
@@ -223,12 +231,13 @@ def make_update_fn(
 
 
 def make_score_fn(
-    model_cfg: ModelConfig, cfg: UpdateConfig
+    model_cfg: ModelConfig, cfg: UpdateConfig, *, mesh: Mesh | None = None
 ) -> Callable[[Params, Int[Array, "B T"]], Float[Array, "B T"]]:
     """Jitted `score(params, tokens, kept_ids=None) -> logp [B, T]`: teacher-forced log-probs
     (position t scores tokens[t + 1]) at cfg.temperature, `cfg.score_batch_size` rows at a time,
     renormalised over the sampler's kept sets when given ([B, T, K]). Run it with theta_old for
-    `old_logp` and with the reference weights for `ref_logp`."""
+    `old_logp` and with the reference weights for `ref_logp`. `mesh`: each chunk's activations
+    stay split on its rows over it."""
 
     def score(params, tokens, kept_ids=None):
         B, T = tokens.shape
@@ -249,6 +258,7 @@ def make_score_fn(
                 temperature=cfg.temperature,
                 chunk_tokens=cfg.chunk_tokens,
                 kept_ids=k[0] if k else None,
+                mesh=mesh,
             )
             return logp
 
