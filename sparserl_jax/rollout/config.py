@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
+from sparserl_jax.rollout.layout import check_layout
+from sparserl_jax.rollout.sampling import TOPK_METHODS
 from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in, check_number
 
 SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py SOURCES)
@@ -23,8 +25,16 @@ class RolloutConfig:
     prompts x samples rows in one call; otherwise the rows are sampled in consecutive chunks of
     `rows_per_call` (one compiled shape; row b is request b of the iteration's key in whichever
     call samples it) and concatenated, so the prefill's activations and the KV cache scale with
-    `rows_per_call` instead of the whole batch. It must divide prompts x samples and, on a mesh, be a multiple of mesh data x fsdp
-    (each call's rows are split over those devices). Evaluation uses it as its batch size.
+    `rows_per_call` instead of the whole batch. It must divide prompts x samples and, on a mesh,
+    be a multiple of the row groups each call's rows are split over (rollout.mesh: mesh data x
+    fsdp for "train", every device for "data", devices / N for "tensor:N"). Evaluation uses it
+    as its batch size.
+
+    `mesh` is the rollout layout (rollout/layout.py): "train" decodes on the training mesh and
+    layout (weights gathered per use in every decode step); "data" replicates the weights on
+    every device once per iteration and each device decodes its own rows with no collective in
+    the decode loop but its stop test; "tensor:N" splits the weights over groups of N devices
+    (for a model that does not fit one) and the rows over the groups.
     """
 
     prompts: int = 128
@@ -42,16 +52,24 @@ class RolloutConfig:
     # workloads for benchmarks, as serving benchmarks fix the output length
     ignore_eos: bool = False
     # each training token's `agreement_k` most probable tokens and their sampler log-probs are
-    # recorded for the sparse-dense agreement the learner logs (rl/diagnostics.py; Sparrow's top 20,
-    # 8 bytes a candidate); 0 turns it off.
-    agreement_k: int = 20
+    # recorded for the sparse-dense agreement the learner logs (rl/diagnostics.py; 8 bytes a
+    # candidate, and a top-k over the vocabulary every decode step); "auto": Sparrow's top 20
+    # (rollout/sampling.py AGREEMENT_K) when the run reads them, none otherwise
+    # (components.agreement_candidates); 0 turns it off.
+    agreement_k: int | str = "auto"
+    # how they are found: "exact", "approx" (TPU's approximate top-k) or "auto" (approx on TPU,
+    # else exact): rollout/sampling.py top_candidates
+    agreement_topk: str = "auto"
     # log question/* each iteration: how much of each response's prompt the sparse cache had
     # evicted by its end, whether the question's numbers were among it and the reward of those
     # responses (rollout/question.py); static sampler only
     question_kv: bool = False
+    # the rollout layout: "train" | "data" | "tensor:N" (rollout/layout.py)
+    mesh: str = "train"
 
     def __post_init__(self):
         check_in("rollout.scheduler", self.scheduler, SCHEDULERS)
+        check_layout(self.mesh)
         check_in("rollout.attn_impl", self.attn_impl, ATTN_IMPLS)
         for name in ("prompts", "samples", "max_new_tokens"):
             check_at_least(f"rollout.{name}", getattr(self, name), 1)
@@ -59,7 +77,10 @@ class RolloutConfig:
         check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
         check_at_least("rollout.top_k", self.top_k, 0)
         check_bool("rollout.ignore_eos", self.ignore_eos)
-        check_at_least("rollout.agreement_k", self.agreement_k, 0)
+        k = self.agreement_k
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f'rollout.agreement_k={k!r}: expected "auto" or an integer >= 0 (0: none)')
+        check_in("rollout.agreement_topk", self.agreement_topk, TOPK_METHODS)
         check_bool("rollout.question_kv", self.question_kv)
         if self.question_kv and self.scheduler != "batch":
             raise ValueError(

@@ -40,12 +40,13 @@ from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
 from sparserl_jax.rollout.sampling import (
+    TOPK_METHODS,
     SamplingConfig,
-    kept_set,
     kept_width,
     processed_logprobs,
     sample,
     sample_kept,
+    top_candidates,
 )
 from sparserl_jax.validate import check_at_least, check_bool, check_in
 
@@ -74,6 +75,9 @@ class SamplerConfig:
     # Record each token's `agreement_k` most probable tokens and their log-probs under the sampled
     # distribution, for the learner's sparse-dense agreement (rl/diagnostics.py agreement); 0: none.
     agreement_k: int = 0
+    # How they are found (rollout/sampling.py top_candidates): "exact", "approx" (TPU's fast
+    # approximate top-k) or "auto" (approx where the program is built for TPU, else exact).
+    agreement_topk: str = "auto"
     # Record, per row, the fraction of each prompt position's (layer, KV head) entries the cache
     # still holds when the row ends: how much of the question the eviction took (rollout/question.py).
     record_prompt_kept: bool = False
@@ -97,6 +101,7 @@ class SamplerConfig:
             raise ValueError("sampler.record_kept needs kv.trigger='interval'")
         check_bool("sampler.replay_filters", self.replay_filters)
         check_at_least("sampler.agreement_k", self.agreement_k, 0)
+        check_in("sampler.agreement_topk", self.agreement_topk, TOPK_METHODS)
         check_bool("sampler.record_prompt_kept", self.record_prompt_kept)
         if self.replay_filters and (self.sampling.top_k < 1 or self.sampling.temperature == 0):
             raise ValueError(
@@ -208,7 +213,7 @@ def prefill_requests(
     kv_cfg = cfg.kv
     cache = kv.cache_for(kv_cfg, model_cfg, B, W, jnp.dtype(model_cfg.dtype), capacity=max(capacity, W))
     logits, cache = transformer.prefill(
-        params, model_cfg, prompts, prompt_lengths, cache, observe_prefill=kv.observe_prefill(kv_cfg)
+        params, model_cfg, prompts, prompt_lengths, cache, observe_prefill=kv.observe_prefill(kv_cfg), mesh=cfg.mesh
     )
     n_comp_B = jnp.zeros((B,), jnp.int32)
     if W > capacity:
@@ -283,7 +288,9 @@ def _draw(logits: Float[Array, "B V"], key: jax.Array, cfg: SamplerConfig):
     else:
         token_B, logp_B = sample(logits, key, cfg.sampling, proc_BxV)
     if cfg.agreement_k:  # the sampled distribution's top candidates
-        rec["top_logp"], rec["top_ids"] = kept_set(proc_BxV, cfg.agreement_k)
+        rec["top_logp"], rec["top_ids"] = top_candidates(
+            proc_BxV, cfg.agreement_k, cfg.agreement_topk, cfg.attn_platform
+        )
     return token_B, logp_B, rec
 
 
@@ -317,11 +324,17 @@ def generate(
     cfg: SamplerConfig,
     request_ids: Int[Array, " B"] | None = None,
     max_lengths: Int[Array, " B"] | None = None,
+    *,
+    stop_axes: tuple[str, ...] = (),
 ) -> Rollout:
     """Sample up to cfg.max_new_tokens after each right-padded prompt; row b is request
     request_ids[b] (default: b) for its random keys, and stops after max_lengths[b] tokens when
     given (forced lengths, for benchmarks). Jit with static configs:
-    `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`."""
+    `jax.jit(generate, static_argnames=("model_cfg", "cfg"))`. `stop_axes`: the mesh axes this
+    call runs under shard_map over, each device with its own rows (rollout/on_mesh.py
+    generate_per_device): the loop then stops once every row of every device has finished (its
+    stop test, a scalar, is the decode loop's one collective), so each output is the one-device
+    program's."""
     check_batch(prompts, prompt_lengths, request_ids, max_lengths)
     params = compute_params(params, model_cfg)  # once, not in every decode step (model/precision.py)
     B, P = prompts.shape
@@ -358,7 +371,10 @@ def generate(
 
     def not_finished(state):
         r, carry = state[0], state[1]
-        return (r < n_chunks) & ~jnp.all(carry[4])
+        finished = jnp.all(carry[4])
+        if stop_axes:  # every device's rows, not only this one's
+            finished = jax.lax.pmin(finished.astype(jnp.int32), stop_axes) > 0
+        return (r < n_chunks) & ~finished
 
     outs = empty_outputs(cfg, B, n_chunks * U)
     kept_pos = None

@@ -6,7 +6,8 @@ quantized afresh when quant.format is set) and returns a RolloutBatch on the hos
 state_dict() (data position, and SortedRL's group) goes into every checkpoint's metadata. It is
 handed the sections it reads (rollout, quant, sorted) and the SamplerConfig, which alone says what
 is sampled (KV cache, max_new_tokens, sampling); components.rollout_source builds the one
-rollout.scheduler names from a run's TrainConfig.
+rollout.scheduler names from a run's TrainConfig. Both decode on the rollout layout rollout.mesh
+names (rollout/layout.py), the weights placed on it once per batch.
   BatchSource   the static sampler: rollout.prompts x rollout.samples rows per iteration, sampled
                 rollout.rows_per_call rows per call (chunk i draws request ids i*R .. (i+1)*R).
   SortedSource  SortedRL: the SortedScheduler over one SlotEngine, loading a
@@ -28,7 +29,7 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rollout.config import RolloutConfig, SortedConfig
 from sparserl_jax.rollout.engine import SlotEngine
-from sparserl_jax.rollout.on_mesh import generate_on_mesh
+from sparserl_jax.rollout.layout import rollout_mesh
 from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
@@ -62,13 +63,15 @@ def concat_rollouts(outs: Sequence[Rollout]) -> Rollout:
     return Rollout(**{f.name: cat(f.name) for f in dataclasses.fields(Rollout)})
 
 
-def check_rows_per_call(rows_per_call: int, mesh) -> None:
-    """rollout.rows_per_call splits evenly over the mesh's data x fsdp devices."""
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+def check_rows_per_call(rows_per_call: int, mesh, layout: str = "train") -> None:
+    """rollout.rows_per_call splits evenly over the row groups of the rollout layout on the mesh
+    (rollout/layout.py: data x fsdp on the training layout)."""
+    dp = rollout_mesh(layout, mesh).row_groups
     if rows_per_call and rows_per_call % dp:
         raise ValueError(
-            f"rollout.rows_per_call={rows_per_call} must be a multiple of mesh data x fsdp "
-            f"= {dp}: each sampler call's rows are split over those devices"
+            f"rollout.rows_per_call={rows_per_call} must be a multiple of the {dp} row groups of "
+            f"rollout.mesh={layout!r} (mesh data x fsdp for 'train', every device for 'data'): "
+            "each sampler call's rows are split over them"
         )
 
 
@@ -106,7 +109,7 @@ def check_source_args(
             f"mesh: expected a jax Mesh with axes 'data' and 'fsdp' (model.sharding.make_mesh), "
             f"got {getattr(mesh, 'axis_names', type(mesh).__name__)}"
         )
-    check_rows_per_call(rollout_cfg.rows_per_call, mesh)
+    check_rows_per_call(rollout_cfg.rows_per_call, mesh, rollout_cfg.mesh)
     check_at_least("data.max_prompt_len (max_prompt_len)", max_prompt_len, 1)
     check_at_least("pad_token_id", pad_token_id, 0)
     if pad_token_id >= model_cfg.vocab_size:
@@ -136,6 +139,7 @@ class BatchSource:
         check_source_args(rollout_cfg, sampler_cfg, quant_cfg, prompts, model_cfg, mesh, max_prompt_len, pad_token_id)
         self.rollout_cfg, self.sampler_cfg, self.quant_cfg = rollout_cfg, sampler_cfg, quant_cfg
         self.prompts, self.model_cfg, self.mesh = prompts, model_cfg, mesh
+        self.rollout = rollout_mesh(rollout_cfg.mesh, mesh)  # the layout it decodes on
         self.max_prompt_len, self.pad_token_id = max_prompt_len, pad_token_id
 
     def next(self, params, key, iteration: int) -> RolloutBatch:
@@ -168,17 +172,17 @@ class BatchSource:
                 "source returned fewer prompts than rollout.prompts?)"
             )
         n_calls = B // R
+        params = self.rollout.place(params)  # once per iteration: the rollout layout's weights
         # QuRL: the behaviour policy is theta_old quantized afresh from full precision
         params = quant.quantize_params(params, self.quant_cfg)
         outs = [
-            generate_on_mesh(
+            self.rollout.generate(
                 params,
                 self.model_cfg,
                 tokens[i * R : (i + 1) * R],
                 lengths[i * R : (i + 1) * R],
                 key,
                 self.sampler_cfg,
-                self.mesh,
                 request_ids=np.arange(i * R, (i + 1) * R),
             )
             for i in range(n_calls)
@@ -236,7 +240,12 @@ class SortedSource(BatchSource):
         # them allocates and compiles nothing). One engine for the run: every group's prompts
         # are padded to data.max_prompt_len, so each of its programs compiles once.
         engine = SlotEngine(
-            model_cfg, sampler_cfg, s.slots or r.rows, max_prompt_len, segment_chunks=s.segment_chunks, mesh=mesh
+            model_cfg,
+            sampler_cfg,
+            s.slots or r.rows,
+            max_prompt_len,
+            segment_chunks=s.segment_chunks,
+            mesh=self.rollout.mesh,  # its slots over the rollout mesh's data x fsdp, XLA-partitioned
         )
         self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
 
@@ -258,7 +267,7 @@ class SortedSource(BatchSource):
                 jax.random.fold_in(jax.random.key(self.seed), SORTED_KEY_SALT), sched.group + 1
             )
             sched.load_group(examples, tokens, lengths, group_key)
-        params = quant.quantize_params(params, self.quant_cfg)  # QuRL: the behaviour weights
+        params = quant.quantize_params(self.rollout.place(params), self.quant_cfg)  # QuRL: the behaviour weights
         examples, tokens, lengths, fin, extra = sched.next_batch(params, iteration)
         out = fin.to_rollout()
         seconds = time.perf_counter() - t0
