@@ -45,13 +45,14 @@ class Trainer:
         r = cfg.rollout
         self.batch_rows, self.call_rows = r.rows, r.call_rows
         check_minibatch(self.batch_rows, cfg.rl.update.minibatch_size)
-        parts = self.parts = components.build_model(cfg)
+        # One mesh for the run: params split by the partition rules (a checkpoint read straight
+        # into them), batches over data x fsdp (a no-op layout on a single device); jit
+        # propagates the shardings through every step.
+        self.mesh = sharding.make_mesh(cfg.mesh)
+        parts = self.parts = components.build_model(cfg, self.mesh)
         components.check_lengths(cfg, parts.model_cfg)
         self.curriculum_task = components.curriculum_task(cfg)
         self.model_cfg, self.tokenizer = parts.model_cfg, parts.tokenizer
-        # One mesh for the run: params split by the partition rules, batches over data x fsdp
-        # (a no-op layout on a single device); jit propagates the shardings through every step.
-        self.mesh = sharding.make_mesh(cfg.mesh)
         self.learner = Learner(
             cfg.rl,
             r.samples,
@@ -61,7 +62,7 @@ class Trainer:
             components.reward_checker(cfg, parts.reward),
             max_len=cfg.data.max_prompt_len + r.max_new_tokens,
             kept_k=kept_width(r.top_k) if r.filters else 0,
-            top_k=r.agreement_k,
+            top_k=components.agreement_candidates(cfg),
             log=self.log,
         )
         self.params = self.learner.place(parts.params)
@@ -69,7 +70,11 @@ class Trainer:
         self.ref_params = self.params  # until start(): a copy, or the saved reference restored
         self.opt_state = self.learner.init_opt_state(self.params)
         self.sampler_cfg = components.sampler_config(
-            cfg, self.tokenizer, replay_filters=r.filters, agreement_k=r.agreement_k, record_prompt_kept=r.question_kv
+            cfg,
+            self.tokenizer,
+            replay_filters=r.filters,
+            agreement_k=components.agreement_candidates(cfg),
+            record_prompt_kept=r.question_kv,
         )
         self._is_number = None  # the tokenizer's number tokens, for question/* (rollout.question_kv)
         self.prompts = components.prompt_source(cfg, self.tokenizer, batch_size=r.prompts)
@@ -209,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     distributed.join(args.distributed)  # before any other JAX call; a no-op on a single process
     cfg = load_config(args.config, args.overrides)
+    cli.use_compile_cache(cfg.train.compile_cache)  # before the first compile: train.compile_cache
     return Trainer(cfg).run()
 
 

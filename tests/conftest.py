@@ -24,6 +24,8 @@ from importlib.metadata import version
 
 import pytest
 
+from sparserl_jax.cli import COMPILE_CACHE_ENV
+
 # Compiling is most of this suite's time (80% of test_train's, test_rl_bucketed's and test_sampler's),
 # and its programs are small and run a few times. Two XLA settings compile them faster:
 # - the LLVM backend at optimisation level 0 (a third faster);
@@ -59,6 +61,11 @@ def _add_test_xla_flags() -> None:
 
 
 _add_test_xla_flags()
+
+# No test writes to a user's home: the training CLI's persistent compilation cache
+# (train.compile_cache, sparserl_jax/cli.py) is off here and in the processes tests start; a test
+# that wants one names its folder in JAX_COMPILATION_CACHE_DIR (tests/compile_cache.py), which wins.
+os.environ[COMPILE_CACHE_ENV] = ""
 
 
 def _release(name: str) -> tuple[int, ...]:

@@ -105,6 +105,7 @@ def _probe(mode: str, size: str, emulated: bool) -> list[str]:
     return _run(["-c", PROBE, sysconfig.get_paths()["purelib"], mode, size], emulated=emulated, timeout=300).split()
 
 
+@pytest.mark.extended  # 95 s under qemu: the CI budget; run with --extended
 @pytest.mark.slow
 @needs_qemu
 def test_kernels_equal_on_an_emulated_avx2_cpu():

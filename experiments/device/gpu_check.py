@@ -47,6 +47,10 @@ its output). The report reads PASS only when every step ran and none failed; the
 otherwise. Results for the repository: experiments/results/gpu/<device>/ (the default --out on a
 GPU). `--fail STEP` makes a step raise once it has run (the guard's test: its figures stay, the
 report reads FAIL).
+
+The steps share JAX's persistent compilation cache (`--compile-cache`, default
+~/.cache/sparserl_jax/xla, train.compile_cache's): a rerun on the same machine loads what the
+first run compiled, so its compile figures are then load times (`--compile-cache ''`: off).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ import sys
 import time
 
 from experiments.device import gpu_report  # imports no JAX: this process never starts a device
+from sparserl_jax import cli  # imports no JAX either
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/
 
@@ -107,6 +112,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "on this machine, no GPU needed (gpu_lower.py); writes DIR/lowering.md and .json with --out",
     )
     p.add_argument("--fail", choices=list(TITLES), help="make this step raise once it has run (tests the guard)")
+    p.add_argument(
+        "--compile-cache",
+        default=cli.DEFAULT_COMPILE_CACHE,
+        help="the steps' persistent compilation cache (a rerun loads what the first run compiled: its "
+        "compile figures are then load times); '' turns it off; JAX_COMPILATION_CACHE_DIR or "
+        f"${cli.COMPILE_CACHE_ENV}, when set, win (default: %(default)s)",
+    )
     p.add_argument("--step", choices=list(TITLES), help=argparse.SUPPRESS)  # a step's own process
     p.add_argument("--mode", choices=list(BUDGETS), help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -128,12 +140,16 @@ def device_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def step_env(name: str, mode: str) -> dict:
-    """The environment of a step's process: GPU_ENV and STEP_ENV (CPU only under --smoke), where
-    the user has not set them."""
+def step_env(name: str, mode: str, compile_cache: str | None = None) -> dict:
+    """The environment of a step's process: GPU_ENV and STEP_ENV (CPU only under --smoke), and
+    JAX's persistent compilation cache in `compile_cache` (cli.compile_cache_folder: None, off),
+    where the user has not set them."""
     env = dict(os.environ)
     for k, v in ({"JAX_PLATFORMS": "cpu"} if mode == "smoke" else {**GPU_ENV, **STEP_ENV.get(name, {})}).items():
         env.setdefault(k, v)
+    if compile_cache:
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", compile_cache)
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(cli.MIN_COMPILE_SECS))
     return env
 
 
@@ -178,7 +194,8 @@ def main(argv=None) -> int:
     )
     os.makedirs(out, exist_ok=True)
     steps = [gpu_report.Step(name, TITLES[name], budget) for name, budget in budgets.items()]
-    envs = {s.name: step_env(s.name, mode) for s in steps}
+    cache = cli.compile_cache_folder(args.compile_cache, "cpu" if mode == "smoke" else "gpu")
+    envs = {s.name: step_env(s.name, mode, cache) for s in steps}
     time_limit = args.time_limit or TIME_LIMITS[mode]
     t_end = time.time() + time_limit
 

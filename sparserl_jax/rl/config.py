@@ -166,6 +166,11 @@ class UpdateConfig:
       response) rounded up to a multiple of this many positions, capped at the rollout width
       data.max_prompt_len + rollout.max_new_tokens (a few compiled widths); 0 pads every row to the
       full width.
+    `max_buckets`: at most this many widths (each compiles a scoring and a gradient program):
+      where the rollout width holds more multiples of length_bucket, the step is widened to the
+      smallest multiple of length_bucket that fits (rl/buckets.py bucket_step; 5120-position rows
+      at 64 and 16: 320). 0: no bound. The default changes nothing up to 2048-position rows at the
+      default bucket; a coarser step costs padding (rl/buckets.py says how much).
     `compile_ahead`: every width and path is compiled before the first update, so no iteration
       after the first compiles (what a long run wants: its first iteration pays once); off, each
       program compiles when a batch first needs it (the experiments' --smoke: a two-iteration run
@@ -190,6 +195,7 @@ class UpdateConfig:
     score_batch_size: int = 16
     donate: bool = True
     length_bucket: int = 64
+    max_buckets: int = 32
     group_by_length: bool = True
     reuse_old_forward: bool = True
     compile_ahead: bool = True
@@ -198,6 +204,7 @@ class UpdateConfig:
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens", "score_batch_size"):
             check_at_least(f"update.{name}", getattr(self, name), 1)
         check_at_least("update.length_bucket", self.length_bucket, 0)  # 0: no length buckets
+        check_at_least("update.max_buckets", self.max_buckets, 0)  # 0: no bound on the widths
         for name in ("remat", "donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
             check_bool(f"update.{name}", getattr(self, name))
         if self.minibatch_size % self.micro_batch_size:
