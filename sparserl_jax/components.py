@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 import jax
+from jax.sharding import Mesh
 
 from sparserl_jax import kvcache as kv
 from sparserl_jax.checkpoint import restore_params
@@ -17,10 +18,10 @@ from sparserl_jax.data import datasets
 from sparserl_jax.data.reward_pool import RewardChecker
 from sparserl_jax.data.rewards import get_timed_reward
 from sparserl_jax.data.tasks import get_task
-from sparserl_jax.model import hf, transformer
+from sparserl_jax.model import hf, sharding, transformer
 from sparserl_jax.model.config import ModelConfig, check_sequence_length
 from sparserl_jax.rollout.sampler import SamplerConfig
-from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.rollout.sampling import AGREEMENT_K, SamplingConfig
 from sparserl_jax.rollout.source import BatchSource, SortedSource
 from sparserl_jax.tokenizer import CharTokenizer, HFTokenizer
 
@@ -34,14 +35,20 @@ class Components:
     reward: Callable[[str, str], float]  # the task's, or data.reward (math's limit data.reward_pool.timeout_s)
 
 
-def build_model(cfg: TrainConfig) -> Components:
+def build_model(cfg: TrainConfig, mesh: Mesh | None = None) -> Components:
     """An HF checkpoint (model.checkpoint) or a random model of model.arch with the task's
-    tokenizer; the params are the master weights, in model.param_dtype."""
+    tokenizer; the params are the master weights, in model.param_dtype. With the run's `mesh`
+    (the trainer's and the evaluator's, sharding.make_mesh(cfg.mesh)) of several devices, a
+    checkpoint is read straight into the params' shardings (checkpoint_shardings): each process
+    reads only its devices' blocks and no device holds more than its own, where a whole load on
+    one device needs the model's master bytes there (30 GB for 7B in float32) before anything is
+    split. Without one (None: export, tools) every tensor is placed whole on the default device."""
     task = get_task(cfg.data.task, **dict(cfg.data.task_options)) if cfg.data.task else None
     reward = task.reward if task is not None else get_timed_reward(cfg.data.reward, cfg.data.reward_pool.timeout_s)
     settings = cfg.model.arch_settings
     if cfg.model.checkpoint:
-        model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.param_dtype)
+        shardings = checkpoint_shardings(cfg, mesh) if mesh is not None and mesh.size > 1 else None
+        model_cfg, params = hf.load_params(cfg.model.checkpoint, dtype=cfg.model.param_dtype, shardings=shardings)
         model_cfg = dataclasses.replace(model_cfg, **settings)
         tokenizer = HFTokenizer.from_dir(cfg.model.checkpoint)
     else:
@@ -56,6 +63,16 @@ def build_model(cfg: TrainConfig) -> Components:
     if cfg.model.init_from:
         params, _ = restore_params(os.path.join(cfg.model.init_from, "reference"), params)
     return Components(model_cfg, params, tokenizer, task, reward)
+
+
+def checkpoint_shardings(cfg: TrainConfig, mesh: Mesh):
+    """The shardings the trainer lays model.checkpoint's params out with on `mesh` (the partition
+    rules of model/sharding.py over the shapes its config.json implies; nothing is read or
+    allocated): hf.load_params reads each device's block straight into them."""
+    model_cfg = dataclasses.replace(
+        hf.load_config(cfg.model.checkpoint, cfg.model.param_dtype), **cfg.model.arch_settings
+    )
+    return sharding.param_shardings(sharding.abstract_params(model_cfg), mesh)
 
 
 def reward_checker(cfg: TrainConfig, reward: Callable[[str, str], float]) -> RewardChecker:
@@ -156,6 +173,20 @@ def eval_examples(cfg: TrainConfig, tokenizer, *, n: int | None) -> list:
     return examples[:n] if n else examples
 
 
+def agreement_candidates(cfg: TrainConfig) -> int:
+    """The top candidates per token the run's training rollouts record: rollout.agreement_k when
+    it is a number, and for "auto" AGREEMENT_K (Sparrow's top 20) when the run reads them, else 0.
+    What reads them is the learner's sparse-dense agreement (rl/diagnostics.py agreement; no
+    correction does), the measure of a sampler that is not the learner's model: sparse rollouts
+    (kv.policy other than none) or quantized ones (quant.format). A dense full-precision run,
+    whose sampler differs from pi_old by rounding alone, records none and skips their top-k over
+    the whole vocabulary in every decode step."""
+    k = cfg.rollout.agreement_k
+    if k != "auto":
+        return k
+    return AGREEMENT_K if not cfg.kv.is_dense or cfg.quant.enabled else 0
+
+
 def sampler_config(
     cfg: TrainConfig,
     tokenizer,
@@ -169,8 +200,9 @@ def sampler_config(
 ) -> SamplerConfig:
     """The sampler of cfg's rollouts (`replay_filters`: training rollouts sampled with top-p /
     top-k record each token's kept set for the learner, rollout/sampling.py sample_kept;
-    `agreement_k`: they record each token's top candidates, for the sparse-dense agreement;
-    `record_prompt_kept`: how much of each prompt the cache holds at the response's end)."""
+    `agreement_k`: they record each token's top candidates, for the sparse-dense agreement
+    (agreement_candidates; found as rollout.agreement_topk says); `record_prompt_kept`: how much
+    of each prompt the cache holds at the response's end)."""
     r = cfg.rollout
     return SamplerConfig(
         max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -181,6 +213,7 @@ def sampler_config(
         attn_impl=r.attn_impl,
         replay_filters=replay_filters,
         agreement_k=agreement_k,
+        agreement_topk=r.agreement_topk,
         record_prompt_kept=record_prompt_kept,
     )
 

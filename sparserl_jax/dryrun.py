@@ -367,7 +367,7 @@ def token_record_bytes(cfg: TrainConfig) -> tuple[int, int]:
     """Bytes a token of the sampler's records: (kept set with top-p / top-k training, int32 ids;
     the agreement's top candidates, int32 ids + float32 log-probs)."""
     r = cfg.rollout
-    return (4 * kept_width(r.top_k) if r.filters else 0), 8 * r.agreement_k
+    return (4 * kept_width(r.top_k) if r.filters else 0), 8 * components.agreement_candidates(cfg)
 
 
 def rollout_items(s: Shapes) -> list[Item]:

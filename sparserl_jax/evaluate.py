@@ -155,7 +155,7 @@ def _load_policy(args) -> tuple[TrainConfig, components.Components]:
     else:
         data = dataclasses.replace(d, chat_template=chat, **common)
     cfg = dataclasses.replace(cfg, data=data)
-    parts = components.build_model(cfg)
+    parts = components.build_model(cfg, sharding.make_mesh(cfg.mesh))  # main's mesh: read into its shards
     if is_run:
         parts.params, meta = restore_params(os.path.join(args.checkpoint, "checkpoints"), parts.params, step=args.step)
         args.step = int(meta.get("iteration", args.step or 0))  # the step restored: the suite's table names it

@@ -338,6 +338,11 @@ def _value_and_text(tp, draw):
         if draw(st.booleans()):
             return None, "null"
         return _value_and_text(inner, draw)
+    if set(args) == {int, str}:  # a count or a word (rollout.agreement_k: "auto" or k)
+        if draw(st.booleans()):
+            return "auto", "auto"
+        v = draw(st.integers(0, 10**9))
+        return v, str(v)
     if tp is bool:
         v = draw(st.booleans())
         return v, draw(st.sampled_from([str(v).lower(), str(v), "yes" if v else "no"]))

@@ -11,12 +11,19 @@ the acceptance targets are sparse tokens/s >= 2x dense at 8k new tokens on the C
     python experiments/bench/bench_decode.py --profile gpu --dry-run # lower the GPU path at reduced size
     python experiments/bench/bench_decode.py --lengths 1024 4096 --policies none streaming --batch 4
     python experiments/bench/bench_decode.py --quant none w8a16 int8 fp8  # QuRL's quantized weights
+    python experiments/bench/bench_decode.py --n-layers 2 --vocab 151936 --agreement-k 0 20 --breakdown
 
 `--quant` adds rows with quantized weights (sparserl_jax.quant): w8a16 (int8 weight-only), int8
 (W8A8, int8 dot with int32 accumulation) and fp8 (W8A8 e4m3); weight MiB is what one decode step
 reads (quantized values + float32 scales, embedding and lm_head in full precision). On CPU a
 quantized dot may be slower than the full-precision one; the GPU target is W8A8 faster than bf16
 at batch >= 64 on the 1.5B shape.
+
+`--agreement-k 0 20` runs every row without and with the agreement's top candidates (the sampler
+records each token's 20 most probable tokens, a top-k over the vocabulary every step;
+rollout.agreement_k), `--vocab` sets the vocabulary (151936: Qwen's), and `--breakdown` times the
+pieces of a step beside each row (experiments/lib/decode_breakdown.py: the logits head, sampling,
+the candidates, attention, the compression per step, and the rest).
 
 Every sequence decodes exactly max_new_tokens (no EOS). Compile time is an AOT lower + compile;
 the timed figure is the median over the calls of a row (at least --repeats, and at least
@@ -43,13 +50,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from experiments.lib import figprov
+from experiments.lib import decode_breakdown, figprov
 from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
+from sparserl_jax.rollout.sampling import TOPK_METHODS, topk_method
 
 DENSE = "none"
 QUANT = {  # --quant label -> (quant.format, quant.mode)
@@ -154,6 +162,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--buffer", type=int, help="kv.buffer of new entries between compressions")
     p.add_argument("--window", type=int, help="kv.window w")
     p.add_argument("--n-layers", type=int, help="override the profile's layer count")
+    p.add_argument("--vocab", type=int, help="override the profile's vocabulary size (151936: Qwen2.5's)")
+    p.add_argument(
+        "--agreement-k",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="the agreement's top candidates each token records (0: none); several: a row for each",
+    )
+    p.add_argument("--agreement-topk", default="auto", choices=TOPK_METHODS, help="how the candidates are found")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the step's pieces at each row's shapes (experiments/lib/decode_breakdown.py)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="least timed calls per row (the median is reported)")
     p.add_argument(
         "--min-seconds",
@@ -184,6 +206,8 @@ def resolve(args: argparse.Namespace) -> tuple[str, Profile]:
     model = prof.model
     if args.n_layers:
         model = dataclasses.replace(model, n_layers=args.n_layers)
+    if args.vocab:
+        model = dataclasses.replace(model, vocab_size=args.vocab)
     over = {k: getattr(args, k) for k in ("batch", "prompt_len", "budget", "buffer", "window")}
     prof = dataclasses.replace(prof, model=model, **{k: v for k, v in over.items() if v})
     if args.lengths:
@@ -240,11 +264,21 @@ def bench_row(
     seed: int,
     attn_impl: str,
     quant_label: str = "none",
+    agreement_k: int = 0,
+    agreement_topk: str = "auto",
 ) -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
-    and at least `min_seconds` in all; the median call is reported."""
+    and at least `min_seconds` in all; the median call is reported. `agreement_k`: the top
+    candidates each token records (found as `agreement_topk` says), 0 none."""
     kv_cfg = kv_config(policy, prof)
-    cfg = SamplerConfig(max_new_tokens=new_tokens, kv=kv_cfg, eos_token_ids=(), attn_impl=attn_impl)
+    cfg = SamplerConfig(
+        max_new_tokens=new_tokens,
+        kv=kv_cfg,
+        eos_token_ids=(),
+        attn_impl=attn_impl,
+        agreement_k=agreement_k,
+        agreement_topk=agreement_topk,
+    )
     capacity = cache_capacity(kv_cfg, prof.prompt_len, new_tokens)
     t0 = time.perf_counter()
     compiled = (
@@ -265,6 +299,8 @@ def bench_row(
     return dict(
         policy=policy,
         quant=quant_label,
+        agreement_k=agreement_k,
+        agreement_topk=topk_method(agreement_topk) if agreement_k else None,
         weight_bytes=quant.quantized_bytes(params),
         new_tokens=new_tokens,
         batch=prof.batch,
@@ -282,20 +318,32 @@ def bench_row(
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """speedup_vs_dense = tokens/s over the dense row's at the same length and batch (None without
-    one); speedup_vs_full_precision likewise over the same policy's unquantized row."""
+    """speedup_vs_dense = tokens/s over the dense row's at the same length, batch, weights and
+    candidates (None without one); speedup_vs_full_precision likewise over the same policy's
+    unquantized row; speedup_vs_no_candidates over the same row without the agreement's
+    candidates (agreement_k 0)."""
     rows = [r for r in rows if "error" not in r]
+
+    def quant_of(r):
+        return r.get("quant", "none")
+
+    def k_of(r):
+        return r.get("agreement_k", 0)
+
     dense = {
-        (r["new_tokens"], r["batch"], r.get("quant", "none")): r["tokens_per_s"] for r in rows if r["policy"] == DENSE
+        (r["new_tokens"], r["batch"], quant_of(r), k_of(r)): r["tokens_per_s"] for r in rows if r["policy"] == DENSE
     }
     full = {
-        (r["policy"], r["new_tokens"], r["batch"]): r["tokens_per_s"] for r in rows if r.get("quant", "none") == "none"
+        (r["policy"], r["new_tokens"], r["batch"], k_of(r)): r["tokens_per_s"] for r in rows if quant_of(r) == "none"
     }
+    bare = {(r["policy"], r["new_tokens"], r["batch"], quant_of(r)): r["tokens_per_s"] for r in rows if not k_of(r)}
     for r in rows:
-        base = dense.get((r["new_tokens"], r["batch"], r.get("quant", "none")))
+        base = dense.get((r["new_tokens"], r["batch"], quant_of(r), k_of(r)))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
-        base = full.get((r["policy"], r["new_tokens"], r["batch"]))
+        base = full.get((r["policy"], r["new_tokens"], r["batch"], k_of(r)))
         r["speedup_vs_full_precision"] = r["tokens_per_s"] / base if base else None
+        base = bare.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r)))
+        r["speedup_vs_no_candidates"] = r["tokens_per_s"] / base if base else None
 
 
 def acceptance(rows: list[dict], prof: Profile) -> dict:
@@ -303,6 +351,8 @@ def acceptance(rows: list[dict], prof: Profile) -> dict:
     (longest / shortest length; 1.0 = flat in the generated length)."""
     lo, hi = min(prof.lengths), max(prof.lengths)
     rows = [r for r in rows if "error" not in r and r.get("quant", "none") == "none"]
+    fewest = min((r.get("agreement_k", 0) for r in rows), default=0)  # the rows with the fewest candidates
+    rows = [r for r in rows if r.get("agreement_k", 0) == fewest]
     by = {(r["policy"], r["new_tokens"]): r for r in rows}
     at_target = {
         r["policy"]: r["speedup_vs_dense"]
@@ -423,6 +473,9 @@ def main(argv: list[str] | None = None) -> dict:
             min_seconds=args.min_seconds,
             attn_impl=args.attn_impl,
             quant=list(args.quant),
+            agreement_k=list(args.agreement_k),
+            agreement_topk=args.agreement_topk,
+            breakdown=args.breakdown,
         ),
     }
     if args.dry_run:
@@ -437,8 +490,10 @@ def main(argv: list[str] | None = None) -> dict:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     rows = report["results"] = []
     t_start = time.perf_counter()
-    # every (weights, policy) at one length before the next length
-    for new_tokens, label, policy in itertools.product(prof.lengths, args.quant, args.policies):
+    pieces: dict = {}  # the breakdown's piece timings, shared by the rows of the same shapes
+    # every (weights, policy, candidates) at one length before the next length
+    grid = itertools.product(prof.lengths, args.quant, args.policies, args.agreement_k)
+    for new_tokens, label, policy, agreement_k in grid:
         try:
             row = bench_row(
                 params_by_quant[label],
@@ -452,16 +507,22 @@ def main(argv: list[str] | None = None) -> dict:
                 seed=args.seed,
                 attn_impl=args.attn_impl,
                 quant_label=label,
+                agreement_k=agreement_k,
+                agreement_topk=args.agreement_topk,
             )
             print(
-                f"{policy:>9} {label:>5} {new_tokens:>6}: {row['tokens_per_s']:9.1f} tok/s "
+                f"{policy:>9} {label:>5} {new_tokens:>6} top-{agreement_k:<3}: {row['tokens_per_s']:9.1f} tok/s "
                 f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
                 flush=True,
             )
+            if args.breakdown:
+                row["breakdown"] = row_breakdown(row, params_by_quant[label], prof, args, pieces)
+                print("  " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown"].items() if "_share" not in k))
         except Exception as err:  # e.g. a dense cache out of device memory: record, go on
             row = dict(
                 policy=policy,
                 quant=label,
+                agreement_k=agreement_k,
                 new_tokens=new_tokens,
                 batch=prof.batch,
                 error=f"{type(err).__name__}: {str(err)[:300]}",
@@ -477,9 +538,61 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+def row_breakdown(row: dict, params, prof: Profile, args: argparse.Namespace, cache: dict) -> dict:
+    """The row's step in pieces (experiments/lib/decode_breakdown.py), each piece timed once per
+    shapes (`cache`: the rows with and without candidates share their other pieces)."""
+    kv_cfg = kv_config(row["policy"], prof)
+    shapes = decode_breakdown.Shapes(
+        model=prof.model,
+        batch=prof.batch,
+        capacity=row["kv_capacity"],
+        mean_fill=decode_breakdown.mean_fill(kv_cfg, prof.prompt_len, row["new_tokens"], row["kv_capacity"]),
+        kv=kv_cfg,
+        agreement_k=row["agreement_k"],
+        agreement_topk=args.agreement_topk,
+        attn_impl=args.attn_impl,
+    )
+    ms = {}
+    for name in decode_breakdown.pieces_of(shapes):
+        key = (row["quant"], decode_breakdown.piece_key(name, shapes))
+        if key not in cache:
+            cache[key] = decode_breakdown.piece_ms(
+                name, shapes, params, repeats=args.repeats, min_seconds=args.min_seconds, seed=args.seed
+            )
+        ms[name] = cache[key]
+    return decode_breakdown.breakdown(row["step_ms"], ms)
+
+
 def write(report: dict, out: str) -> None:
     """The JSON at `out` and the markdown next to it (same name, .md)."""
     figprov.write_report(out, report, markdown(report), indent=2)
+
+
+def breakdown_lines(rows: list[dict]) -> list[str]:
+    """The table of the rows' steps in pieces (--breakdown), or nothing without one."""
+    rows = [r for r in rows if "breakdown" in r]
+    if not rows:
+        return []
+    names = (*decode_breakdown.PIECES, "rest")
+    lines = [
+        "",
+        "## The step in pieces",
+        "",
+        "ms per decode step (share of the step); each piece timed alone at the row's shapes, the rest "
+        "is the step less the pieces (experiments/lib/decode_breakdown.py); compression: one every "
+        "kv.buffer steps, per step.",
+        "",
+        "| policy | new tokens | weights | candidates | step ms | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|" + "---|" * len(names),
+    ]
+    for r in rows:
+        b, k = r["breakdown"], r.get("agreement_k", 0)
+        cells = [f"{b[n]:.3f} ({100 * b[f'{n}_share']:.0f}%)" if n in b else "-" for n in names]
+        lines.append(
+            f"| {r['policy']} | {r['new_tokens']} | {r.get('quant', 'none')} | {f'top-{k}' if k else 'none'} | "
+            f"{r['step_ms']:.3f} | " + " | ".join(cells) + " |"
+        )
+    return lines
 
 
 def _fmt(x, spec: str) -> str:
@@ -503,14 +616,17 @@ def markdown(report: dict) -> str:
         f"tokens (prefill and compressions included). Run time {report['total_s']:.0f} s.",
         "",
         "| policy | new tokens | batch | tokens/s | ms/step | compile s | calls | KV slots C | "
-        "KV MiB | speedup vs dense | weights | weight MiB | speedup vs full precision |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "KV MiB | speedup vs dense | weights | weight MiB | speedup vs full precision | "
+        "agreement candidates | speedup vs no candidates |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
+        k = r.get("agreement_k", 0)
+        candidates = f"top-{k} ({r.get('agreement_topk')})" if k else "none"
         if "error" in r:
             lines.append(
                 f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
-                f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | |"
+                f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | | {candidates} | |"
             )
             continue
         lines.append(
@@ -519,8 +635,10 @@ def markdown(report: dict) -> str:
             f"{r['kv_capacity']} | "
             f"{r['kv_bytes'] / 2**20:.1f} | {_fmt(r['speedup_vs_dense'], '.2f')} | "
             f"{r.get('quant', 'none')} | {_fmt(r.get('weight_bytes', 0) / 2**20, '.1f')} | "
-            f"{_fmt(r.get('speedup_vs_full_precision'), '.2f')} |"
+            f"{_fmt(r.get('speedup_vs_full_precision'), '.2f')} | {candidates} | "
+            f"{_fmt(r.get('speedup_vs_no_candidates'), '.3f')} |"
         )
+    lines += breakdown_lines(report["results"])
     lo, hi = acc["flatness_lengths"]
     lines += [
         "",

@@ -4,7 +4,8 @@ Every parameter is one HF tensor seen through a reshape and a transpose (`HFTens
 q [D, N, H] is q_proj.weight [N*H, D] viewed as [N, H, D] and transposed. Files are read and
 written with the `safetensors` library (numpy backend; BF16 arrives as ml_dtypes.bfloat16). Loading
 reads each device shard from its slice of the file (safe_open(...).get_slice), cast to the target
-dtype one tensor at a time: no float32 host copy of the whole model is ever made.
+dtype one tensor at a time: no float32 host copy of the whole model is ever made, and with
+shardings no device ever holds more of a tensor than its own block (load_params).
 """
 
 from __future__ import annotations
@@ -251,10 +252,16 @@ def load_params(
     """Load a HF checkpoint directory as (ModelConfig, params) in `dtype` (default: the checkpoint's
     float32/bfloat16, else float32).
 
-    `shardings`: None (default device), one jax.sharding.Sharding for every array, or a pytree
-    of Shardings with the structure of params (build it from `load_config(path)` first). With
-    shardings, each device's block is read from its slice of the file
-    (jax.make_array_from_callback).
+    `shardings`: None (every tensor whole on the default device), one jax.sharding.Sharding for
+    every array, or a pytree of Shardings with the structure of params (build it from
+    `load_config(path)` first: model/sharding.py param_shardings of abstract_params). With
+    shardings, each of this process's devices gets only its block, read from its slice of the
+    file (jax.make_array_from_callback): a process reads only the rows and columns its own
+    devices hold, and no device ever holds a whole sharded tensor. The one staging buffer is on
+    the host, one tensor at a time: this process's distinct blocks of the tensor being placed
+    (a block replicated on several devices is read once), in `dtype`, plus the block being read
+    in the file's dtype while it is cast; at most one tensor's bytes in `dtype`, freed before the
+    next tensor is read.
     """
     directory = Path(path)
     cfg = load_config(directory, dtype)
@@ -279,7 +286,15 @@ def load_params(
         )
 
     def build(spec: HFTensor, sharding) -> jax.Array:
-        return jax.make_array_from_callback(spec.shape, sharding, lambda index: read(spec, index))
+        blocks: dict[tuple, np.ndarray] = {}  # the staging buffer: this tensor's blocks, by index
+
+        def block(index: tuple[slice, ...]) -> np.ndarray:
+            key = tuple((s.start, s.stop, s.step) for s in index)  # slices are unhashable before 3.12
+            if key not in blocks:
+                blocks[key] = read(spec, index)
+            return blocks[key]
+
+        return jax.make_array_from_callback(spec.shape, sharding, block)
 
     return cfg, jax.tree.map(build, skeleton, shardings)
 

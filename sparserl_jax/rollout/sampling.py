@@ -7,7 +7,8 @@ candidates, every token tied with the k-th included as vLLM's top-k keeps them, 
 top-p) as token ids: a learner renormalises its log-probs over them
 (model.transformer.chunked_logprobs kept_ids), the sampling-mask replay that lets a run train with
 top-p / top-k (docs/implementation.md). The record is kept_width(top_k) = top_k + TIE_SLOTS ids
-wide.
+wide. `top_candidates` finds the sampled distribution's most probable tokens for the sparse-dense
+agreement (rl/diagnostics.py agreement), exactly or with TPU's approximate top-k.
 """
 
 from __future__ import annotations
@@ -18,12 +19,21 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from sparserl_jax import kernels
+
 # Record slots beyond top_k for the tokens tied with the k-th largest logit, which the top-k rule
 # keeps (processed_logprobs, as vLLM's): a kept set has at most top_k + TIE_SLOTS ids. Beyond that
 # (more than TIE_SLOTS tokens tied at the k-th value: flat or duplicated logits) it is cut to the
 # top_k + TIE_SLOTS first in lax.top_k's order (the tied tokens of lowest id), and the token is
 # drawn from the cut set, so the record is always the set sampled from.
 TIE_SLOTS = 8
+
+
+# The agreement's candidates (rollout.agreement_k): each token's AGREEMENT_K most probable tokens
+# under the sampled distribution when a run records them (Sparrow's top 20), found by one of
+# TOPK_METHODS (rollout.agreement_topk, top_candidates).
+AGREEMENT_K = 20
+TOPK_METHODS = ("auto", "exact", "approx")
 
 
 def kept_width(top_k: int) -> int:
@@ -94,6 +104,34 @@ def kept_set(logp_BxV: Float[Array, "B V"], k: int) -> tuple[Float[Array, "B K"]
     """The k most probable tokens of a processed distribution: (their log-probs, their ids), the
     ids -1 where the filters removed the token (log-prob -inf)."""
     vals_BxK, ids_BxK = jax.lax.top_k(logp_BxV, k)
+    return vals_BxK, jnp.where(vals_BxK > -jnp.inf, ids_BxK, -1).astype(jnp.int32)
+
+
+def topk_method(method: str, platform: str | None = None) -> str:
+    """The top-k that `method` (TOPK_METHODS) runs, "exact" or "approx", with "auto" resolved for
+    `platform` (the one the program is built for; None: jax's default backend): approx on TPU,
+    whose approximate top-k is a fast partial reduction, exact elsewhere (on CPU and GPU XLA runs
+    approx_max_k as an exact sort, slower than lax.top_k)."""
+    if method not in TOPK_METHODS:
+        raise ValueError(f"sampler.agreement_topk={method!r}: expected one of {TOPK_METHODS}")
+    if method != "auto":
+        return method
+    return "approx" if (platform or kernels.current_platform()) == "tpu" else "exact"
+
+
+def top_candidates(
+    logp_BxV: Float[Array, "B V"], k: int, method: str = "exact", platform: str | None = None
+) -> tuple[Float[Array, "B K"], Int[Array, "B K"]]:
+    """The k most probable tokens of a processed distribution for the agreement, as kept_set gives
+    them (log-probs, ids; -1 where filtered out), found by topk_method(method, platform): "exact"
+    is kept_set itself; "approx" is lax.approx_max_k at its recall target 0.95 (at least 95% of the
+    true top k expected among the k returned, the others replaced by less probable tokens). Either
+    set keeps the agreement's bounds valid (rl/diagnostics.py agreement: the lower bound sums over
+    any set of candidates, the upper adds the most the mass outside it can hold); an approximate
+    set only loosens them."""
+    if topk_method(method, platform) == "exact":
+        return kept_set(logp_BxV, k)
+    vals_BxK, ids_BxK = jax.lax.approx_max_k(logp_BxV, k)
     return vals_BxK, jnp.where(vals_BxK > -jnp.inf, ids_BxK, -1).astype(jnp.int32)
 
 
