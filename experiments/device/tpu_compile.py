@@ -1,0 +1,200 @@
+"""The TPU compile table: the trainer's update, scoring and decode programs compiled by XLA:TPU
+(libtpu, requirements-tpu.txt) for TPU topologies on this CPU, at the authors' configs' real
+shapes, from abstract inputs: XLA's own memory plan per chip beside the dry run's, whether the
+chip holds it, and what the compiled program holds (rows per chip, collectives).
+
+  pip install -r requirements-tpu.txt
+  python experiments/device/tpu_compile.py                                   # every row below
+  python experiments/device/tpu_compile.py --configs qwen2.5-1.5b --programs update \\
+      --topologies v5e:2x4 v5p:2x2x2 --attention xla splash --resume
+  python experiments/device/tpu_compile.py --quick --out /tmp/tpu.json       # one toy row (tests)
+
+Rows: --configs (the authors' experiments/configs/real/<name>.yaml with the --mesh overlay,
+default 8gpu: fsdp over 8 devices; on a topology of another chip count fsdp takes its chips and
+the rows of a micro-batch, a scoring chunk and a sampler call are scaled to keep each chip's) x
+--topologies (jax.experimental.topologies' names, default v5e:2x4 and v5p:2x2x2: 8 chips each) x
+--attention (model.attention values, each a config override; default the config's, auto
+resolved for a TPU) x --programs (update: the learner's micro-batch gradient program; score: its
+pi_old scoring pass; decode: one sampler call, prefill and the decode loop, on the rollout
+layout). --micro-batch sets rl.update.micro_batch_size; key=value overrides apply to every row.
+
+Per row (tpu_table.py): XLA's compiled memory (compiled.memory_analysis()), what the trainer holds
+on the chip beside the program's arguments (exact), their sum against the chip's HBM, or XLA's own
+refusal of a program too large for the chip; the dry run's (sparserl_jax/dryrun.py) persistent +
+phase bytes and the ratio; compile seconds; from the compiled HLO (tpu_hlo.py) the rows a chip's
+activations carry, the collectives and those inside the while loops' bodies. Each row is written
+to --out (JSON, with the markdown beside it) as soon as it is done; --resume keeps the rows already
+there and skips them. Nothing allocates the model or runs on a TPU; a compile at the real shapes
+takes minutes of CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+from experiments.device import tpu_table, tpu_topology
+from experiments.lib import figprov, workers
+
+OUT = os.path.join(figprov.REPO, "experiments", "results", "tpu", "compile_table.json")
+QUICK_OUT = os.path.join(figprov.REPO, "experiments", "results", "tpu", "quick.json")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from experiments.device.tpu_programs import CONFIGS, PROGRAMS, meshes  # imports JAX: after main's environment
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), help=f"some of {CONFIGS}")
+    p.add_argument("--topologies", nargs="+", default=list(tpu_topology.DEFAULT_TOPOLOGIES))
+    p.add_argument("--programs", nargs="+", default=list(PROGRAMS), help=f"some of {PROGRAMS}")
+    p.add_argument("--attention", nargs="+", default=[None], help="model.attention values (default: the config's)")
+    p.add_argument("--mesh", default="8gpu", help=f"the mesh overlay, one of {meshes()}")
+    p.add_argument("--micro-batch", type=int, help="rl.update.micro_batch_size (rows of one micro-batch, all chips)")
+    p.add_argument("--quick", action="store_true", help="the smoke config's toy model on v5e:2x2 (tests)")
+    p.add_argument("--out", help=f"the JSON (markdown beside it); default {os.path.relpath(OUT, figprov.REPO)}")
+    p.add_argument("--resume", action="store_true", help="keep --out's rows and skip those already there")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides for every row")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.configs, args.topologies = ["toy"], ["v5e:2x2"]
+    args.out = args.out or (QUICK_OUT if args.quick else OUT)
+    if args.micro_batch is not None:
+        args.overrides.append(f"rl.update.micro_batch_size={args.micro_batch}")
+    return args
+
+
+def provenance(seconds: float) -> dict:
+    """The commit, tree, CPU, jax, jaxlib and libtpu that compiled a row, and how long it took."""
+    import jaxlib
+
+    return {
+        **figprov.provenance(workers.available_cores(), seconds),
+        "jaxlib": jaxlib.__version__,
+        "libtpu": tpu_topology.libtpu_version(),
+    }
+
+
+def compile_row(program, setup, mesh, topology, report: dict) -> dict:
+    """Lower and compile one program; its columns (tpu_table.py)."""
+    import jax
+
+    from experiments.device.tpu_programs import hidden_widths
+
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    row = {
+        "rows": program.rows,
+        "rows_per_chip": program.rows // dp if program.rows % dp == 0 else program.rows,
+        "width": program.width,
+        "facts": program.facts,
+        "held_beside": program.held_beside,
+    }
+    t0 = time.perf_counter()
+    try:
+        lowered = program.fn.lower(*program.args, **program.kwargs)
+        row["lower_s"] = round(time.perf_counter() - t0, 1)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        row["compile_s"] = round(time.perf_counter() - t1, 1)
+    except Exception as err:  # a refusal for memory is the table's answer; another error its message
+        row["stage"] = "compile" if "lower_s" in row else "lower"
+        row["compile_s"] = round(time.perf_counter() - t0 - row.get("lower_s", 0.0), 1)
+        row.update(tpu_table.refused(f"{type(err).__name__}: {str(err).strip()}"))
+        return {**row, **tpu_table.dry_run_columns(program.name, report, None)}
+    row.update(
+        tpu_table.compiled_columns(
+            compiled.memory_analysis(),
+            compiled.as_text(),
+            program.held_beside,
+            topology.hbm_gib,
+            length=None if program.name == "decode" else program.width,  # a decode step's rows hold one token
+            widths=sorted(hidden_widths(setup.model, mesh)),
+        )
+    )
+    del compiled, lowered
+    jax.clear_caches()
+    return {**row, **tpu_table.dry_run_columns(program.name, report, row["chip_bytes"])}
+
+
+def run(args) -> dict:
+    """Every row of args, each written to args.out when done; returns the table."""
+    topologies = [tpu_topology.parse(t) for t in args.topologies]
+    tpu_topology.set_environment(topologies[0])
+    from experiments.device import tpu_programs as tp  # imports JAX: after the environment
+
+    table = load(args.out) if args.resume else {"rows": []}
+    table["commands"] = [*table.get("commands", []), figprov.command_line()]
+    done = {tpu_table.key(r) for r in table["rows"]}
+    for topology in topologies:
+        devices = tp.devices(topology)
+        for name in args.configs:
+            for attention in args.attention:
+                head = {"config": name, "topology": topology.name, "attention_requested": attention}
+                head.update(mesh_overlay=args.mesh, overrides=list(args.overrides))
+                head.update(accelerator_type=topology.accelerator_type)
+                head.update(chips=topology.chips, hbm_gib=topology.hbm_gib)
+                todo = [p for p in args.programs if tpu_table.key({**head, "program": p}) not in done]
+                if todo:
+                    _rows(tp, table, args, head, topology, devices, todo)
+    return table
+
+
+def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str]) -> None:
+    """The rows of one config, topology and attention: each program in `todo` compiled."""
+    t0 = time.perf_counter()
+    try:
+        s = tp.setup(
+            head["config"], topology, mesh=args.mesh, attention=head["attention_requested"], overrides=args.overrides
+        )
+        mesh = tp.make_mesh(s, devices)
+        report = tp.dry_run(s, topology)
+        builders = tp.programs(s, mesh, todo)
+    except Exception as err:  # a setting the config refuses: every program's row says so
+        for p in todo:
+            row = {**head, "program": p, "stage": "config", **tpu_table.refused(f"{type(err).__name__}: {err}")}
+            _record(table, args, {**row, "provenance": provenance(time.perf_counter() - t0)})
+        return
+    for p in todo:
+        t0 = time.perf_counter()
+        print(f"{topology.name} {head['config']} {p} attention={s.model.attention}: compiling", flush=True)
+        row = {**head, "program": p, "attention_setting": s.attention_setting, "attention": s.model.attention}
+        row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides))
+        try:
+            row.update(compile_row(builders[p](), s, mesh, topology, report))
+        except Exception as err:  # building the program: recorded, the next one runs
+            row.update(stage="build", **tpu_table.refused(f"{type(err).__name__}: {err}"))
+        row["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / tpu_table.GIB
+        row["provenance"] = provenance(time.perf_counter() - t0)
+        _record(table, args, row)
+        print(f"  {tpu_table.summary(row)}", flush=True)
+
+
+def _record(table: dict, args, row: dict) -> None:
+    table["rows"] = [r for r in table["rows"] if tpu_table.key(r) != tpu_table.key(row)] + [row]
+    table["provenance"] = row["provenance"]
+    figprov.write_report(args.out, table, tpu_table.markdown(table))
+
+
+def load(path: str) -> dict:
+    """A table written before (--resume), or an empty one."""
+    if not os.path.exists(path):
+        return {"rows": []}
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv=None) -> dict:
+    # before JAX starts: its own backend is this CPU's; the TPU devices come from libtpu's topology
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args = parse_args(argv)
+    table = run(args)
+    print(tpu_table.markdown(table))
+    return table
+
+
+if __name__ == "__main__":
+    table = main()
+    sys.exit(0 if all(r.get("fits") is not None for r in table["rows"]) else 1)
