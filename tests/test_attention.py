@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +19,7 @@ import numpy as np
 import pytest
 from attention_mesh_worker import mosaic_calls, mosaic_operands
 from float_tol import EPS32, U16
-from test_sharding import TESTS, fake_device_env
+from test_sharding import run_on_fake_devices
 
 from sparserl_jax.model import attention as attn
 from sparserl_jax.model import transformer as tf
@@ -239,16 +237,7 @@ def test_splash_on_an_8_device_mesh_runs_per_device_and_blockwise_gathers_nothin
     Mosaic call, lowered for a TPU, takes each device's rows and heads (and without the mesh the
     call refuses to be partitioned); blockwise's compiled program on the mesh keeps per-device
     shapes and has no all-gather, and equals one device."""
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "attention_mesh_worker.py")],
-        env=fake_device_env(8),
-        cwd=TESTS,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "ATTENTION_MESH_WORKER_OK" in proc.stdout
+    run_on_fake_devices("attention_mesh_worker.py", "ATTENTION_MESH_WORKER_OK")
 
 
 @pytest.mark.slow

@@ -5,11 +5,9 @@ CPU devices read with it (tests/fsdp_layout_worker.py, a subprocess)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from test_sharding import TESTS, fake_device_env
+from test_sharding import run_on_fake_devices
 
 from experiments.lib import hlo_layout
 
@@ -64,19 +62,8 @@ def test_fsdp_programs_split_the_batch_and_gather_the_weights_on_8_devices():
     """Meshes (data, fsdp, tensor) = (1, 8, 1), (2, 4, 1), (1, 4, 2): the trainer's micro-batch
     gradient program, its scoring program and prefill give each device B / (data x fsdp) rows,
     all-gather every layer weight, and the update's numbers equal one device's."""
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "fsdp_layout_worker.py")],
-        env=fake_device_env(8),
-        cwd=TESTS,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "FSDP_LAYOUT_OK" in proc.stdout, proc.stdout[-6000:]
-    records = [
-        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("FSDP_LAYOUT ")
-    ]
+    out = run_on_fake_devices("fsdp_layout_worker.py", "FSDP_LAYOUT_OK")
+    records = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("FSDP_LAYOUT ")]
     assert len(records) == 9  # 3 programs x 3 meshes
     for r in records:
         d, f, t = r["mesh"]

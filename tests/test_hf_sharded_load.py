@@ -9,28 +9,17 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
-from test_sharding import fake_device_env
+from test_sharding import run_on_fake_devices
 
 TESTS = pathlib.Path(__file__).parent
 
 
 @pytest.mark.slow  # a process of its own on 8 fake devices: two meshes, each loaded twice
 def test_checkpoint_loads_into_its_shards_on_8_devices(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "hf_sharded_load_worker.py"), str(tmp_path)],
-        env=fake_device_env(8),
-        cwd=TESTS,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "HF_SHARDED_LOAD_OK" in proc.stdout
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    out = run_on_fake_devices("hf_sharded_load_worker.py", "HF_SHARDED_LOAD_OK", str(tmp_path))
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["mesh"] for r in rows] == [[1, 8, 1], [2, 2, 2]]
     for r in rows:  # the old path put the whole model on device 0; the new one its blocks only
         assert r["before_peak"]["0"] >= r["master_bytes"]

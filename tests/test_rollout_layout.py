@@ -6,13 +6,11 @@ training mesh: the one-device rollout, and a decode loop with no collective but 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import pytest
-from test_sharding import fake_device_env
+from test_sharding import run_on_fake_devices
 
 from experiments.lib.hlo_loops import collectives, summary, while_body_collectives
 from sparserl_jax.config import load_config
@@ -140,16 +138,7 @@ def test_data_layout_decodes_from_fsdp_weights_with_no_collective_in_the_loop():
     data (R-KV and dense) and tensor:2 give the one-device rollout; data's compiled decode loop
     holds only the scalar stop test (the training layout's, the control, gathers rows and weights);
     tensor:2's moves activations only; the rollout source decodes with the layout."""
-    proc = subprocess.run(
-        [sys.executable, str(TESTS / "rollout_layout_worker.py")],
-        env=fake_device_env(8),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=TESTS,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ROLLOUT LAYOUT OK" in proc.stdout
+    run_on_fake_devices("rollout_layout_worker.py", "ROLLOUT LAYOUT OK")
 
 
 def test_8gpu_data_overlay_trains_fsdp_and_decodes_data_parallel():

@@ -44,6 +44,21 @@ def fake_device_env(n: int) -> dict:
     return env
 
 
+def run_on_fake_devices(script: str, ok: str, *args: str, n: int = 8, timeout: int = 600) -> str:
+    """Run tests/<script> on `n` fake CPU devices; assert it exited 0 and printed `ok`; its stdout."""
+    proc = subprocess.run(
+        [sys.executable, str(TESTS / script), *args],
+        env=fake_device_env(n),
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert ok in proc.stdout, proc.stdout[-6000:]
+    return proc.stdout
+
+
 def test_sharded_forward_prefill_decode_match_single_device_on_8_devices():
     """Mesh data 2 x fsdp 2 x tensor 2: params split as the rules say, logits, prefill and decode
     steps (and the final cache) equal one device's to 1e-5; GQA with one KV head and an odd vocab
