@@ -122,8 +122,12 @@ def candidates(s: Shapes, params, key) -> tuple[Callable, tuple]:
     rows = _rows(s.batch)
 
     def step(i, logp_BxV):
+        # every candidate feeds the carry, as the sampler records them all: XLA rewrites a top-k
+        # whose whole [B, k] is read into its TopK kernel; read one column and it keeps the full
+        # sort over [B, V] (tests/test_decode_breakdown.py checks the loop holds no such sort)
         vals_BxK, ids_BxK = top_candidates(logp_BxV, s.agreement_k, s.agreement_topk)
-        return logp_BxV.at[rows, ids_BxK[:, -1]].add(TINY * vals_BxK[:, -1])
+        nudge_B = TINY * (vals_BxK.sum(axis=-1) + ids_BxK.sum(axis=-1).astype(jnp.float32))
+        return logp_BxV.at[rows, ids_BxK[:, 0]].add(nudge_B)
 
     logp_BxV = jax.nn.log_softmax(3.0 * jax.random.normal(key, (s.batch, s.model.vocab_size), jnp.float32))
     return _loop(step), (logp_BxV,)
