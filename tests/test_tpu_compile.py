@@ -130,3 +130,28 @@ def test_a_toy_row_compiles_for_a_v5e_slice(tmp_path):
     assert table["provenance"]["libtpu"] and table["provenance"]["jax"]
     md = out.with_suffix(".md").read_text()
     assert "| toy | v5e:2x2 (4) | 1,4,1 | update |" in md and "Provenance:" in md
+
+
+def test_xlas_memory_report_names_the_largest_slices_and_their_arrays():
+    """The default memory space of XLA's memory-usage report (--xla_dump_to): its total and its
+    largest buffer's slices, largest first; the other spaces (vmem) are not read."""
+    report = (
+        "Memory Space: default (color=0)\n"
+        "Total bytes: 3221225472 (3.00GiB)\n"
+        "  cumulative_size;       size;       offset; used_by_n_values; shapes_list\n"
+        "  ------------------------------------------------------------\n"
+        "   512.0MiB( 17%);   512.0MiB;            0;                2; bf16[2,5120,8960], f32[2,5120,1536]\n"
+        "     2.50GiB( 83%);     2.00GiB;    536870912;                3; 3×f32[6,2,2,5120,5120]\n"
+        "\n"
+        "Memory Space: vmem (color=1)\n"
+        "Total bytes: 4243456 (4.05MiB)\n"
+        "  cumulative_size;       size;       offset; used_by_n_values; shapes_list\n"
+        "  ------------------------------------------------------------\n"
+        "     4.0MiB( 99%);     4.0MiB;            0;                9; 9×f32[2,128,128]\n"
+    )
+    got = tpu_hlo.memory_report(report)
+    assert got["total_bytes"] == 3 * 1024**3
+    assert got["largest"] == [
+        {"bytes": 2 * 1024**3, "values": 3, "shapes": "3×f32[6,2,2,5120,5120]"},
+        {"bytes": 512 * 1024**2, "values": 2, "shapes": "bf16[2,5120,8960], f32[2,5120,1536]"},
+    ]

@@ -31,13 +31,15 @@ takes minutes of CPU.
 from __future__ import annotations
 
 import argparse
+import glob
+import gzip
 import json
 import os
 import resource
 import sys
 import time
 
-from experiments.device import tpu_table, tpu_topology
+from experiments.device import tpu_hlo, tpu_table, tpu_topology
 from experiments.lib import figprov, workers
 
 OUT = os.path.join(figprov.REPO, "experiments", "results", "tpu", "compile_table.json")
@@ -57,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the smoke config's toy model on v5e:2x2 (tests)")
     p.add_argument("--out", help=f"the JSON (markdown beside it); default {os.path.relpath(OUT, figprov.REPO)}")
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip those already there")
+    p.add_argument("--hlo-dir", help="also write each compiled program's HLO text there (gzip), to read further")
+    p.add_argument("--xla-dump", help="XLA's dumps there (--xla_dump_to); each row then reads its memory-usage report")
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every row")
     args = p.parse_args(argv)
     if args.quick:
@@ -78,8 +82,10 @@ def provenance(seconds: float) -> dict:
     }
 
 
-def compile_row(program, setup, mesh, topology, report: dict) -> dict:
-    """Lower and compile one program; its columns (tpu_table.py)."""
+def compile_row(program, setup, mesh, topology, report: dict, hlo_path=None, dump_dir=None) -> dict:
+    """Lower and compile one program; its columns (tpu_table.py); its HLO text to `hlo_path`
+    (gzip) when given; with XLA's dumps in `dump_dir`, the largest slices of its memory-usage
+    report."""
     import jax
 
     from experiments.device.tpu_programs import hidden_widths
@@ -96,7 +102,7 @@ def compile_row(program, setup, mesh, topology, report: dict) -> dict:
     try:
         lowered = program.fn.lower(*program.args, **program.kwargs)
         row["lower_s"] = round(time.perf_counter() - t0, 1)
-        t1 = time.perf_counter()
+        t1, started = time.perf_counter(), time.time()
         compiled = lowered.compile()
         row["compile_s"] = round(time.perf_counter() - t1, 1)
     except Exception as err:  # a refusal for memory is the table's answer; another error its message
@@ -104,10 +110,22 @@ def compile_row(program, setup, mesh, topology, report: dict) -> dict:
         row["compile_s"] = round(time.perf_counter() - t0 - row.get("lower_s", 0.0), 1)
         row.update(tpu_table.refused(f"{type(err).__name__}: {str(err).strip()}"))
         return {**row, **tpu_table.dry_run_columns(program.name, report, None)}
+    text = compiled.as_text()
+    if dump_dir:
+        reports = glob.glob(os.path.join(dump_dir, "*after_optimizations-memory-usage-report.txt"))
+        newest = max(reports, key=os.path.getmtime, default=None)
+        if newest and os.path.getmtime(newest) >= started:  # this compile's
+            with open(newest) as f:
+                row["xla_memory_report"] = {"file": newest, **tpu_hlo.memory_report(f.read())}
+    if hlo_path:
+        os.makedirs(os.path.dirname(os.path.abspath(hlo_path)), exist_ok=True)
+        with gzip.open(hlo_path, "wt") as f:
+            f.write(text)
+        row["hlo_text"] = hlo_path
     row.update(
         tpu_table.compiled_columns(
             compiled.memory_analysis(),
-            compiled.as_text(),
+            text,
             program.held_beside,
             topology.hbm_gib,
             length=None if program.name == "decode" else program.width,  # a decode step's rows hold one token
@@ -163,7 +181,8 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
         row = {**head, "program": p, "attention_setting": s.attention_setting, "attention": s.model.attention}
         row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides))
         try:
-            row.update(compile_row(builders[p](), s, mesh, topology, report))
+            hlo = args.hlo_dir and os.path.join(args.hlo_dir, "_".join(map(str, tpu_table.key(row)[:5])) + ".hlo.gz")
+            row.update(compile_row(builders[p](), s, mesh, topology, report, hlo, args.xla_dump))
         except Exception as err:  # building the program: recorded, the next one runs
             row.update(stage="build", **tpu_table.refused(f"{type(err).__name__}: {err}"))
         row["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / tpu_table.GIB
@@ -173,9 +192,22 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
 
 
 def _record(table: dict, args, row: dict) -> None:
+    """`row` into this run's table, and the table to args.out (JSON and markdown, each replaced at
+    once); with --resume the rows another run wrote there meanwhile stay (two runs may fill one
+    table, each skipping the rows done when it started)."""
     table["rows"] = [r for r in table["rows"] if tpu_table.key(r) != tpu_table.key(row)] + [row]
     table["provenance"] = row["provenance"]
-    figprov.write_report(args.out, table, tpu_table.markdown(table))
+    mine = {tpu_table.key(r) for r in table["rows"]}
+    disk = load(args.out) if args.resume else {"rows": []}
+    out = {
+        **table,
+        "commands": list(dict.fromkeys([*disk.get("commands", []), *table["commands"]])),
+        "rows": [r for r in disk["rows"] if tpu_table.key(r) not in mine] + table["rows"],
+    }
+    tmp = f"{os.path.splitext(args.out)[0]}.tmp{os.getpid()}.json"
+    figprov.write_report(tmp, out, tpu_table.markdown(out))
+    os.replace(os.path.splitext(tmp)[0] + ".md", os.path.splitext(args.out)[0] + ".md")
+    os.replace(tmp, args.out)
 
 
 def load(path: str) -> dict:
@@ -190,6 +222,8 @@ def main(argv=None) -> dict:
     # before JAX starts: its own backend is this CPU's; the TPU devices come from libtpu's topology
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args = parse_args(argv)
+    if args.xla_dump:  # read when libtpu starts (run's first topology)
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={args.xla_dump}".strip()
     table = run(args)
     print(tpu_table.markdown(table))
     return table

@@ -1,7 +1,9 @@
 """What the TPU compile table reads from a compiled program's HLO text (`compiled.as_text()`): the
 rows a chip's activations and attention scores carry (experiments/lib/hlo_layout.py), the
 program's collectives and those inside its while loops' bodies (experiments/lib/hlo_loops.py), and
-its largest results (what its temporaries are made of). Imports no JAX: the text is all it reads.
+its largest results; and from XLA's memory-usage report (written with --xla_dump_to), the largest
+slices of its buffers and the arrays that share each: what its temporaries are made of. Imports
+no JAX: the text is all it reads.
 """
 
 from __future__ import annotations
@@ -32,6 +34,27 @@ def largest_arrays(hlo_text: str, n: int = 3) -> list[dict]:
     return [{"array": a, "bytes": b} for a, b in sorted(sizes.items(), key=lambda kv: -kv[1])[:n]]
 
 
+_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+_SLICE = re.compile(r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+)(\w+);\s*\d+;\s*(\d+);\s*(.*)$")
+
+
+def memory_report(report_text: str, n: int = 8) -> dict:
+    """The default memory space of XLA's memory-usage report (`*after_optimizations-memory-usage-
+    report.txt`, written with --xla_dump_to): its total bytes and the `n` largest slices of its
+    largest buffer, each with the arrays that share it over the program ({"bytes", "values",
+    "shapes"}; a slice's arrays are live at different times)."""
+    section = report_text.split("Memory Space:", 2)[1] if "Memory Space:" in report_text else ""
+    total = re.search(r"Total bytes: (\d+)", section)
+    slices = []
+    for line in section.split("\n\n", 1)[0].splitlines():
+        m = _SLICE.match(line)
+        if m:
+            size, unit, values, shapes = m.groups()
+            slices.append({"bytes": int(float(size) * _UNITS[unit]), "values": int(values), "shapes": shapes[:300]})
+    slices.sort(key=lambda x: -x["bytes"])
+    return {"total_bytes": int(total.group(1)) if total else None, "largest": slices[:n]}
+
+
 def loop_collectives(hlo_text: str) -> dict:
     """The collectives the program's while loops run every iteration: counts by opcode, how many
     move more than a scalar (a stop test's "every row finished?" is one element), and each
@@ -58,6 +81,8 @@ def read(hlo_text: str, *, length: int | None, widths: Iterable[int]) -> dict:
             "rows": acts[0].rows if acts else 0,
             "array": list(acts[0].dims) if acts else None,
             "arrays": len(acts),
+            "most_rows": [{"dims": list(a.dims), "rows": a.rows} for a in acts[:8]],  # which arrays hold them
+            "arrays_by_rows": dict(collections.Counter(str(a.rows) for a in acts)),
         }
         out["attention_rows"] = hlo_layout.attention_rows_per_device(hlo_text, length)
     return out

@@ -151,6 +151,16 @@ def memory_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _rows_text(mesh_rows, act: dict) -> str:
+    """The rows the mesh leaves a chip / the most an activation holds (its array), and how many of
+    the distinct activation arrays hold the mesh's rows."""
+    text = f"{_num(mesh_rows)} / {act['rows']} ({act['array']})"
+    by_rows = act.get("arrays_by_rows")
+    if by_rows:
+        text += f"; {by_rows.get(str(mesh_rows), 0)} of {act['arrays']} arrays at {_num(mesh_rows)}"
+    return text
+
+
 def hlo_table(rows: list[dict]) -> list[str]:
     lines = [
         "| model | topology | program | attention | rows/chip: mesh / HLO (array) | [T,T] score rows | "
@@ -162,7 +172,7 @@ def hlo_table(rows: list[dict]) -> list[str]:
         if not h:
             continue
         act = h.get("activation_rows")
-        act_text = "-" if act is None else f"{_num(r['rows_per_chip'])} / {act['rows']} ({act['array']})"
+        act_text = "-" if act is None else _rows_text(r["rows_per_chip"], act)
         coll = ", ".join(str(h["collectives"].get(k, 0)) for k in hlo_loops.COLLECTIVE_OPS[:5])
         loops = h["while_body_collectives"]
         body = ", ".join(f"{v} {k}" for k, v in loops["by_op"].items()) or "none"
@@ -204,10 +214,27 @@ def markdown(table: dict) -> str:
         "most rows a token activation carries on a chip ([rows, T, D or F] in any order, D and F whole or "
         "split by the mesh) beside the rows the mesh leaves a chip; the most (row, head) pairs of [T, T] "
         "attention scores one array holds (0: none materialised); the program's collectives; those its "
-        "while loops run every iteration (how many move more than a scalar); its largest result.",
+        "while loops run every iteration (how many move more than a scalar); its largest result. XLA:TPU "
+        "runs an FSDP weight all-gather as a ring: a while loop of collective-permutes, one loop a weight; "
+        "so the update's and scoring's loop collectives are mostly those gathers, and the decode loop's count (decode rows) "
+        "includes them only where its weights are gathered inside it.",
         "",
         *hlo_table(rows),
     ]
+    reported = [r for r in rows if r.get("xla_memory_report")]
+    if reported:
+        lines += [
+            "",
+            "What the temporaries are made of (XLA's memory-usage report, tpu_compile.py --xla-dump): the "
+            "largest slices of the program's largest buffer, each with the arrays that share it over the "
+            "program (live at different times):",
+            "",
+        ]
+        for r in reported:
+            slices = "; ".join(
+                f"{gib(x['bytes'])} GiB: {x['shapes'][:120]}" for x in r["xla_memory_report"]["largest"][:3]
+            )
+            lines.append(f"- {r['config']} {r['topology']} {r['program']} {_attention(r)}: {slices}")
     failed = [r for r in rows if not r.get("ok")]
     if failed:
         lines += ["", "Refused or failed (XLA's or the config's message):", ""]
