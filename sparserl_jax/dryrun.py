@@ -24,6 +24,8 @@ by mesh.tensor where it divides them; a bytes per activation (model dtype), f32 
                                                            [b, N, T, T]; a flash kernel would not)
   update, remat  = L hidden + 2 layer + head             block inputs saved by jax.checkpoint, one
                                                            block recomputed with its gradients
+  update, selective = L (hidden + b T a (2 Nt H + 2 Kt H)) + 2 layer + head
+                                                           also q, k, v, attention output kept
   update, no remat = L layer + layer + head              every block's residuals saved
   head(b, T)     = 2 hidden + 3 c Vt f32, c = min(chunk_tokens, b T)
                                                            h and dh, one chunk's logits,
@@ -76,7 +78,7 @@ from jax.sharding import PartitionSpec as P
 from sparserl_jax import cli, components, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.config import TrainConfig, load_config
-from sparserl_jax.model import sharding
+from sparserl_jax.model import remat, sharding
 from sparserl_jax.model.config import ModelConfig, param_count
 from sparserl_jax.model.hf_config import config_from_hf
 from sparserl_jax.rl.optim import make_optimizer
@@ -286,6 +288,10 @@ class Shapes:
             b, T_
         )
 
+    def selective(self, b: int, T_: int) -> int:
+        """What remat selective keeps of a block beside its input: q, k, v and the attention output."""
+        return b * T_ * self.a * (2 * self.Nt * self.H + 2 * self.Kt * self.H)
+
     def chunk(self, b: int, T_: int) -> int:
         return min(self.cfg.rl.update.chunk_tokens, b * T_)
 
@@ -428,8 +434,12 @@ def update_activations(s: Shapes) -> tuple[int, int, str]:
     b, T, f32 = s.b_micro, s.T, F32
     head = 2 * s.hidden(b, T) + 3 * s.chunk(b, T) * s.Vt * f32
     no_remat = (s.L + 1) * s.layer(b, T) + head
-    if s.cfg.rl.update.remat:
-        return s.L * s.hidden(b, T) + 2 * s.layer(b, T) + head, no_remat, "L hidden + 2 layer + head (remat)"
+    policy = remat.policy_name(s.cfg.rl.update.remat)
+    if policy == "full":
+        return s.L * s.hidden(b, T) + 2 * s.layer(b, T) + head, no_remat, "L hidden + 2 layer + head (remat full)"
+    if policy == "selective":
+        kept = s.L * (s.hidden(b, T) + s.selective(b, T))
+        return kept + 2 * s.layer(b, T) + head, no_remat, "L (hidden + q k v o) + 2 layer + head (remat selective)"
     return no_remat, no_remat, "(L + 1) layer + head (no remat)"
 
 

@@ -124,6 +124,7 @@ def test_a_toy_row_compiles_for_a_v5e_slice(tmp_path):
     assert row["held_beside"]["optimizer state"] > 0
     assert row["dryrun"]["phase"] == "update" and row["dryrun"]["per_chip"] > 0 and row["ratio"] > 0
     assert row["compile_s"] > 0 and row["rows"] == 8 and row["rows_per_chip"] == 2
+    assert row["remat"] in ("none", "full", "selective") and row["xla_flops"] > 0
     hlo = row["hlo"]
     assert set(hlo["collectives"]) >= {"all-gather", "all-reduce", "reduce-scatter"}
     assert hlo["activation_rows"]["rows"] > 0 and hlo["largest_arrays"][0]["bytes"] > 0

@@ -132,6 +132,9 @@ def compile_row(program, setup, mesh, topology, report: dict, hlo_path=None, dum
             widths=sorted(hidden_widths(setup.model, mesh)),
         )
     )
+    cost = compiled.cost_analysis()  # a list of one dict on older jax
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}
+    row["xla_flops"] = cost.get("flops")  # per chip, as XLA counts them (recomputation included)
     del compiled, lowered
     jax.clear_caches()
     return {**row, **tpu_table.dry_run_columns(program.name, report, row["chip_bytes"])}
@@ -160,6 +163,12 @@ def run(args) -> dict:
     return table
 
 
+def _remat(cfg) -> str:
+    """The update's rematerialisation policy (model/remat.py; a bool at commits before it)."""
+    value = cfg.rl.update.remat
+    return {True: "full", False: "none"}.get(value, value) if isinstance(value, bool) else str(value)
+
+
 def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str]) -> None:
     """The rows of one config, topology and attention: each program in `todo` compiled."""
     t0 = time.perf_counter()
@@ -179,7 +188,7 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
         t0 = time.perf_counter()
         print(f"{topology.name} {head['config']} {p} attention={s.model.attention}: compiling", flush=True)
         row = {**head, "program": p, "attention_setting": s.attention_setting, "attention": s.model.attention}
-        row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides))
+        row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides), remat=_remat(s.cfg))
         try:
             hlo = args.hlo_dir and os.path.join(args.hlo_dir, "_".join(map(str, tpu_table.key(row)[:5])) + ".hlo.gz")
             row.update(compile_row(builders[p](), s, mesh, topology, report, hlo, args.xla_dump))

@@ -105,6 +105,10 @@ def summary(row: dict) -> str:
     )
 
 
+def _tflop(flops) -> str:
+    return "-" if flops is None else f"{flops / 1e12:.1f}"
+
+
 def _fits(row: dict) -> str:
     if row.get("oom"):
         return f"no (XLA: {row['oom']['available_g']:g}G available)"
@@ -134,19 +138,19 @@ def _mesh(row: dict) -> str:
 
 def memory_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| model | topology | mesh d,f,t | program | attention | rows (/chip) | args | temp | XLA | beside | chip | "
-        "HBM | fits | dry run | chip / dry run | compile s |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| model | topology | mesh d,f,t | program | attention | remat | rows (/chip) | args | temp | XLA | beside | "
+        "chip | HBM | fits | dry run | chip / dry run | TFLOP / chip | compile s |",
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         x = r.get("xla") or {}
         held = r.get("held_beside")
         lines.append(
             f"| {r['config']} | {r['topology']} ({r['chips']}) | {_mesh(r)} | {r['program']} | {_attention(r)} | "
-            f"{r.get('rows', '-')} ({_num(r.get('rows_per_chip'))}) | {gib(x.get('argument'))} | {_temp(r)} | "
+            f"{r.get('remat', '-')} | {r.get('rows', '-')} ({_num(r.get('rows_per_chip'))}) | {gib(x.get('argument'))} | {_temp(r)} | "
             f"{gib(r.get('program_bytes'))} | {gib(sum(held.values()) if held else None)} | {gib(r.get('chip_bytes'))} | "
             f"{r['hbm_gib']:g} | {_fits(r)} | {gib((r.get('dryrun') or {}).get('per_chip'))} | "
-            f"{_num(r.get('ratio'), '.2f')} | {r.get('compile_s', '-')} |"
+            f"{_num(r.get('ratio'), '.2f')} | {_tflop(r.get('xla_flops'))} | {r.get('compile_s', '-')} |"
         )
     return lines
 

@@ -30,6 +30,7 @@ from sparserl_jax import kernels
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.mesh_axes import BATCH
 from sparserl_jax.model import attention
+from sparserl_jax.model import remat as remat_policy
 from sparserl_jax.model.activation_sharding import ActivationSharding
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
@@ -142,7 +143,7 @@ def forward(
     cfg: ModelConfig,
     tokens: Int[Array, "B T"],
     *,
-    remat: bool = False,
+    remat: bool | str = False,
     return_qkv: bool = False,
     attn_masks: list[Bool[Array, "B N T T"]] | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -162,12 +163,11 @@ def forward(
     x = act.rows(params["embed"][tokens])
 
     def block(layer, x, mask):
-        q, k, v = (act.heads(a) for a in _qkv(layer, x, positions, cfg))
-        o = causal_attention(q, k, v, mask, cfg.attention, mesh=mesh)
+        q, k, v = (remat_policy.tag("qkv", act.heads(a)) for a in _qkv(layer, x, positions, cfg))
+        o = remat_policy.tag("attn_out", causal_attention(q, k, v, mask, cfg.attention, mesh=mesh))
         return _finish_block(layer, x, act.heads(o), cfg), (q, k, v)
 
-    if remat:
-        block = jax.checkpoint(block)
+    block = remat_policy.checkpointed(block, remat)  # rl.update.remat: none, full or selective (model/remat.py)
     qkv = []
     for i, layer in enumerate(params["layers"]):
         x, layer_qkv = block(layer, x, None if attn_masks is None else attn_masks[i])
@@ -281,7 +281,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
-    remat: bool = False,
+    remat: bool | str = False,
     kept_ids: Int[Array, "B T K"] | None = None,
     gather_ids: Int[Array, "B T A"] | None = None,
     mesh: jax.sharding.Mesh | None = None,

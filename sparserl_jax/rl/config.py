@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparserl_jax.model import remat
 from sparserl_jax.rl.corrections import CORRECTIONS, check_combination
 from sparserl_jax.rl.corrections.acr import AcrConfig
 from sparserl_jax.rl.corrections.ibr import IbrConfig
@@ -160,6 +161,8 @@ class UpdateConfig:
     scoring pi_old / pi_ref. `donate`: the trainer donates params and optimizer state to the
     update step, so the new ones reuse their buffers instead of coexisting with them (one copy of
     the weights and AdamW state less at the update's peak; python -m sparserl_jax.dryrun).
+    `remat`: what each transformer block keeps for the backward pass (model/remat.py): none, full
+    (only the block's input; true), selective (also its q/k/v and attention output).
 
     The cost of scoring and of the update follows the real tokens (rl/buckets.py):
     `length_bucket`: each micro-batch (and scoring chunk) is as wide as its longest row (prompt +
@@ -190,7 +193,7 @@ class UpdateConfig:
     micro_batch_size: int = 16
     epochs: int = 1
     temperature: float = 1.0
-    remat: bool = False
+    remat: bool | str = False
     chunk_tokens: int = 1024
     score_batch_size: int = 16
     donate: bool = True
@@ -205,8 +208,9 @@ class UpdateConfig:
             check_at_least(f"update.{name}", getattr(self, name), 1)
         check_at_least("update.length_bucket", self.length_bucket, 0)  # 0: no length buckets
         check_at_least("update.max_buckets", self.max_buckets, 0)  # 0: no bound on the widths
-        for name in ("remat", "donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
+        for name in ("donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
             check_bool(f"update.{name}", getattr(self, name))
+        remat.policy_name(self.remat)  # none, full, selective (true: full, false: none)
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
                 f"update.minibatch_size={self.minibatch_size} must be a multiple of "
