@@ -68,7 +68,7 @@ def check_splash(mesh) -> None:
                 continue
             raise AssertionError("splash on sharded inputs without the mesh lowered")
         operands = mosaic_operands(traced.lower(lowering_platforms=("tpu",)).as_text())
-        assert len(operands) == 2, operands  # forward, fused backward
+        assert len(operands) == 3, operands  # forward, the backward's dK/dV and dQ kernels
         for types in operands:  # T padded to 384 (3 x 128); per device: B / 4 rows, N / 2 and K / 2 heads
             assert "tensor<2x2x384x128xbf16>" in types and "tensor<2x1x384x128xbf16>" in types, types
             rows = {int(d) for d in re.findall(r"tensor<(\d+)x\d+x\d+x\d+xbf16>", types)}
@@ -86,7 +86,7 @@ def check_splash_in_forward(mesh) -> None:
     loss = lambda p, t: tf.forward(p, cfg, t, mesh=mesh, remat=True).astype(jnp.float32).sum()
     text = jax.jit(jax.grad(loss)).trace(params, tokens).lower(lowering_platforms=("tpu",)).as_text()
     calls = mosaic_calls(text)
-    assert calls == 3 * cfg.n_layers, calls  # per layer: the forward, its remat and the backward
+    assert calls == 4 * cfg.n_layers, calls  # per layer: the forward, its remat, the backward's dK/dV and dQ
     assert all("tensor<2x2x384x128xbf16>" in types for types in mosaic_operands(text))
     print("splash in forward(mesh=...):", calls, "Mosaic calls, on per-device operands")
 

@@ -227,7 +227,8 @@ def test_splash_lowers_for_a_tpu_in_the_models_gradient():
     tokens = jax.ShapeDtypeStruct((1, 5120), jnp.int32)
     grad = jax.jit(jax.grad(lambda p, t: tf.token_logprobs(p, cfg, t, remat=True)[0].sum()))
     text = grad.trace(params, tokens).lower(lowering_platforms=("tpu",)).as_text()
-    assert mosaic_calls(text) == 3 * cfg.n_layers  # per layer: the forward, its remat and the backward
+    # per layer: the forward, its remat, and the backward's dK/dV and dQ kernels (SPLASH_FUSED_BWD off)
+    assert mosaic_calls(text) == 4 * cfg.n_layers
     for types in mosaic_operands(text):  # the whole row, unpadded (5120 = 10 blocks of 512), GQA 12 over 2
         assert "12x5120x128xbf16>" in types and "2x5120x128xbf16>" in types, types
 
@@ -241,10 +242,15 @@ def test_splash_on_an_8_device_mesh_runs_per_device_and_blockwise_gathers_nothin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_splash_in_interpret_mode_matches_the_float64_attention(dtype):
+@pytest.mark.parametrize("dtype,block", [("float32", None), ("bfloat16", None), ("float32", 128)])
+def test_splash_in_interpret_mode_matches_the_float64_attention(dtype, block, monkeypatch):
     """The splash wrapper (padding 150 -> 256, the 1 / sqrt(H) scale, GQA, the layout) with the
-    kernel in Pallas interpret mode on this CPU, forward and gradient, on the real rows."""
+    kernel in Pallas interpret mode on this CPU, forward and gradient, on the real rows; with
+    128-position blocks the 256 positions are two blocks, so the backward's separate dq kernel
+    (attention.SPLASH_FUSED_BWD off) sums over KV blocks."""
+    if block is not None:
+        monkeypatch.setattr(attn, "SPLASH_BLOCKS", (block,))
+        attn._splash_kernel.cache_clear()
     q, k, v, w, real = _inputs(dtype)
     ref, mag = _reference(q, k, v, w, LENGTHS)
     fn = lambda q, k, v: attn.splash_attention(q, k, v, interpret=True)

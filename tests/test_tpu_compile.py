@@ -156,3 +156,26 @@ def test_xlas_memory_report_names_the_largest_slices_and_their_arrays():
         {"bytes": 2 * 1024**3, "values": 3, "shapes": "3×f32[6,2,2,5120,5120]"},
         {"bytes": 512 * 1024**2, "values": 2, "shapes": "bf16[2,5120,8960], f32[2,5120,1536]"},
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install -r requirements-tpu.txt)")
+def test_splash_backward_without_the_fused_kernel_keeps_no_dq_partial_per_kv_block():
+    """splash's fused backward writes dq as one partial per KV block ([T / 512] x q: 10 copies of q
+    at 5120 positions); the separate dQ kernel (attention.SPLASH_FUSED_BWD off, the default) writes
+    it once. Compiled by XLA:TPU for a v5p chip at one Qwen2.5-1.5B layer's shape: at least 4 q's
+    worth of temporaries less, and one more kernel (dK/dV, then dQ)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "tpu_splash_worker.py")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    fused, separate = got["fused"], got["separate_dq"]
+    assert separate["temp_bytes"] + 4 * got["q_bytes"] <= fused["temp_bytes"], got
+    assert separate["mosaic_calls"] == fused["mosaic_calls"] + 1, got

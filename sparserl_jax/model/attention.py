@@ -55,6 +55,10 @@ BLOCK = 128
 MATERIALISED_UP_TO = 512
 SPLASH_TILE = 128  # splash pads the length to a multiple of this (Mosaic's lane width)
 SPLASH_BLOCKS = (512, 256, 128)  # splash's block: the largest of these dividing the padded length
+# splash's fused backward (one kernel for dq, dk, dv) writes dq as a partial per KV block, [T / block,
+# B, N, T, H]: 700 MiB a layer at Qwen2.5-7B, 2 rows of 5120 (TPU compile table); the separate dq
+# kernel writes dq once, for a second pass over the blocks
+SPLASH_FUSED_BWD = False
 _MASKED = float(jnp.finfo(jnp.float32).min)  # a score causality hides (finite: no inf - inf)
 _PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 HEAD_AXIS = "tensor"  # the mesh axis splash splits the KV heads (and their query heads) over
@@ -310,6 +314,7 @@ def _splash_kernel(n_heads: int, length: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     b = next(b for b in SPLASH_BLOCKS if length % b == 0)
+    dq_blocks = {} if SPLASH_FUSED_BWD else {"block_q_dq": b, "block_kv_dq": b}
     sizes = splash.BlockSizes(
         block_q=b,
         block_kv=b,
@@ -317,7 +322,8 @@ def _splash_kernel(n_heads: int, length: int, interpret: bool):
         block_q_dkv=b,
         block_kv_dkv=b,
         block_kv_dkv_compute=b,
-        use_fused_bwd_kernel=True,
+        use_fused_bwd_kernel=SPLASH_FUSED_BWD,
+        **dq_blocks,
     )
     mask = splash.MultiHeadMask([splash.CausalMask((length, length)) for _ in range(n_heads)])
     with jax.ensure_compile_time_eval():  # its mask tables: concrete constants, not one trace's tracers
