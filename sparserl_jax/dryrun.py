@@ -19,9 +19,10 @@ by mesh.tensor where it divides them; a bytes per activation (model dtype), f32 
   layer(b, T)    = b T a (4 D + 2 Nt H + 2 Kt H + 3 Ft)  one block's live tensors (x, normed x,
                  + 2 b Nt T^2 f32                          residual, q, k, v, o, gate, up, act) and
                                                            the XLA attention's float32 logits and
-                                                           probabilities (jax.nn.dot_product_attention
-                                                           with no implementation = XLA: it holds
-                                                           [b, N, T, T]; a flash kernel would not)
+                                                           probabilities ([b, N, T, T]); a fused
+                                                           attention (fused_attention: cudnn,
+                                                           blockwise, splash, auto in bfloat16)
+                                                           keeps b Nt T f32 softmax statistics instead
   update, remat  = L hidden + 2 layer + head             block inputs saved by jax.checkpoint, one
                                                            block recomputed with its gradients
   update, selective = L (hidden + b T a (2 Nt H + 2 Kt H)) + 2 layer + head
@@ -44,7 +45,8 @@ trainer samples the batch in consecutive calls of that many rows and fetches eac
 to the host), else every row; the update batch holds every row.
 
 Phases (the trainer runs them one after another): rollout (cache + max(prefill, decode + compress)
-+ outputs, + the quantized copy of the params with quant.format set), score, update (gradients: a
++ outputs, + the quantized copy of the params with quant.format set, + the rollout layout's copy of
+the compute weights with rollout.mesh data or tensor:N), score, update (gradients: a
 float32 accumulator and one micro-batch's gradient; with rl.update.donate the new params and
 optimizer state reuse the donated buffers of the old, else both coexist and the update phase holds
 one more copy of each). Peak = persistent (params, reference params, optimizer state) + the
@@ -82,6 +84,7 @@ from sparserl_jax.model import remat, sharding
 from sparserl_jax.model.config import ModelConfig, param_count
 from sparserl_jax.model.hf_config import config_from_hf
 from sparserl_jax.rl.optim import make_optimizer
+from sparserl_jax.rollout.layout import RolloutLayout
 from sparserl_jax.rollout.sampler import cache_capacity
 from sparserl_jax.rollout.sampling import kept_width
 
@@ -279,7 +282,7 @@ class Shapes:
         return b * T_ * self.D * self.a
 
     def attn(self, b: int, T_: int) -> int:
-        if self.m.attention == "cudnn":  # fused: the [T, T] scores never leave the kernel; its softmax statistics stay
+        if fused_attention(self.m):  # the [T, T] scores never leave the kernel; its softmax statistics stay
             return b * self.Nt * T_ * F32
         return 2 * b * self.Nt * T_ * T_ * F32  # materialised scores and probabilities
 
@@ -297,6 +300,13 @@ class Shapes:
 
 
 F32 = 4
+
+
+def fused_attention(m: ModelConfig) -> bool:
+    """Whether the full-sequence passes' attention keeps no [T, T] scores (model/attention.py):
+    cudnn, blockwise and splash; auto in bfloat16 (cuDNN on a GPU, splash on a TPU, blockwise on a
+    CPU); auto in float32 is XLA's materialised attention on a GPU, so counted as materialised."""
+    return m.attention in ("cudnn", "blockwise", "splash") or (m.attention == "auto" and m.dtype == "bfloat16")
 
 
 def shapes(cfg: TrainConfig, m: ModelConfig, sizes: dict[str, int], P_len: int) -> Shapes:
@@ -376,6 +386,16 @@ def token_record_bytes(cfg: TrainConfig) -> tuple[int, int]:
     return (4 * kept_width(r.top_k) if r.filters else 0), 8 * components.agreement_candidates(cfg)
 
 
+def rollout_copy_bytes(s: Shapes) -> int:
+    """Per-device bytes of the weights the sampler decodes with on its own layout (rollout.mesh,
+    rollout/layout.py): data, the compute copy whole on every device; tensor:N, split over N
+    devices by the tensor rules; train (or one device), none beside the training layout's."""
+    layout = RolloutLayout.parse(s.cfg.rollout.mesh)
+    if layout.kind == "train" or math.prod(s.sizes.values()) == 1:
+        return 0
+    return tree_bytes(s.params, {"data": 1, "fsdp": 1, "tensor": layout.tensor}, dtype=s.m.dtype)
+
+
 def rollout_items(s: Shapes) -> list[Item]:
     """One sampler call's cache, prefill, decode step and compression, outputs, and QuRL's copy."""
     cfg, r, q = s.cfg, s.cfg.rollout, s.cfg.quant
@@ -415,6 +435,18 @@ def rollout_items(s: Shapes) -> list[Item]:
             + (f" + {kept_tok + top_tok} B a token of kept sets / top candidates" if kept_tok + top_tok else ""),
         ),
     ]
+    copy = rollout_copy_bytes(s)
+    if copy:
+        items.insert(
+            0,
+            Item(
+                "rollout copy of params",
+                "rollout",
+                copy,
+                f"rollout.mesh={r.mesh}: the {s.m.dtype} compute copy "
+                + ("whole on every device" if r.mesh == "data" else "split over a group's tensor axis"),
+            ),
+        )
     if q.enabled:  # QuRL: the sampler's quantized copy of theta, made before every rollout
         items.insert(
             0,
