@@ -46,6 +46,7 @@ from sparserl_jax.generate import (
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.model import sharding
 from sparserl_jax.model.transformer import Params
+from sparserl_jax.rollout.layout import check_layout, rollout_mesh
 from sparserl_jax.rollout.on_mesh import generate_on_mesh
 from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import SamplerConfig
@@ -64,6 +65,7 @@ def evaluate_examples(
     batch_size: int = 64,
     max_prompt_len: int = 1 << 30,
     mesh=None,
+    layout: str = "train",
     on_rollout: Callable | None = None,
 ) -> dict:
     """avg@k accuracy, mean response length and KV saving of `sampler_cfg` on `examples`.
@@ -71,12 +73,20 @@ def evaluate_examples(
     `on_rollout(prompt_tokens, prompt_lens, out)`, if given, sees every sampler call's padded
     prompts and RolloutOutput (host arrays), e.g. to score the sampled tokens under another policy.
 
-    With a mesh (`params` laid out on it) every process passes the same examples; each batch's
-    rows are split over the processes' devices and the outputs gathered to all of them
-    (rollout.on_mesh.generate_on_mesh), so every process returns the one-process numbers.
+    With a mesh (`params` laid out on it: the training layout, or the rollout layout already)
+    every process passes the same examples; each batch's rows are split over the processes'
+    devices and the outputs gathered to all of them, so every process returns the one-process
+    numbers. The batches decode on the rollout layout `layout` names (rollout.mesh,
+    rollout/layout.py): `params` placed on it once (RolloutMesh.place), then every batch through
+    RolloutMesh.generate ("train": on `mesh` as it is, XLA-partitioned; "data", "tensor:N": each
+    row group decoding its own rows alone).
     """
     if not examples:
         raise ValueError("evaluation: no examples (empty dataset)")
+    check_layout(layout)
+    rollout = None if mesh is None else rollout_mesh(layout, mesh)
+    if rollout is not None:
+        params = rollout.place(params)
     per_batch = max(batch_size // k, 1)
     rewards, lengths, kept, seen, rows, nonfinite = [], [], 0.0, 0.0, [], 0
     for start in range(0, len(examples), per_batch):
@@ -84,14 +94,14 @@ def evaluate_examples(
         ids = [list(e.prompt_ids) for e in chunk for _ in range(k)]
         tokens, plens = pad_prompt_batch(ids, tokenizer.pad_token_id, max_prompt_len)
         first = start * k  # row r of the whole evaluation is request r: batch size changes nothing
-        out = generate_on_mesh(
+        decode = generate_on_mesh if rollout is None else rollout.generate
+        out = decode(
             params,
             model_cfg,
             tokens,
             plens,
             jax.random.key(seed),
             sampler_cfg,
-            mesh,
             request_ids=np.arange(first, first + len(ids)),
         )
         if on_rollout is not None:
@@ -217,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     cfg, parts = _load_policy(args)
     mesh = sharding.make_mesh(cfg.mesh)  # every process's devices; prompts split over them
     params = sharding.shard_params(parts.params, mesh) if mesh.size > 1 else parts.params
+    # decoded on the rollout layout rollout.mesh names: placed once (evaluate_examples then finds
+    # them there), before QuRL's quantization as the rollout source does; the training copy dropped
+    params = rollout_mesh(cfg.rollout.mesh, mesh).place(params)
+    parts = dataclasses.replace(parts, params=params)
     run = os.path.exists(os.path.join(args.checkpoint, "config.yaml"))
     r = cfg.rollout
     defaults = (
@@ -255,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 @dataclasses.dataclass
 class _Policy:
-    """The loaded policy, its (quantized) params on the mesh and the KV cache it samples with."""
+    """The loaded policy, its (quantized) params on the rollout layout of the mesh and the KV cache
+    it samples with."""
 
     args: argparse.Namespace
     parts: components.Components
@@ -295,6 +310,7 @@ class _Policy:
             batch_size=args.batch_size,
             max_prompt_len=cfg.data.max_prompt_len,
             mesh=self.mesh,
+            layout=cfg.rollout.mesh,
         )
         if result["nonfinite_rows"]:
             raise cli.RunFailed(

@@ -155,14 +155,15 @@ class Trainer:
 
     def evaluate(self, *, kv_cfg=None, n: int | None = None) -> dict:
         """avg@1 on held-out prompts with the training sampler (or another KV config), at
-        train.eval_temperature when it is set."""
+        train.eval_temperature when it is set, on the rollout layout (rollout.mesh) from the
+        compute copy the sampler reads."""
         t = self.cfg.train
         examples = components.eval_examples(self.cfg, self.tokenizer, n=n or t.eval_prompts)
         r = self.cfg.rollout
         sampling = None if t.eval_temperature is None else SamplingConfig(t.eval_temperature, r.top_p, r.top_k)
         sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg, sampling=sampling)
         return evaluate_examples(
-            self.params,
+            self.learner.compute_copy(self.params),  # what the sampler reads (the master: no copy when one dtype)
             self.model_cfg,
             self.tokenizer,
             examples,
@@ -172,6 +173,7 @@ class Trainer:
             batch_size=t.eval_batch_size or max(self.call_rows, 1),
             max_prompt_len=self.cfg.data.max_prompt_len,
             mesh=self.mesh,
+            layout=r.mesh,  # decoded on the rollouts' layout (rollout.mesh), placed once per evaluation
         )
 
     # ------------------------------------------------------------------ loop

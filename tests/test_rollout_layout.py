@@ -1,7 +1,10 @@
 """sparserl_jax/rollout/layout.py (rollout.mesh) and experiments/lib/hlo_loops.py: the setting's
 values and errors, the reader of a compiled loop's collectives on a hand-written HLO text, and on 8
 fake CPU devices (tests/rollout_layout_worker.py) the data and tensor:2 layouts from an FSDP
-training mesh: the one-device rollout, and a decode loop with no collective but its stop test."""
+training mesh: the one-device rollout, and a decode loop with no collective but its stop test.
+The slot engine and evaluation on the layout: an insert's rows laid out per device, evaluation on
+one device as before, and on 8 fake devices (tests/engine_layout_worker.py) the one-device tokens
+with a segment loop holding no collective but its stop test."""
 
 from __future__ import annotations
 
@@ -9,14 +12,22 @@ import dataclasses
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from test_sharding import run_on_fake_devices
 
 from experiments.lib.hlo_loops import collectives, summary, while_body_collectives
+from sparserl_jax import kvcache as kv
 from sparserl_jax.config import load_config
+from sparserl_jax.data.datasets import PromptExample
+from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding as shd
+from sparserl_jax.model import transformer as tf
+from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.rollout.config import RolloutConfig
+from sparserl_jax.rollout.engine import SlotEngine, _row_layout
 from sparserl_jax.rollout.layout import RolloutLayout, rollout_mesh
+from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.source import check_rows_per_call
 
 TESTS = Path(__file__).parent
@@ -38,7 +49,7 @@ def test_rollout_mesh_on_one_device_decodes_as_the_training_layout():
     params = {"w": jax.numpy.ones((2, 3))}
     for value in ("train", "data", "tensor:1"):
         rm = rollout_mesh(value, train)
-        assert not rm.per_device and rm.row_groups == 1
+        assert not rm.per_device and rm.row_groups == 1 and rm.manual_axes == ()
         assert rm.place(params) is params
     with pytest.raises(ValueError, match=r"rollout\.mesh='tensor:2': 2 devices per group must divide the mesh's 1"):
         rollout_mesh("tensor:2", train)
@@ -132,6 +143,59 @@ def test_while_body_collectives_follow_calls_into_nested_loops_and_branches():
         while_body_collectives("not HLO")
 
 
+def test_engine_lays_out_an_insert_over_every_slot_or_per_device():
+    """SlotEngine's insert rows (Q = 8 slots, 4 row groups of 2): over every slot in order, the
+    padding after them aimed at slot Q; per device, each group's rows are the requests aimed at
+    its own slots, by their index in the group (2: padding), in a bucket of the busiest group's
+    rows x 4; a row aimed at slot Q (warm_up's) is padding."""
+    slots = np.array([5, 0, 7, 1, 6])  # groups 2, 0, 3, 0, 3
+    take, index = _row_layout(slots, 8, 4, False)
+    assert take.tolist() == [0, 1, 2, 3, 4, -1, -1, -1] and index.tolist() == [5, 0, 7, 1, 6, 8, 8, 8]
+    take, index = _row_layout(slots, 8, 4, True)  # 2 rows a group
+    assert take.tolist() == [1, 3, -1, -1, 0, -1, 2, 4] and index.tolist() == [0, 1, 2, 2, 1, 2, 1, 0]
+    take, index = _row_layout(np.array([3]), 8, 4, True)  # one request: one row a group
+    assert take.tolist() == [-1, 0, -1, -1] and index.tolist() == [2, 1, 2, 2]
+    take, index = _row_layout(np.array([8] * 8), 8, 4, True, rows=8)  # warm_up's bucket of 8
+    assert take.tolist() == [-1] * 8 and index.tolist() == [2] * 8
+    cfg = SamplerConfig(max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"manual_axes=\('tensor',\): accepted values are"):
+        SlotEngine(ModelConfig.tiny("qwen2", vocab_size=32, n_layers=1), cfg, 8, 4, manual_axes=("tensor",))
+
+
+class _Digits:
+    """A tokenizer for evaluate_examples: token ids as space-separated numbers."""
+
+    pad_token_id = 0
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def test_evaluation_on_one_device_decodes_as_before_on_any_layout():
+    """evaluate_examples on a one-device mesh with rollout.mesh=data or tensor:1 is the mesh-less
+    evaluation, response for response (the same compiled sampler); a bad layout names the setting."""
+    cfg = ModelConfig.tiny("qwen2", vocab_size=32, n_layers=1)
+    params = jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, tf.init_params(cfg, jax.random.key(0)))
+    rows = np.asarray(jax.random.randint(jax.random.key(1), (6, 5), 1, 32))
+    examples = [PromptExample("", tuple(r[: 2 + i % 4].tolist()), str(i % 2), f"row {i}") for i, r in enumerate(rows)]
+    sampler = SamplerConfig(max_new_tokens=6, eos_token_ids=(5,), kv=kv.KVConfig(policy="none", buffer=2))
+
+    def reward(text: str, label: str) -> float:
+        return float(str(len(text.split()) % 2) == label)
+
+    def run(**kw):
+        return evaluate_examples(params, cfg, _Digits(), examples, reward, sampler, k=2, batch_size=12, **kw)
+
+    want = run()
+    one = shd.make_mesh(shd.MeshConfig(1, 1, 1), jax.devices()[:1])
+    for layout in ("data", "tensor:1"):
+        got = run(mesh=one, layout=layout)
+        assert got["samples"] == want["samples"] and got["accuracy"] == want["accuracy"]
+    assert len({s["length"] for s in want["samples"]}) > 1, want["samples"]
+    with pytest.raises(ValueError, match=r"rollout\.mesh='fsdp': accepted values"):
+        run(layout="fsdp")
+
+
 @pytest.mark.slow
 def test_data_layout_decodes_from_fsdp_weights_with_no_collective_in_the_loop():
     """tests/rollout_layout_worker.py on 8 fake CPU devices, training mesh (1, 8, 1): rollout.mesh
@@ -139,6 +203,25 @@ def test_data_layout_decodes_from_fsdp_weights_with_no_collective_in_the_loop():
     holds only the scalar stop test (the training layout's, the control, gathers rows and weights);
     tensor:2's moves activations only; the rollout source decodes with the layout."""
     run_on_fake_devices("rollout_layout_worker.py", "ROLLOUT LAYOUT OK")
+
+
+@pytest.mark.slow
+def test_engine_and_evaluation_on_the_data_layout_decode_per_device():
+    """tests/engine_layout_worker.py on 8 fake CPU devices, training mesh (1, 8, 1), rollout.mesh
+    data: the slot engine (2 slots a device, refills) gives the one-device engine's tokens and
+    slot-steps, its compiled segment holds only the scalar stop test in its loop (the
+    XLA-partitioned engine's, the control, gathers rows), its insert and harvest no collective;
+    SortedSource builds it so; evaluation gives the one-device accuracy and responses."""
+    run_on_fake_devices("engine_layout_worker.py", "ENGINE LAYOUT OK")
+
+
+@pytest.mark.extended
+def test_engine_resumes_per_device_and_on_tensor_groups_moves_activations_only():
+    """tests/engine_layout_worker.py more: on data, requests resumed by prefill into other devices'
+    slots end as on one device; rollout.mesh=tensor:2 (4 groups of 2 devices, 4 slots a group)
+    gives the one-device engine's tokens, its segment loop moving activations only, each device
+    holding its group's 4 slots and one of the 2 KV heads."""
+    run_on_fake_devices("engine_layout_worker.py", "ENGINE LAYOUT OK", "more")
 
 
 def test_8gpu_data_overlay_trains_fsdp_and_decodes_data_parallel():

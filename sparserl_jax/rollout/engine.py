@@ -32,6 +32,14 @@ when t is a multiple of kv.buffer, as the static sampler's chunk boundaries. So 
 no refill the engine reproduces sampler.generate, and with refills every request equals its
 generation alone.
 
+On a mesh the slots split over its data x fsdp. On the training layout (rollout.mesh=train) XLA
+partitions each program over the mesh; on "data" and "tensor:N" (`manual_axes`, rollout/layout.py)
+each row group runs its own Q / groups slots alone under shard_map (engine_programs.jitted): an
+insert's rows are laid out so that each group prefills only the requests aimed at its own slots
+(its bucket: the busiest group's rows x groups), and a segment's decode loop moves nothing between
+devices but its scalar stop test, which keeps every group stepping until all slots are done, as
+one device does.
+
 Bubble ratio (SortedRL Eq. 4): sum_k (Q - r_k) dt_k / (T Q) over the wall-time intervals k of
 the engine's host calls, T their total:
   - a segment's interval runs from its dispatch to its done flags on the host, with r_k its mean
@@ -51,7 +59,6 @@ The slot-step form is 1 - active slot-steps / (Q x steps).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Sequence
 
@@ -153,6 +160,10 @@ def bubble_ratio(intervals, slots: int) -> float:
     return sum((slots - r) * dt for r, dt in intervals) / max(total * slots, 1e-12)
 
 
+# SlotEngine's manual_axes: none (XLA partitions the programs), or RolloutMesh.manual_axes's
+MANUAL_AXES = ((), shd.AXES, shd.BATCH)
+
+
 def _bucket(n: int, cap: int, multiple: int) -> int:
     """Rows of a compiled insert call: the next power of two >= n, at least cap / 8 (a few
     shapes per engine) and `multiple`, a multiple of it, at most `cap`."""
@@ -161,7 +172,37 @@ def _bucket(n: int, cap: int, multiple: int) -> int:
     return -(-b // multiple) * multiple
 
 
-def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) -> int:
+def _row_layout(slots: np.ndarray, Q: int, groups: int, local: bool, rows: int | None = None):
+    """Where an insert's n rows go in its compiled batch of `rows` rows (None: the bucket they
+    need): returns (take [rows]: the input row each batch row holds, -1 for a padding row; its
+    slot as the program indexes it). A row aimed at slot Q (warm_up) is padding. Over every slot
+    (not `local`) the rows come in order, padding after them, a padding row's slot Q (dropped).
+    `local` (per device: row group g holds slots g*q .. (g+1)*q - 1, q = Q / groups, and batch
+    rows g*rows/groups onwards): each group's rows hold the requests aimed at its own slots, by
+    their index in the group (q: padding), so each group prefills only its own requests."""
+    slots = np.asarray(slots, np.int64)
+    real = np.flatnonzero(slots < Q)
+    if not local:
+        rows = rows or _bucket(len(real), Q, groups)
+        take = np.concatenate([real, np.full(rows - len(real), -1)])
+        return take, np.where(take >= 0, slots[take], Q).astype(np.int32)
+    q = Q // groups
+    mine = [real[slots[real] // q == g] for g in range(groups)]
+    rows = rows or _bucket(max(len(m) for m in mine) * groups, Q, groups)
+    per = rows // groups
+    take = np.concatenate([np.concatenate([m, np.full(per - len(m), -1)]) for m in mine])
+    return take, np.where(take >= 0, slots[take] % q, q).astype(np.int32)
+
+
+def _take_rows(x, take: np.ndarray, fill):
+    """Rows `take` of array x (-1: a row of `fill`)."""
+    x = np.asarray(x)
+    out = np.full((len(take), *x.shape[1:]), fill, x.dtype)
+    out[take >= 0] = x[take[take >= 0]]
+    return out
+
+
+def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh, manual_axes) -> int:
     """SlotEngine's arguments, each bad one named in a one-line error; returns the data-parallel
     degree the slots are split over (1 without a mesh)."""
     if not isinstance(model_cfg, ModelConfig):
@@ -176,6 +217,11 @@ def _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh) 
     check_at_least("sorted.slots", slots, 1)
     check_at_least("prompt_len (data.max_prompt_len)", prompt_len, 1)
     check_at_least("sorted.segment_chunks", segment_chunks, 1)
+    if manual_axes and tuple(manual_axes) not in MANUAL_AXES:
+        raise ValueError(
+            f"manual_axes={tuple(manual_axes)}: accepted values are {MANUAL_AXES} (rollout/layout.py "
+            "RolloutMesh.manual_axes: each row group runs its own slots)"
+        )
     if mesh is None or mesh.size <= 1:
         return 1
     if not {"data", "fsdp"} <= set(mesh.shape):
@@ -204,13 +250,14 @@ class SlotEngine:
         *,
         segment_chunks: int = 2,
         mesh: Mesh | None = None,
+        manual_axes: tuple[str, ...] = (),
     ):
-        self.dp = _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh)
-        if mesh is not None and mesh.size > 1:
+        self.dp = _check_engine_args(model_cfg, cfg, slots, prompt_len, segment_chunks, mesh, manual_axes)
+        if mesh is None or mesh.size <= 1:
+            mesh, manual_axes = None, ()
+        elif not manual_axes:
             cfg = dataclasses.replace(cfg, mesh=mesh)
-        else:
-            mesh = None
-        self.mesh = mesh
+        self.mesh, self.manual_axes = mesh, tuple(manual_axes)
         self.model_cfg, self.cfg, self.Q, self.P = model_cfg, cfg, slots, prompt_len
         self.M = cfg.max_new_tokens
         self.records = tuple(token_records(cfg))  # the per-token records beside tokens and log-probs
@@ -222,12 +269,8 @@ class SlotEngine:
         self.shape = programs.EngineShape(
             model_cfg, cfg, slots, prompt_len, self.M, self.C, segment_chunks, self.records
         )
-        self._segment = jax.jit(functools.partial(programs.segment, self.shape), donate_argnums=(1,))
-        self._insert = jax.jit(
-            functools.partial(programs.insert, self.shape), donate_argnums=(1,), static_argnames=("resume",)
-        )
-        self._harvest = jax.jit(functools.partial(programs.harvest, self.shape))
-        self._release = jax.jit(lambda s: s.replace(done=jnp.ones_like(s.done)), donate_argnums=(0,))
+        jit = programs.jitted(self.shape, mesh, self.manual_axes)
+        self._segment, self._insert, self._harvest, self._release = jit.segment, jit.insert, jit.harvest, jit.release
         self._all_slots = None  # the harvest's row index, every slot (built on first use)
         self._warmed: set[bool] = set()  # insert kinds (resume?) whose buckets are compiled
 
@@ -239,10 +282,9 @@ class SlotEngine:
             # committed to the device, as every program's output is: a jit cache key includes
             # committedness, so an uncommitted fresh state would compile the insert again
             return jax.device_put(state, jax.devices()[0])
-        # the cache in the layout the segment program returns it (batch and heads split), so the
+        # in the layout the programs return it (slots split, the cache's heads too), so the
         # second segment call does not compile again for another input layout
-        cache = shd.place(state.cache, shd.cache_shardings(state.cache, self.mesh))
-        return self._place(state.replace(cache=None)).replace(cache=cache)
+        return shd.place(state, programs.state_shardings(self.shape, self.mesh))
 
     def _place(self, tree):
         return tree if self.mesh is None else shd.shard_batch(tree, self.mesh)
@@ -366,6 +408,7 @@ class SlotEngine:
                 np.ones((nb,), np.int32),
                 np.zeros((nb,), np.int32),
                 partial=partial,
+                rows=nb,
             )
         jax.block_until_ready(state.done)  # none of it in the next segment's interval
         self.stats, self._device_s = stats, device_s
@@ -385,21 +428,31 @@ class SlotEngine:
         limits=None,
         partial: Finished | None = None,
         version: int = 0,
+        rows: int | None = None,
     ) -> SlotState:
         tic, compiled = time.perf_counter(), compile_clock.Since()
+        args, prefix = self.insert_args(slots, prompts, lengths, request, limits=limits, partial=partial, rows=rows)
+        resume = partial is not None
+        state = self._insert(params, state, key, *args, prefix, jnp.int32(version), resume=resume)
+        self._host_call(tic, compiled, state.done)
+        return state
+
+    def insert_args(self, slots, prompts, lengths, request, *, limits=None, partial=None, rows=None) -> tuple:
+        """The insert program's row arguments (slots, prompts, lengths, request, t0, limit) and
+        prefix (the rows' tokens so far and records) on the engine's devices, in a batch of
+        `rows` rows (None: the bucket they need; warm_up names each bucket) laid out by
+        _row_layout (per device: each row group's rows aimed at its own slots)."""
         n = len(slots)
-        nb = _bucket(n, self.Q, self.dp)
+        take, slot_index = _row_layout(slots, self.Q, self.dp, bool(self.manual_axes), rows)
         M = self.M
         prompts = np.asarray(prompts, np.int32)
         lengths = np.asarray(lengths, np.int32)
-        pad = lambda x, fill: np.concatenate([x, np.repeat(x[:1] * 0 + fill, nb - n, axis=0)]) if nb > n else x
         t0 = np.zeros((n,), np.int32)
         tokens = np.full((n, M), self.cfg.pad_token_id, np.int32)
         logprobs, kept, versions = np.zeros((n, M), np.float32), np.zeros((n, M), np.int32), np.zeros((n, M), np.int32)
         n_comp = np.zeros((n,), np.int32)
         records = {}  # fresh: the insert starts them empty on the device
-        resume = partial is not None
-        if resume:
+        if partial is not None:
             t0 = partial.lengths.astype(np.int32)
             tokens, logprobs, kept, versions = partial.tokens, partial.logprobs, partial.kept, partial.version
             n_comp = partial.n_compressions
@@ -412,21 +465,18 @@ class SlotEngine:
                 joined[i, p : p + t0[i]] = tokens[i, : t0[i]]
             prompts, lengths = joined, lengths + t0
         limit = np.full((n,), M, np.int32) if limits is None else np.asarray(limits, np.int32)
-        args = [np.asarray(slots, np.int32), prompts, lengths, np.asarray(request, np.int32), t0, limit]
-        fills = [self.Q, 0, 1, 0, 0, M]
-        args = [pad(a, f) for a, f in zip(args, fills)]
-        prefix = jax.tree.map(lambda a: pad(np.asarray(a), 0), (tokens, logprobs, kept, versions, n_comp, records))
-        args, prefix = self._place((args, prefix)) if self.mesh is not None else (args, prefix)
-        state = self._insert(params, state, key, *args, prefix, jnp.int32(version), resume=resume)
-        self._host_call(tic, compiled, state.done)
-        return state
+        args = [prompts, lengths, np.asarray(request, np.int32), t0, limit]
+        fills = [0, 1, 0, 0, M]  # a padding row's values: a one-token prompt, aimed at no slot
+        args = [slot_index, *(_take_rows(a, take, f) for a, f in zip(args, fills))]
+        prefix = jax.tree.map(lambda a: _take_rows(a, take, 0), (tokens, logprobs, kept, versions, n_comp, records))
+        return self._place((args, prefix))
 
     def harvest_start(self, state: SlotState):
         """Dispatch a copy of every slot's response (all Q rows: one compiled shape); the slots
         may be inserted into at once. Read it with harvest_read."""
         tic, compiled = time.perf_counter(), compile_clock.Since()
-        if self._all_slots is None:
-            idx = np.arange(self.Q, dtype=np.int32)
+        if self._all_slots is None:  # every slot, as the program indexes it (per device: its group's own)
+            idx = np.arange(self.Q, dtype=np.int32) % (self.Q // self.dp if self.manual_axes else self.Q)
             self._all_slots = self._place(idx) if self.mesh is not None else jnp.asarray(idx)
         out = self._harvest(state, self._all_slots)
         self._host_call(tic, compiled, out)

@@ -1,19 +1,30 @@
 """The slot engine's device programs (rollout/engine.py dispatches them from the host and keeps
 their state): the Q slots' state, a decode segment, an insert (prefill new requests and scatter
 them into free slots) and a harvest copy. Each is a pure function of an EngineShape (the static
-part: model, sampler config, slot count and widths) and jitted once per engine.
+part: model, sampler config, slot count and widths), jitted once per engine by `jitted`: over
+every slot (one device, or a mesh XLA partitions: the training layout), or per device on the
+rollout layouts "data" and "tensor:N" (rollout/layout.py), each row group running its own slots
+alone under shard_map, so the segment's decode loop moves nothing between devices but its scalar
+stop test.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float, Int
 
 from sparserl_jax import kvcache as kv
+from sparserl_jax.kernels.sharded import per_device
+from sparserl_jax.model import sharding as shd
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.precision import compute_params
 from sparserl_jax.rollout.sampler import (
@@ -89,11 +100,14 @@ def empty_state(shape: EngineShape) -> SlotState:
     )
 
 
-def segment(shape: EngineShape, params, state: SlotState, key, version):
+def segment(shape: EngineShape, params, state: SlotState, key, version, *, stop_axes: tuple[str, ...] = ()):
     """Up to segment_chunks x buffer decode steps with the weights of `version` (fewer once
     every slot is done); returns the state, the active slot-steps and the steps run. Token t
     is sampled from the stored logits, so it carries their version; the step then stores the
-    logits `params` compute for the next token."""
+    logits `params` compute for the next token. `stop_axes`: the mesh axes this runs under
+    shard_map over, each device group with its own slots (per_device): the loop then runs until
+    every group's slots are done (its stop test, a scalar, is the loop's one collective) and the
+    active slot-steps are summed over the groups, so both equal the one-device program's."""
     cfg, U, M, Q = shape.cfg, shape.cfg.kv.buffer, shape.M, shape.Q
     params = compute_params(params, shape.model_cfg)  # once, not in every decode step
     keys = request_keys(key, state.request)
@@ -134,9 +148,14 @@ def segment(shape: EngineShape, params, state: SlotState, key, version):
         return r + 1, st, active
 
     def going(c):
-        return (c[0] < shape.segment_chunks) & ~jnp.all(c[1].done)
+        finished = jnp.all(c[1].done)
+        if stop_axes:  # every group's slots, not only this one's
+            finished = jax.lax.pmin(finished.astype(jnp.int32), stop_axes) > 0
+        return (c[0] < shape.segment_chunks) & ~finished
 
     r, state, active = jax.lax.while_loop(going, chunk, (jnp.int32(0), state, jnp.int32(0)))
+    if stop_axes:
+        active = jax.lax.psum(active, stop_axes)
     return state, active, r * U
 
 
@@ -209,3 +228,71 @@ def harvest(shape: EngineShape, state: SlotState, slots):
         s.prompt_len[slots],
         records,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """The engine's jitted programs: segment(params, state, key, version) -> (state, active
+    slot-steps, steps); insert(params, state, key, slots, prompts, lengths, request, t0, limit,
+    prefix, version, *, resume) -> state; harvest(state, slots) -> the copy; release(state) ->
+    state, every slot done. The state is donated to each but harvest."""
+
+    segment: Callable
+    insert: Callable
+    harvest: Callable
+    release: Callable
+
+
+def state_shardings(shape: EngineShape, mesh: Mesh) -> SlotState:
+    """Where the slot state lives on `mesh`: every leaf's slots split over data x fsdp, the KV
+    cache's heads also over "tensor" (model/sharding.py cache_shardings). Every program returns
+    its state there, so the next call compiles nothing again for another input layout."""
+    abstract = jax.eval_shape(functools.partial(empty_state, shape))
+    rows = NamedSharding(mesh, P(shd.BATCH))
+    return jax.tree.map(lambda _: rows, abstract.replace(cache=None)).replace(
+        cache=shd.cache_shardings(abstract.cache, mesh)
+    )
+
+
+def jitted(shape: EngineShape, mesh: Mesh | None = None, manual_axes: tuple[str, ...] = ()) -> Programs:
+    """The programs jitted for `shape`: over every slot (no `manual_axes`: one device, or the
+    mesh in shape.cfg.mesh, which XLA partitions), or per device on `mesh`, manual over
+    `manual_axes` (rollout/layout.py RolloutMesh.manual_axes): the Q slots split over its
+    data x fsdp into row groups, each running its own Q / groups slots alone under shard_map (a
+    slot index is the group's own, Q / groups its padding slot; the engine lays out an insert's
+    rows that way), its segment's stop test the one collective of the decode loop."""
+    if not manual_axes:
+        return Programs(
+            jax.jit(functools.partial(segment, shape), donate_argnums=(1,)),
+            jax.jit(functools.partial(insert, shape), donate_argnums=(1,), static_argnames=("resume",)),
+            jax.jit(functools.partial(harvest, shape)),
+            jax.jit(_release, donate_argnums=(0,)),
+        )
+    groups = math.prod(mesh.shape[a] for a in shd.BATCH)
+    inner_mesh = None if set(manual_axes) == set(mesh.axis_names) else mesh  # tensor:N: XLA splits a group's step
+    local = dataclasses.replace(shape, Q=shape.Q // groups, cfg=dataclasses.replace(shape.cfg, mesh=inner_mesh))
+    rows, rep = P(shd.BATCH), P()
+
+    def on_groups(fn, in_specs, out_specs):
+        return per_device(fn, mesh, in_specs, out_specs, manual_axes)
+
+    seg = on_groups(functools.partial(segment, local, stop_axes=shd.BATCH), (rep, rows, rep, rep), (rows, rep, rep))
+    # params, state, key, then slots, prompts, lengths, request, t0, limit and prefix per row, version
+    insert_specs = (rep, rows, rep, *(rows,) * 7, rep)
+    inserts = {r: on_groups(functools.partial(insert, local, resume=r), insert_specs, rows) for r in (False, True)}
+
+    def insert_rows(params, state, key, *args, resume: bool):
+        return inserts[resume](params, state, key, *args)
+
+    placed = state_shardings(shape, mesh)
+    everywhere = NamedSharding(mesh, rep)
+    return Programs(
+        jax.jit(seg, donate_argnums=(1,), out_shardings=(placed, everywhere, everywhere)),
+        jax.jit(insert_rows, donate_argnums=(1,), static_argnames=("resume",), out_shardings=placed),
+        jax.jit(on_groups(functools.partial(harvest, local), (rows, rows), rows)),
+        jax.jit(_release, donate_argnums=(0,), out_shardings=placed),
+    )
+
+
+def _release(state: SlotState) -> SlotState:
+    return state.replace(done=jnp.ones_like(state.done))

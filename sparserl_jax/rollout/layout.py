@@ -17,7 +17,9 @@ live on it, apart from the training layout (model/sharding.py: parameters fully 
 With `data` or `tensor:N` the weights are resharded from the training layout once per
 iteration (`RolloutMesh.place`: a jitted all-gather of each weight of the compute copy) where the
 rollout source receives them, a second copy beside the training one; the training layout stays
-as it is.
+as it is. Every decoder follows the layout: the static sampler (`RolloutMesh.generate`), SortedRL's
+slot engine (its programs per row group, `manual_axes`: rollout/engine_programs.py jitted) and
+evaluation (evaluate.py evaluate_examples).
 """
 
 from __future__ import annotations
@@ -94,6 +96,15 @@ class RolloutMesh:
         return self.layout.kind != "train" and self.mesh.size > 1
 
     @property
+    def manual_axes(self) -> tuple[str, ...]:
+        """The mesh axes a row group decodes alone over, under shard_map: every axis for "data"
+        (each device its rows), data and fsdp for "tensor:N" (XLA partitions a group's step over
+        its "tensor" devices); none for "train" or one device (XLA partitions the whole program)."""
+        if not self.per_device:
+            return ()
+        return shd.AXES if self.layout.kind == "data" else shd.BATCH
+
+    @property
     def row_groups(self) -> int:
         """How many ways a sampler call's rows are split (each call's rows: a multiple of it)."""
         return math.prod(self.mesh.shape[a] for a in shd.BATCH)
@@ -106,10 +117,11 @@ class RolloutMesh:
         return shd.param_shardings(params, self.mesh)
 
     def place(self, params: Any) -> Any:
-        """`params` in the rollout layout: as they are for "train" (or one device), else a copy
-        resharded from wherever they live (the training layout), a jitted program per weight.
-        Call it once per iteration, before the iteration's sampler calls."""
-        if not self.per_device:
+        """`params` in the rollout layout: as they are for "train" (or one device), or when every
+        array already lives on the rollout mesh (placed before, perhaps quantized since), else a
+        copy resharded from wherever they live (the training layout), a jitted program per
+        weight. Call it once per iteration, before the iteration's sampler calls."""
+        if not self.per_device or all(_on_mesh(x, self.mesh) for x in jax.tree.leaves(params)):
             return params
         return jax.tree.map(lambda x, s: _reshard(s)(x), params, self.param_shardings(params))
 
@@ -127,11 +139,24 @@ class RolloutMesh:
         every process (a collective): on_mesh.generate_per_device, or for "train"
         on_mesh.generate_on_mesh on the training mesh."""
         if self.per_device:
-            manual = shd.AXES if self.layout.kind == "data" else shd.BATCH
             return generate_per_device(
-                params, model_cfg, tokens, lengths, key, sampler_cfg, self.mesh, request_ids, manual_axes=manual
+                params,
+                model_cfg,
+                tokens,
+                lengths,
+                key,
+                sampler_cfg,
+                self.mesh,
+                request_ids,
+                manual_axes=self.manual_axes,
             )
         return generate_on_mesh(params, model_cfg, tokens, lengths, key, sampler_cfg, self.mesh, request_ids)
+
+
+def _on_mesh(x: Any, mesh: Mesh) -> bool:
+    """Whether array `x` is laid out on `mesh` (a NamedSharding over it)."""
+    sharding = getattr(x, "sharding", None)
+    return isinstance(sharding, NamedSharding) and sharding.mesh == mesh
 
 
 @functools.lru_cache(maxsize=64)

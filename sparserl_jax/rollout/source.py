@@ -245,7 +245,8 @@ class SortedSource(BatchSource):
             s.slots or r.rows,
             max_prompt_len,
             segment_chunks=s.segment_chunks,
-            mesh=self.rollout.mesh,  # its slots over the rollout mesh's data x fsdp, XLA-partitioned
+            mesh=self.rollout.mesh,  # its slots over the rollout mesh's data x fsdp
+            manual_axes=self.rollout.manual_axes,  # data, tensor:N: each row group its own slots alone
         )
         self.scheduler = SortedScheduler(engine, s, prompts_per_batch=r.prompts, samples=r.samples)
 
