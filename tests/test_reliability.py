@@ -343,6 +343,12 @@ def _value_and_text(tp, draw):
             return "auto", "auto"
         v = draw(st.integers(0, 10**9))
         return v, str(v)
+    if set(args) == {bool, str}:  # a switch or a word (rl.update.remat: true / false or a policy)
+        if draw(st.booleans()):
+            v = draw(st.sampled_from(["none", "full", "selective"]))
+            return v, v
+        v = draw(st.booleans())
+        return v, draw(st.sampled_from([str(v).lower(), str(v), "yes" if v else "no"]))
     if tp is bool:
         v = draw(st.booleans())
         return v, draw(st.sampled_from([str(v).lower(), str(v), "yes" if v else "no"]))
