@@ -37,12 +37,14 @@ class ModelSource:
     `dtype` is the compute dtype (forward, backward, rollouts, KV cache), `param_dtype` the master
     weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py);
     `attention` how the full-sequence passes attend (model/config.py ATTENTION; auto: cuDNN on a
-    GPU for bfloat16, splash on a TPU, blockwise on a CPU)."""
+    GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the full-sequence passes
+    run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str = "auto"
+    scan_layers: bool = False
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
@@ -50,12 +52,15 @@ class ModelSource:
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
+        check_bool("model.scan_layers", self.scan_layers)
 
     @property
-    def arch_settings(self) -> dict[str, str]:
+    def arch_settings(self) -> dict[str, str | bool]:
         """The settings of this section that the architecture carries (ModelConfig's fields of
         the same names), whichever source the architecture comes from."""
-        return dict(dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention)
+        return dict(
+            dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention, scan_layers=self.scan_layers
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,7 +134,9 @@ def compile_row(program, setup, mesh, topology, report: dict, hlo_path=None, dum
     )
     cost = compiled.cost_analysis()  # a list of one dict on older jax
     cost = (cost[0] if isinstance(cost, list) else cost) or {}
-    row["xla_flops"] = cost.get("flops")  # per chip, as XLA counts them (recomputation included)
+    # per chip, as XLA counts them (recomputation included); XLA counts a while loop's body once, so
+    # under model.scan_layers it would count one layer of L: left out
+    row["xla_flops"] = None if setup.model.scan_layers else cost.get("flops")
     del compiled, lowered
     jax.clear_caches()
     return {**row, **tpu_table.dry_run_columns(program.name, report, row["chip_bytes"])}
@@ -189,6 +191,7 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
         print(f"{topology.name} {head['config']} {p} attention={s.model.attention}: compiling", flush=True)
         row = {**head, "program": p, "attention_setting": s.attention_setting, "attention": s.model.attention}
         row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides), remat=_remat(s.cfg))
+        row["scan_layers"] = s.model.scan_layers  # the full-sequence passes' layers under one lax.scan
         try:
             hlo = args.hlo_dir and os.path.join(args.hlo_dir, "_".join(map(str, tpu_table.key(row)[:5])) + ".hlo.gz")
             row.update(compile_row(builders[p](), s, mesh, topology, report, hlo, args.xla_dump))

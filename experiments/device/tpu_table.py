@@ -129,6 +129,17 @@ def _attention(row: dict) -> str:
     return compiled if setting in (None, compiled) else f"{setting} -> {compiled}"
 
 
+def _model(row: dict) -> str:
+    """The config, with the row's key=value overrides beside it (tpu_compile.py's trailing arguments)."""
+    over = row.get("overrides") or []
+    return row["config"] + (f" ({', '.join(over)})" if over else "")
+
+
+def _remat(row: dict) -> str:
+    """The update's remat policy, and whether the layers ran under one scan (model.scan_layers)."""
+    return f"{row.get('remat', '-')}{', scanned' if row.get('scan_layers') else ''}"
+
+
 def _mesh(row: dict) -> str:
     """The mesh's data, fsdp, tensor sizes, and the overlay where it is not 8gpu's."""
     sizes = ",".join(str(v) for v in row.get("mesh", {}).values()) or "-"
@@ -138,7 +149,7 @@ def _mesh(row: dict) -> str:
 
 def memory_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| model | topology | mesh d,f,t | program | attention | remat | rows (/chip) | args | temp | XLA | beside | "
+        "| model | topology | mesh d,f,t | program | attention | remat (layers) | rows (/chip) | args | temp | XLA | beside | "
         "chip | HBM | fits | dry run | chip / dry run | TFLOP / chip | compile s |",
         "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
@@ -146,8 +157,8 @@ def memory_table(rows: list[dict]) -> list[str]:
         x = r.get("xla") or {}
         held = r.get("held_beside")
         lines.append(
-            f"| {r['config']} | {r['topology']} ({r['chips']}) | {_mesh(r)} | {r['program']} | {_attention(r)} | "
-            f"{r.get('remat', '-')} | {r.get('rows', '-')} ({_num(r.get('rows_per_chip'))}) | {gib(x.get('argument'))} | {_temp(r)} | "
+            f"| {_model(r)} | {r['topology']} ({r['chips']}) | {_mesh(r)} | {r['program']} | {_attention(r)} | "
+            f"{_remat(r)} | {r.get('rows', '-')} ({_num(r.get('rows_per_chip'))}) | {gib(x.get('argument'))} | {_temp(r)} | "
             f"{gib(r.get('program_bytes'))} | {gib(sum(held.values()) if held else None)} | {gib(r.get('chip_bytes'))} | "
             f"{r['hbm_gib']:g} | {_fits(r)} | {gib((r.get('dryrun') or {}).get('per_chip'))} | "
             f"{_num(r.get('ratio'), '.2f')} | {_tflop(r.get('xla_flops'))} | {r.get('compile_s', '-')} |"
@@ -183,7 +194,7 @@ def hlo_table(rows: list[dict]) -> list[str]:
         big = (h["largest_arrays"] or [None])[0]
         big_text = "-" if big is None else f"{big['array']} ({gib(big['bytes'])} GiB)"
         lines.append(
-            f"| {r['config']} | {r['topology']} | {r['program']} | {_attention(r)} | {act_text} | "
+            f"| {_model(r)} | {r['topology']} | {r['program']} | {_attention(r)} | {act_text} | "
             f"{_num(h.get('attention_rows'))} | {coll} | {body} ({loops['non_scalar']}) | {big_text} |"
         )
     return lines
@@ -238,12 +249,12 @@ def markdown(table: dict) -> str:
             slices = "; ".join(
                 f"{gib(x['bytes'])} GiB: {x['shapes'][:120]}" for x in r["xla_memory_report"]["largest"][:3]
             )
-            lines.append(f"- {r['config']} {r['topology']} {r['program']} {_attention(r)}: {slices}")
+            lines.append(f"- {_model(r)} {r['topology']} {r['program']} {_attention(r)}: {slices}")
     failed = [r for r in rows if not r.get("ok")]
     if failed:
         lines += ["", "Refused or failed (XLA's or the config's message):", ""]
         lines += [
-            f"- {r['config']} {r['topology']} {r['program']} {_attention(r)} ({r.get('stage')}): "
+            f"- {_model(r)} {r['topology']} {r['program']} {_attention(r)} ({r.get('stage')}): "
             f"`{r['error'].splitlines()[0][:400]}`"
             for r in failed
         ]

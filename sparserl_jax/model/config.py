@@ -72,6 +72,10 @@ class ModelConfig:
     dtype: str = "float32"  # compute: weights as the forward reads them, activations, KV cache
     param_dtype: str = "float32"  # the master weights (and so the optimizer state) the update steps
     attention: str = "auto"  # the full-sequence passes' attention (ATTENTION)
+    # the full-sequence passes (the update, scoring, prefill: transformer.forward) run the layers as one
+    # lax.scan over their weights stacked on a leading axis: one compiled block instead of n_layers copies
+    # (compile time flat in depth, MaxText's scan_layers); decode steps stay unrolled either way
+    scan_layers: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -87,7 +91,7 @@ class ModelConfig:
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
-        for name in ("tie_embeddings", "qkv_bias", "qk_norm"):
+        for name in ("tie_embeddings", "qkv_bias", "qk_norm", "scan_layers"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for RoPE")

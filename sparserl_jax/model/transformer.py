@@ -11,7 +11,9 @@ params = {
 }
 
 Layers are a Python list (unrolled), so a decode step reads and writes each layer's cache buffer
-in place, with no slicing of stacked weights or caches.
+in place, with no slicing of stacked weights or caches. With model.scan_layers the full-sequence
+pass (forward: the update, scoring, prefill) stacks them inside its program and runs one block
+under lax.scan; the params and the cache keep their per-layer layout either way.
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def forward(
     what a sparse sampler let each query see, for an exact teacher-forced recompute.
     Every entry point reads the weights in cfg.dtype (model/precision.py: a no-op on a compute copy).
     `mesh` (the one the params and tokens are sharded on): the residual stream stays split on B
-    over data x fsdp at every layer boundary, heads over tensor (model/activation_sharding.py)."""
+    over data x fsdp at every layer boundary, heads over tensor (model/activation_sharding.py).
+    `remat` (rl.update.remat, model/remat.py) what each block keeps for the backward pass; with
+    cfg.scan_layers the blocks run as one lax.scan (_run_blocks), the same values either way."""
     params = compute_params(params, cfg)
     act = ActivationSharding(mesh)
     B, T = tokens.shape
@@ -167,18 +171,55 @@ def forward(
         o = remat_policy.tag("attn_out", causal_attention(q, k, v, mask, cfg.attention, mesh=mesh))
         return _finish_block(layer, x, act.heads(o), cfg), (q, k, v)
 
-    block = remat_policy.checkpointed(block, remat)  # rl.update.remat: none, full or selective (model/remat.py)
-    qkv = []
-    for i, layer in enumerate(params["layers"]):
-        x, layer_qkv = block(layer, x, None if attn_masks is None else attn_masks[i])
-        x = act.rows(x)
-        if return_qkv:
-            qkv.append(layer_qkv)
+    x, qkv = _run_blocks(block, params["layers"], x, attn_masks, act, remat, cfg.scan_layers, return_qkv)
     h = act.rows(rms_norm(x, params["final_norm"], cfg.norm_eps))
     if not return_qkv:
         return h
-    qs, ks, vs = (list(t) for t in zip(*qkv))
+    qs, ks, vs = qkv
     return h, qs, ks, vs
+
+
+def stack_layers(layers: list[dict]) -> dict:
+    """The layers' weights as one layer whose every leaf has a leading [L] axis (QWeight values and
+    scales alike): one copy of the layer weights, made inside the program that reads them."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+
+
+def _run_blocks(
+    block: Callable,
+    layers: list[dict],
+    x: Float[Array, "B T D"],
+    attn_masks: list[Bool[Array, "B N T T"]] | None,
+    act: ActivationSharding,
+    remat: bool | str,
+    scan: bool,
+    return_qkv: bool,
+):
+    """The blocks over the residual stream, pinned to its row layout after each. Unrolled (the
+    default): L copies of the block in the program. `scan` (model.scan_layers): one lax.scan over
+    the stacked weights and masks, one block in a while loop; the stacked weights take each layer
+    leaf's sharding with the new leading axis unsharded (XLA propagates it from the leaves it
+    stacks; each iteration's slice is gathered where it runs). The same values either way.
+    Returns the residual stream and, with return_qkv, the per-layer (queries, keys, values) lists."""
+    # rl.update.remat: none, full or selective (model/remat.py); jax.checkpoint's prevent_cse guards an
+    # unrolled recompute, a scan body needs none
+    block = remat_policy.checkpointed(block, remat, prevent_cse=not scan)
+
+    def body(x, layer_and_mask):
+        layer, mask = layer_and_mask
+        x, layer_qkv = block(layer, x, mask)
+        return act.rows(x), (layer_qkv if return_qkv else None)
+
+    masks = [None] * len(layers) if attn_masks is None else attn_masks
+    if scan:
+        x, qkv_L = jax.lax.scan(body, x, (stack_layers(layers), None if attn_masks is None else jnp.stack(masks)))
+        qkv = None if not return_qkv else [tuple(a_L[i] for a_L in qkv_L) for i in range(len(layers))]
+    else:
+        qkv = []
+        for layer, mask in zip(layers, masks):
+            x, layer_qkv = body(x, (layer, mask))
+            qkv.append(layer_qkv)
+    return x, (tuple(list(t) for t in zip(*qkv)) if return_qkv else None)
 
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
