@@ -80,6 +80,7 @@ def _compile_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # docs/layout.md's "How to extend" toy figure: figure a's scaffold and the figures' replot
 def test_a_toy_figure_runs_writes_its_outputs_and_replots(tmp_path):
     out = tmp_path / "out"
     data = main(["--smoke", "--seeds", "0", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])

@@ -241,6 +241,7 @@ def test_symlog_axis_ticks_do_not_crowd():
     figlib.plt.close(fig)
 
 
+@pytest.mark.extended  # its runs are figure a's scaffold at two budgets (fig_b's evaluation)
 def test_calibrate_task(runs_dir, tmp_path):
     data = calibrate_task.main(
         WALK_SMOKE + ["--policies", "snapkv", "--budgets", "16", "32", "--out", str(tmp_path), "--runs-dir", runs_dir]
@@ -306,6 +307,7 @@ def test_fig_b_budget(runs_dir, tmp_path):
     assert "| sparse_rl@48 not behind dense-trained, dense inference (tie rule at each run) |" in md
 
 
+@pytest.mark.extended  # its cells are Study runs as fig a's arms; its rendering in the replot tests
 def test_fig_c_policies(runs_dir, tmp_path):
     data = fig_c_policies.main(
         ["--smoke", "--policies", "none", "streaming", "--out", str(tmp_path), "--runs-dir", runs_dir]
@@ -320,6 +322,7 @@ def test_fig_c_policies(runs_dir, tmp_path):
     assert data["cells"][2]["per_seed"][0]["train_kv_saving"] > 0.2
 
 
+@pytest.mark.extended  # its variants are Study runs as fig a's arms; its rendering in the replot tests
 def test_fig_d_corrections(runs_dir, tmp_path):
     data = fig_d_corrections.main(
         [
@@ -408,11 +411,15 @@ def test_fig_sortedrl(runs_dir, tmp_path):
     assert "| sorted_partial | sparse_rl |" in (tmp_path / "results.md").read_text()
 
 
-def test_memo_choice(runs_dir, tmp_path):
+@pytest.mark.extended  # its runs are figure a's arms on the walk task; its statistics are checked below
+def test_memo_choice_smoke(runs_dir, tmp_path):
     rows = memo_choice.main(WALK_SMOKE + ["--seeds", "0", "--out", str(tmp_path), "--runs-dir", runs_dir])
     _outputs(tmp_path, "memo_choice")
     assert set(rows) == {"warm start", "dense", "naive_sparse", "sparse_rl"}
     assert all(0.0 <= r["entropy"] <= np.log(26) + 1e-9 for arm in rows.values() for r in arm)
+
+
+def test_memo_choice_statistics_and_its_setting(runs_dir, tmp_path):
     stats = memo_choice.memo_statistics(["#P\n1", "#P\n2", "#Q\n3", "no memo", "#p\n"])
     assert stats["top_letter"] == "P" and stats["top_share"] == 0.4 and stats["no_memo"] == 0.4
     np.testing.assert_allclose(stats["entropy"], -(2 * 0.4 * np.log(0.4) + 0.2 * np.log(0.2)))

@@ -116,6 +116,7 @@ def test_eviction(checkpoint, noise, tmp_path):
     assert (out / "results.md").read_text() == md
 
 
+@pytest.mark.extended  # the eviction experiment runs the same measurement; test_quant the quantized sampler
 def test_quantization(checkpoint, noise, tmp_path):
     out = tmp_path / "quantization"
     mismatch.main(
