@@ -4,7 +4,8 @@ The weights are fully sharded over fsdp (model/sharding.py PARTITION_RULES: the 
 dim among them). Left to itself, XLA's partitioner propagates that split into the residual stream:
 every device then holds the WHOLE batch with D split, reduces every projection with an all-reduce
 and gathers no weight. Pinning the residual stream x_BxTxD to the batch split at the layer
-boundaries (after the embedding lookup, after every block, the final hidden state), and queries,
+boundaries (after the embedding lookup, after every block, the final hidden state; the lookup reads
+the table gathered over data x fsdp, so its output is born on the rows), and queries,
 keys, values and the attention output to heads over tensor, keeps the activations where the
 batch is: each device computes its own B / (data x fsdp) rows, a layer's weights are all-gathered
 where it runs (ZeRO-3) and their gradients summed over the row shards (XLA, CPU and TPU alike at
@@ -31,6 +32,7 @@ from sparserl_jax.mesh_axes import BATCH, entry_size, fit_spec
 
 ROWS = P(BATCH)  # [B, ...]: rows over data x fsdp
 HEADS = P(BATCH, None, "tensor")  # [B, T, N, H]: rows over data x fsdp, heads over tensor
+EMBED_TABLE = P("tensor", None)  # [V, D] where a lookup reads it: vocabulary over tensor, D whole
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,13 @@ class ActivationSharding:
     def rows(self, x: Float[Array, "B ..."]) -> Float[Array, "B ..."]:
         """A [B, ...] activation (the residual stream, the final hidden state) split on B."""
         return self.pin(x, ROWS)
+
+    def lookup_table(self, embed: Float[Array, "V D"]) -> Float[Array, "V D"]:
+        """The embedding table whole over data x fsdp (vocabulary still over tensor) where a lookup
+        reads it: gathered like any layer's weights (ZeRO-3), so the lookup's output is born split
+        on its rows. From a table split on D (model/sharding.py) XLA:TPU otherwise looked up every
+        row of the batch on every chip ([B, T, D / fsdp]) and its backward scattered them back so."""
+        return self.pin(embed, EMBED_TABLE)
 
     def heads(self, x: Float[Array, "B T N H"]) -> Float[Array, "B T N H"]:
         """Queries, keys, values or attention output: B split, heads over tensor."""

@@ -164,7 +164,7 @@ def forward(
     act = ActivationSharding(mesh)
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    x = act.rows(params["embed"][tokens])
+    x = act.rows(act.lookup_table(params["embed"])[tokens])
 
     def block(layer, x, mask):
         q, k, v = (remat_policy.tag("qkv", act.heads(a)) for a in _qkv(layer, x, positions, cfg))
