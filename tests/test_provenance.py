@@ -172,6 +172,27 @@ def test_the_commit_a_copy_was_made_from_comes_from_the_environment(monkeypatch,
     assert figprov.commit() is None and figprov.uncommitted_changes() is False
 
 
+def test_a_commands_own_output_can_be_left_out_of_the_tree_state(monkeypatch, tmp_path):
+    """tpu_compile.py rewrites its committed table as it goes: the tree state it records leaves that
+    file out, and any other change still counts."""
+    import subprocess
+
+    monkeypatch.delenv("SPARSERL_COMMIT", raising=False)
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    for name in ("table.json", "code.py"):
+        (tmp_path / name).write_text("0\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x")
+    monkeypatch.setattr(figprov, "REPO", str(tmp_path))
+    assert figprov.uncommitted_changes() is False
+    (tmp_path / "table.json").write_text("1\n")
+    assert figprov.uncommitted_changes() is True
+    assert figprov.uncommitted_changes(ignoring=(str(tmp_path / "table.json"),)) is False
+    (tmp_path / "code.py").write_text("1\n")
+    assert figprov.uncommitted_changes(ignoring=(str(tmp_path / "table.json"),)) is True
+
+
 def test_package_changes_counts_commits_to_the_package_between_two_commits():
     """A replay's note on code changes: 0 between a commit and itself, None for a commit git does not
     know; a library checkout's commit is the package's."""

@@ -71,12 +71,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def provenance(seconds: float) -> dict:
-    """The commit, tree, CPU, jax, jaxlib and libtpu that compiled a row, and how long it took."""
+def provenance(seconds: float, tree_dirty: bool) -> dict:
+    """The commit, tree, CPU, jax, jaxlib and libtpu that compiled a row, and how long it took.
+    `tree_dirty`: whether the tree differs from the commit outside the table itself."""
     import jaxlib
 
     return {
         **figprov.provenance(workers.available_cores(), seconds),
+        "uncommitted_changes": tree_dirty,
         "jaxlib": jaxlib.__version__,
         "libtpu": tpu_topology.libtpu_version(),
     }
@@ -144,6 +146,8 @@ def compile_row(program, setup, mesh, topology, report: dict, hlo_path=None, dum
 
 def run(args) -> dict:
     """Every row of args, each written to args.out when done; returns the table."""
+    # the code's state: the table this command rewrites as it goes does not count
+    args.tree_dirty = figprov.uncommitted_changes(ignoring=(args.out, os.path.splitext(args.out)[0] + ".md"))
     topologies = [tpu_topology.parse(t) for t in args.topologies]
     tpu_topology.set_environment(topologies[0])
     from experiments.device import tpu_programs as tp  # imports JAX: after the environment
@@ -184,7 +188,7 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
     except Exception as err:  # a setting the config refuses: every program's row says so
         for p in todo:
             row = {**head, "program": p, "stage": "config", **tpu_table.refused(f"{type(err).__name__}: {err}")}
-            _record(table, args, {**row, "provenance": provenance(time.perf_counter() - t0)})
+            _record(table, args, {**row, "provenance": provenance(time.perf_counter() - t0, args.tree_dirty)})
         return
     for p in todo:
         t0 = time.perf_counter()
@@ -198,7 +202,7 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
         except Exception as err:  # building the program: recorded, the next one runs
             row.update(stage="build", **tpu_table.refused(f"{type(err).__name__}: {err}"))
         row["max_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / tpu_table.GIB
-        row["provenance"] = provenance(time.perf_counter() - t0)
+        row["provenance"] = provenance(time.perf_counter() - t0, args.tree_dirty)
         _record(table, args, row)
         print(f"  {tpu_table.summary(row)}", flush=True)
 

@@ -34,10 +34,14 @@ def commit() -> str | None:
     return os.environ.get("SPARSERL_COMMIT") or _git("rev-parse", "--short=12", "HEAD")
 
 
-def uncommitted_changes() -> bool:
+def uncommitted_changes(ignoring: tuple[str, ...] = ()) -> bool:
     """Whether tracked files differ from the commit; False where SPARSERL_COMMIT names the commit
-    (whoever set it says the tree is that commit's) or outside a checkout."""
-    return not os.environ.get("SPARSERL_COMMIT") and bool(_git("status", "--porcelain", "--untracked-files=no"))
+    (whoever set it says the tree is that commit's) or outside a checkout. `ignoring`: paths whose
+    changes do not count (a command's own committed output, which it rewrites as it goes)."""
+    if os.environ.get("SPARSERL_COMMIT"):
+        return False
+    excluded = [f":(exclude){os.path.abspath(p)}" for p in ignoring]
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", REPO, *excluded))
 
 
 def library_commit() -> str | None:
