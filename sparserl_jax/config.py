@@ -37,8 +37,8 @@ class ModelSource:
     `dtype` is the compute dtype (forward, backward, rollouts, KV cache), `param_dtype` the master
     weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py);
     `attention` how the full-sequence passes attend (model/config.py ATTENTION; auto: cuDNN on a
-    GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the full-sequence passes
-    run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block)."""
+    GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the learner's passes (update,
+    scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"

@@ -3,13 +3,13 @@ tests/test_scan_layers.py with 8 fake CPU devices (XLA_FLAGS=--xla_force_host_pl
 
 On the mesh (data, fsdp, tensor) = (1, 4, 2) it compiles, for a toy model (3 layers, D = 64,
 F = 128, B = 16 rows of T = 48 tokens), the gradient of the summed token log-probs (remat full
-inside the scan body) and prefill, each unrolled and scanned, and checks in the scanned programs'
+inside the scan body) and the scoring pass's log-probs, each unrolled and scanned, and checks in the scanned programs'
 HLO text (experiments/lib/hlo_layout.py, hlo_loops.py) that each device holds B / (data x fsdp)
 rows of every token activation (the residual stream pinned inside the scan body), that the stack
 of the layers' weights (the concatenate) keeps each layer leaf's split with the new leading axis
 whole (q's as [L, D / fsdp, N / tensor, H] per device, never [L, D, N / tensor, H]), and that each fsdp-sharded layer weight is
 all-gathered inside a while loop (one layer where it runs) and never outside one (no whole stack
-gathered at once); and that the scanned loss, gradient, prefill logits and cache equal the
+gathered at once); and that the scanned loss, gradient and log-probs equal the
 unrolled programs' on the same mesh. Prints one JSON line per program and SCAN_LAYERS_OK when
 every check passed, else a FAILED line for each."""
 
@@ -23,7 +23,7 @@ import sys
 
 import jax
 import numpy as np
-from float_tol import EPS32, forward_terms, logit_magnitude, logprob_tol, sum_tol
+from float_tol import EPS32, forward_terms, logprob_tol
 from sharding_worker import random_params
 
 from experiments.lib import hlo_layout, hlo_loops
@@ -119,7 +119,6 @@ def main() -> None:
     sharded = shd.shard_params(params, mesh)
     rng = np.random.default_rng(0)
     tokens = shd.shard_batch(rng.integers(1, MC.vocab_size, (B, T)).astype(np.int32), mesh)
-    lengths = shd.shard_batch(rng.integers(T // 2, T + 1, B).astype(np.int32), mesh)
     failures: list[str] = []
     lp_tol = logprob_tol(MC, params, T)
 
@@ -141,19 +140,13 @@ def main() -> None:
             failures,
         )
 
-    cache = jax.eval_shape(shd._cache_factory(MC, B, T + 8))
-    outs = {}
-    for cfg in (MC, SCANNED):
-        fn = shd.sharded_prefill(mesh, cfg, cache).lower(sharded, tokens, lengths, cache).compile()
-        if cfg.scan_layers:
-            print("SCAN_LAYERS", json.dumps(read("prefill", fn.as_text(), mesh, failures)))
-        outs[cfg.scan_layers] = fn(sharded, tokens, lengths, shd.init_sharded_cache(mesh, cfg, B, T + 8))
-    (want_logits, want_cache), (got_logits, got_cache) = outs[False], outs[True]
-    close("prefill logits", got_logits, want_logits, sum_tol(forward_terms(MC, T), logit_magnitude(params)), failures)
-    for name in ("k", "v"):
-        for i, (g, w) in enumerate(zip(getattr(got_cache, name), getattr(want_cache, name), strict=True)):
-            tol = sum_tol(forward_terms(MC, T), float(np.abs(distributed.to_host(w)).max()))
-            close(f"prefill cache.{name}[{i}]", g, w, tol, failures)
+    def score_fn(cfg):  # the pi_old scoring pass: log-probs only
+        score = lambda p, t: tf.token_logprobs(p, cfg, t, chunk_tokens=32, mesh=mesh)[0]  # noqa: E731
+        return jax.jit(score).lower(sharded, tokens).compile()
+
+    want_fn, got_fn = score_fn(MC), score_fn(SCANNED)
+    print("SCAN_LAYERS", json.dumps(read("token_logprobs", got_fn.as_text(), mesh, failures)))
+    close("scored log-probs", got_fn(sharded, tokens), want_fn(sharded, tokens), lp_tol, failures)
     for f in failures:
         print("FAILED", f)
     if not failures:

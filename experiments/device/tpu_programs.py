@@ -105,8 +105,10 @@ class Program:
 
 
 def devices(topology: Topology) -> list:
-    """The topology's TPU devices (compile targets only), libtpu's order."""
-    return list(topologies.get_topology_desc(topology.name, "tpu").devices)
+    """The topology's TPU devices (compile targets only), libtpu's order. One chip needs its host
+    bounds named (libtpu's default host, 2x2x1 chips, does not divide a 1x1x1 grid)."""
+    one_chip = {"chips_per_host_bounds": (1, 1, 1)} if topology.chips == 1 else {}
+    return list(topologies.get_topology_desc(topology.name, "tpu", **one_chip).devices)
 
 
 def overlay_paths(name: str, mesh: str) -> tuple[list[str], str | None]:

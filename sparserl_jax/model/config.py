@@ -72,9 +72,9 @@ class ModelConfig:
     dtype: str = "float32"  # compute: weights as the forward reads them, activations, KV cache
     param_dtype: str = "float32"  # the master weights (and so the optimizer state) the update steps
     attention: str = "auto"  # the full-sequence passes' attention (ATTENTION)
-    # the full-sequence passes (the update, scoring, prefill: transformer.forward) run the layers as one
+    # the learner's full-sequence passes (the update, scoring: transformer.forward) run the layers as one
     # lax.scan over their weights stacked on a leading axis: one compiled block instead of n_layers copies
-    # (compile time flat in depth, MaxText's scan_layers); decode steps stay unrolled either way
+    # (compile time flat in depth, MaxText's scan_layers); a sampler's prefill and decode stay unrolled
     scan_layers: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
