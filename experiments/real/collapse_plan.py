@@ -48,6 +48,22 @@ dense arm at the same seed samples the same prompts at every iteration (train.se
 prompts), so its train reward is that of dense rollouts of the same prompts; results.md sets the
 three side by side over the run and its last quarter."""
 
+RKV32Q_PLAN = f"""\
+**What this setting adds, declared before its first run** (2026-11-28, issue 54, after rkv48q's
+12 runs: its mismatch faded in 5 of 6 sparse runs, so rkv48q's plan named this setting next). Everything
+of rkv48q's plan holds unchanged (the plan above: arms, seeds, horizon, evaluation, collapse rules,
+tie rule and verdicts; the persistence rule, k3 >= {PERSIST_K3} and question/evicted >=
+{PERSIST_QUESTION:.2f} over each sparse run's last quarter; the mechanism table; the untrained model and the
+dense arm adopted from rkv64's records), with the budget 32 instead of 48: the 57-token question is
+compressed to 32 entries at prefill. Calibrated first on the untrained model by the same targets
+(calibration run 14, run 13's command at --budgets 32: sampled reward 0.266 sparse vs 0.312 dense,
+84% of groups mixed, KV saving 64.5%, k3 0.256, SARS 33.3% of tokens and 14.5% of responses
+rejected; every target but budget > prompt, the setting's point). Hypothesis as rkv48q's. If the
+mismatch fades again in 4 or more of the 6 sparse runs, no smaller budget follows on this model:
+at 32 the sparse sampler's reward is already 0.85x dense's before training, and the study's
+answer is then that on SmolLM2-135M and this task the policy escapes any eviction it can shorten
+its way out of; the claim where it cannot (the paper's long answers) is a GPU's work."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -84,6 +100,15 @@ SETTINGS = {
         "untrained model before any of its runs (calibration run 13: every target but budget > prompt, "
         "the setting's point)",
         plan=RKV48Q_PLAN,
+        persistence=True,
+    ),
+    "rkv32q": Setting(
+        "R-KV, budget 32 + buffer 16, the question compressed at prefill",
+        ("kv.policy=rkv", "kv.budget=32", "kv.buffer=16", "kv.compress_prompt=true", "rollout.question_kv=true"),
+        "rkv48q's declared next setting (its mismatch faded in 5 of 6 sparse runs): the 57-token "
+        "question squeezed into 32 entries before the first token; calibrated on the untrained model "
+        "before any of its runs (calibration run 14: every target but budget > prompt)",
+        plan=RKV32Q_PLAN,
         persistence=True,
     ),
 }
