@@ -195,7 +195,7 @@ def _rows(tp, table: dict, args, head: dict, topology, devices, todo: list[str])
         print(f"{topology.name} {head['config']} {p} attention={s.model.attention}: compiling", flush=True)
         row = {**head, "program": p, "attention_setting": s.attention_setting, "attention": s.model.attention}
         row.update(mesh=dict(mesh.shape), setting_overrides=list(s.overrides), remat=_remat(s.cfg))
-        row["scan_layers"] = s.model.scan_layers  # the full-sequence passes' layers under one lax.scan
+        row["scan_layers"] = s.model.scan_layers  # the learner's passes' layers under one lax.scan
         try:
             hlo = args.hlo_dir and os.path.join(args.hlo_dir, "_".join(map(str, tpu_table.key(row)[:5])) + ".hlo.gz")
             row.update(compile_row(builders[p](), s, mesh, topology, report, hlo, args.xla_dump))

@@ -211,16 +211,15 @@ def _run_blocks(
         x, layer_qkv = block(layer, x, mask)
         return act.rows(x), (layer_qkv if return_qkv else None)
 
-    masks = [None] * len(layers) if attn_masks is None else attn_masks
     if scan:
-        x, qkv_L = jax.lax.scan(body, x, (stack_layers(layers), None if attn_masks is None else jnp.stack(masks)))
-        qkv = None if not return_qkv else [tuple(a_L[i] for a_L in qkv_L) for i in range(len(layers))]
-    else:
-        qkv = []
-        for layer, mask in zip(layers, masks):
-            x, layer_qkv = body(x, (layer, mask))
-            qkv.append(layer_qkv)
-    return x, (tuple(list(t) for t in zip(*qkv)) if return_qkv else None)
+        masks_L = None if attn_masks is None else jnp.stack(attn_masks)
+        x, qkv_L = jax.lax.scan(body, x, (stack_layers(layers), masks_L))
+        return x, (tuple(list(a_L) for a_L in qkv_L) if return_qkv else None)  # [L, ...] -> L arrays
+    per_layer = []
+    for layer, mask in zip(layers, [None] * len(layers) if attn_masks is None else attn_masks):
+        x, layer_qkv = body(x, (layer, mask))
+        per_layer.append(layer_qkv)
+    return x, (tuple(list(t) for t in zip(*per_layer)) if return_qkv else None)
 
 
 def logits_from_hidden(params: Params, h: Float[Array, "... D"]) -> Float[Array, "... V"]:
