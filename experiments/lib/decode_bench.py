@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from experiments.lib import decode_breakdown, figprov
+from experiments.lib import decode_breakdown, figprov, workers
 from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.kvcache.policies import POLICIES
@@ -462,6 +462,11 @@ def main(argv: list[str] | None = None) -> dict:
         "device_kind": device.device_kind,
         "jax_version": jax.__version__,
         "model": dataclasses.asdict(prof.model),
+        "provenance": {
+            **figprov.provenance(workers.available_cores(), None),
+            # a benchmark runs with the host's own CPU numerics unless XLA_FLAGS carries the portable ones
+            "portable_cpu": all(f in os.environ.get("XLA_FLAGS", "") for f in workers.PORTABLE_XLA_FLAGS),
+        },
         "setting": dict(
             batch=prof.batch,
             prompt_len=prof.prompt_len,
@@ -532,6 +537,8 @@ def main(argv: list[str] | None = None) -> dict:
         add_speedups(rows)
         report["acceptance"] = acceptance(rows, prof)
         report["total_s"] = time.perf_counter() - t_start
+        report["provenance"].update(wall_s=round(report["total_s"], 1))
+        report["provenance"].pop("commit_at", None)
         write(report, out)  # after every row, so a run cut short keeps what it measured
     print(markdown(report))
     print(f"\nwrote {out}")
@@ -606,6 +613,7 @@ def markdown(report: dict) -> str:
         "",
         f"{report['device_kind']} ({report['platform']}), jax {report['jax_version']}, {report['date']}",
         f"`{report['command']}`",
+        *([figprov.provenance_line(report)] if "provenance" in report else []),
         "",
         f"Model: {m['family']} V={m['vocab_size']} D={m['d_model']} L={m['n_layers']} "
         f"N={m['n_heads']} K={m['n_kv_heads']} H={m['head_dim']} F={m['d_ff']} {m['dtype']}; "
