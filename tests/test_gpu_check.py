@@ -17,7 +17,7 @@ import pytest
 from experiments.device import gpu_check, gpu_e2e, gpu_report, gpu_sizes, gpu_update
 from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE
 
-EXPERIMENTS = Path(__file__).parent.parent / "experiments"
+CHECK = Path(__file__).parent.parent / "experiments" / "device" / "gpu_check.py"
 
 FORCED = "numerics"
 
@@ -29,10 +29,10 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     figure; the forced failure is one line, the next step still runs, the report reads FAIL and the
     exit code is non-zero."""
     proc = subprocess.run(
-        [sys.executable, str(EXPERIMENTS / "gpu_check.py"), "--smoke", "--out", str(tmp_path), "--fail", FORCED],
+        [sys.executable, str(CHECK), "--smoke", "--out", str(tmp_path), "--fail", FORCED],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=gpu_check.TIME_LIMITS["smoke"] + 120,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -66,6 +66,18 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     resume = steps["e2e"]["result"]["resume"]
     assert resume["steps_a"] == resume["steps_b"] == [1, 2] and resume["max_rel_diff"] <= 1e-5
     assert "at iteration 1" in resume["resumed_line"]
+    engine = steps["engine"]["result"]  # int8 beside the model's dtype, then the slot engine's row
+    assert [(r["policy"], r["quant"]) for r in engine["int8_rows"]] == [
+        ("none", "none"),
+        ("none", "int8"),
+        ("rkv", "none"),
+        ("rkv", "int8"),
+    ]
+    assert all(r["tokens_per_s"] > 0 for r in engine["int8_rows"])
+    assert engine["int8_rows"][1]["weight_bytes"] < engine["int8_rows"][0]["weight_bytes"]
+    (row,) = engine["engine_rows"]
+    assert row["forced_lengths_decoded"] == {"static": True, "engine": True} and row["engine_compiles"] == 0
+    assert (tmp_path / "engine" / "engine.json").exists()
     env = steps["env"]["result"]
     assert env["backend"] == "cpu" and env["provenance"]["commit"] and "jax" in env["packages"]
     study = steps["study"]["result"]  # the collapse study's config trained and evaluated, its plan priced
@@ -251,3 +263,43 @@ def test_the_study_step_runs_the_collapse_studys_config_and_prices_its_plan(tmp_
     assert plan["train_s"] == seeds * its * (2.0 + 3.0 + 3.0)
     assert plan["runs"] == 9 and plan["evaluations"] == seeds * (1 + 3 * (its // real_collapse.EVAL_EVERY)) == 21
     assert plan["total_s"] == plan["train_s"] + 21 * 6.0
+
+
+def test_engine_bench_decodes_the_forced_lengths_in_both_arms():
+    """The engine step's (and bench_sorted.py's) comparison at toy size: the static sampler and the
+    slot engine decode one workload's forced lengths, the same tokens in both arms (5 requests in
+    batches of Q = 2: a short last static batch), with nothing compiled inside the timed runs."""
+    import jax
+
+    from experiments.lib import engine_bench
+    from sparserl_jax.model import transformer
+    from sparserl_jax.model.config import ModelConfig
+
+    with pytest.raises(ValueError, match="high <= max_new"):
+        engine_bench.workload(4, max_new=8, short=(2, 12), long_frac=0.1)
+    m = ModelConfig.tiny(
+        "qwen2", vocab_size=64, max_seq_len=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64
+    )
+    limits_N = engine_bench.workload(5, max_new=12, short=(2, 6), long_frac=0.3)
+    assert limits_N.max() == 12 and limits_N.min() >= 2  # one at the cap, the rest short
+    prompts_NxP, plens_N = engine_bench.requests(5, prompt_len=6, vocab=64, min_len=2)
+    row, lengths = engine_bench.compare(
+        transformer.init_params(m, jax.random.key(0)),
+        m,
+        prompts_NxP,
+        plens_N,
+        limits_N,
+        policy="rkv",
+        slots=2,
+        max_new=12,
+        budget=4,
+        buffer=4,
+        window=2,
+        segment_chunks=1,
+    )
+    assert lengths["engine"].tolist() == limits_N.tolist()
+    assert lengths["static"].tolist() == limits_N.tolist()
+    assert row["tokens"] == int(limits_N.sum())
+    assert row["static_compiles"] == row["engine_compiles"] == 0
+    assert 0 < row["static_bubble"] < 1
+    assert all(0 <= row[f"engine_bubble_{k}"] < 1 for k in ("slots", "wall", "slots_until_drain", "wall_until_drain"))

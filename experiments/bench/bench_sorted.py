@@ -37,88 +37,31 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from sparserl_jax import compile_clock
-from sparserl_jax import kvcache as kv
+from experiments.lib import engine_bench
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.rollout import sampler as smp
-from sparserl_jax.rollout.engine import SlotEngine
-from sparserl_jax.rollout.stats import rollout_bubble
-
-
-def workload(n: int, max_new: int, short: tuple[int, int], long_frac: float, seed: int = 0):
-    """Forced lengths: a fraction `long_frac` at the cap, the rest uniform in `short`."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(short[0], short[1] + 1, size=n)
-    lengths[rng.random(n) < long_frac] = max_new
-    return lengths.astype(np.int32)
 
 
 def bench(policy: str, args, model_cfg, params, prompts, plens, limits) -> dict:
-    kv_cfg = kv.KVConfig(policy=policy, budget=args.budget, buffer=args.buffer, window=4)
-    cfg = smp.SamplerConfig(max_new_tokens=args.max_new, kv=kv_cfg)
-    Q, N = args.slots, len(limits)
-    key = jax.random.key(0)
-
-    def static():
-        for i in range(0, N, Q):
-            rows = slice(i, i + Q)
-            out = smp.generate_jit(
-                params,
-                model_cfg,
-                jnp.asarray(prompts[rows]),
-                jnp.asarray(plens[rows]),
-                key,
-                cfg,
-                jnp.arange(i, i + Q),
-                jnp.asarray(limits[rows]),
-            )
-            jax.block_until_ready(out.tokens)
-
-    eng = SlotEngine(model_cfg, cfg, Q, prompts.shape[1], segment_chunks=args.segment_chunks)
-
-    def engine():
-        return eng.run(params, key, prompts, plens, limits=limits)
-
-    static(), engine()  # compile (every insert/harvest bucket the run meets)
-    since, t0 = compile_clock.Since(), time.perf_counter()
-    static()
-    t_static = time.perf_counter() - t0 - since.seconds
-    static_compiles = since.compiles
-    eng.stats = type(eng.stats)()
-    since, t0 = compile_clock.Since(), time.perf_counter()
-    out = engine()
-    t_engine = time.perf_counter() - t0 - since.seconds
-    engine_compiles = since.compiles
-    assert (out.lengths == limits).all()
-    tokens = int(limits.sum())
-    static_bubble = float(
-        np.mean(
-            [
-                rollout_bubble(limits[i : i + Q], args.max_new, args.buffer)["rollout/bubble_slots"] * 1.0
-                for i in range(0, N, Q)
-            ]
-        )
+    """One cache's row: engine_bench.compare with this script's settings (snapkv window 4)."""
+    row, lengths = engine_bench.compare(
+        params,
+        model_cfg,
+        prompts,
+        plens,
+        limits,
+        policy=policy,
+        slots=args.slots,
+        max_new=args.max_new,
+        budget=args.budget,
+        buffer=args.buffer,
+        window=4,
+        segment_chunks=args.segment_chunks,
     )
-    return {
-        "policy": policy,
-        "tokens": tokens,
-        "static_tokens_per_s": tokens / t_static,
-        "engine_tokens_per_s": tokens / t_engine,
-        "speedup": t_static / t_engine,
-        "static_bubble": static_bubble,
-        "engine_bubble_slots": eng.stats.bubble_slots(),
-        "engine_bubble_wall": eng.stats.bubble_wall(Q),
-        "engine_bubble_slots_until_drain": eng.stats_at_drain.bubble_slots(),
-        "engine_bubble_wall_until_drain": eng.stats_at_drain.bubble_wall(Q),
-        "static_s": t_static,
-        "engine_s": t_engine,
-        "static_compiles": static_compiles,
-        "engine_compiles": engine_compiles,
-    }
+    if not (lengths["engine"] == limits).all():
+        raise RuntimeError(f"policy={policy}: the slot engine did not decode the forced lengths")
+    return row
 
 
 def trainer_bench(iterations: int, smoke: bool = False, runs_dir: str | None = None) -> list[dict]:
@@ -189,12 +132,10 @@ def main(argv=None):
     )
     model_cfg = ModelConfig.tiny("qwen2", vocab_size=512, max_seq_len=4096, **dims)
     params = tf.init_params(model_cfg, jax.random.key(0))
-    limits = workload(args.requests, args.max_new, tuple(args.short), args.long_frac)
-    P = 32
-    rng = np.random.default_rng(1)
-    prompts = rng.integers(1, 512, size=(args.requests, P)).astype(np.int32)
-    plens = rng.integers(8, P + 1, size=args.requests).astype(np.int32)
-    prompts[np.arange(P)[None] >= plens[:, None]] = 0
+    limits = engine_bench.workload(
+        args.requests, max_new=args.max_new, short=tuple(args.short), long_frac=args.long_frac
+    )
+    prompts, plens = engine_bench.requests(args.requests, prompt_len=32, vocab=512)
     t0 = time.time()
     rows = [bench(pol, args, model_cfg, params, prompts, plens, limits) for pol in args.policies]
     trainer_rows = (

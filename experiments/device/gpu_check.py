@@ -5,10 +5,11 @@ memory plan and a training run on one GPU, and writes what it measured as it goe
   python experiments/device/gpu_check.py --out DIR --quick    # kernels and sampler at B=64: under 3 minutes
   python experiments/device/gpu_check.py --out DIR --steps update e2e   # some steps (any size)
   python experiments/device/gpu_check.py --out DIR --steps env study     # the collapse study's cost (on request)
+  python experiments/device/gpu_check.py --out DIR --steps env engine    # slot engine and int8 rollouts (on request)
   python experiments/device/gpu_check.py --smoke --out DIR    # the same steps on CPU at toy shapes (tests)
 
 Steps, in order, with their budgets in seconds (full / quick / smoke; a step's process is killed
-past its budget, or past the check's --time-limit: 570 / 180 / 900 s):
+past its budget, or past the check's --time-limit: 570 / 180 / 1020 s):
   env        15 /  20 / 60   device, memory, jax / jaxlib / CUDA plugin versions, the commit and
                              whether the tree is clean (figprov.py's provenance); no GPU: the other
                              steps are skipped
@@ -22,6 +23,16 @@ past its budget, or past the check's --time-limit: 570 / 180 / 900 s):
   sampler   200 /  90 / 120  decode tokens/s of the jitted sampler (bench_decode.py's gpu profile:
                              Qwen2.5-1.5B shape, random bf16 weights), R-KV 512 + 128 vs dense at a
                              4096-token generation, B = 64 and 256 (quick: 64), compile apart
+  engine      - /   - / 180  on request (`--steps env engine`: 420 s on a GPU, a second device call;
+                             not yet run on one: about 250 s of compiling assumed, its 11 programs
+                             at the sampler step's H200 compile times, 16 s dense, 40 s R-KV) on
+                             the sampler step's model (gpu_engine.py): QuRL's int8 W8A8 weights
+                             beside the model's dtype, dense and R-KV 512 + 128, B = 64, 1024 new
+                             tokens: tokens/s and their ratio (goal > 1); SortedRL's slot engine
+                             beside the static sampler on one workload of forced lengths
+                             (engine_bench.py: 256 requests, Q = 64 slots, 10% at the cap of 1024,
+                             the rest in [64, 256], R-KV): tokens/s, speed-up, bubbles, both arms at
+                             the forced lengths, no compilation inside the timed runs
   update    140 /   - / 120  one jitted update step (rl/update.py), Qwen2.5-1.5B config + 1-GPU
                              overlay at the authors' micro-batch of 4, 8 rows x 5120 tokens: tokens/s,
                              model FLOP utilisation, whether the step moves the weights at lr 1e-6,
@@ -73,6 +84,7 @@ TITLES = {
     "numerics": "kernel numerics against the reference",
     "bandwidth": "kernel bandwidth against a device copy",
     "sampler": "sampler decode throughput",
+    "engine": "rollouts of SortedRL and QuRL: slot engine and int8 W8A8 beside the static sampler",
     "update": "update step: throughput, MFU, weights moved, peak memory vs the dry run",
     "e2e": "end to end: train, evaluate, checkpoint, resume",
     "study": "the real-model collapse study's cost: its config on random SmolLM2-135M weights",
@@ -80,11 +92,20 @@ TITLES = {
 BUDGETS = {  # seconds per step (the module docstring's table)
     "full": {"env": 15, "numerics": 90, "bandwidth": 25, "sampler": 200, "update": 140, "e2e": 100},
     "quick": {"env": 20, "numerics": 35, "bandwidth": 25, "sampler": 90},
-    "smoke": {"env": 60, "numerics": 120, "bandwidth": 60, "sampler": 120, "update": 120, "e2e": 180, "study": 180},
+    "smoke": {
+        "env": 60,
+        "numerics": 120,
+        "bandwidth": 60,
+        "sampler": 120,
+        "engine": 180,
+        "update": 120,
+        "e2e": 180,
+        "study": 180,
+    },
 }
 # Steps outside the whole check (it fills one 10-minute device call), run by --steps at this budget
-ON_REQUEST = {"study": 300}
-TIME_LIMITS = {"full": 570, "quick": 180, "smoke": 900}
+ON_REQUEST = {"engine": 420, "study": 300}
+TIME_LIMITS = {"full": 570, "quick": 180, "smoke": 1020}
 # Per-step environment (a setting the user made wins): the whole device for one process, except
 # where several share it (the default experiment runs its arms as parallel processes).
 GPU_ENV = {"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}

@@ -27,6 +27,9 @@ class Sizes:
     kernel_calls: int  # kernel calls per timed program
     sampler_argv: tuple[str, ...]  # experiments/bench/bench_decode.py's arguments, less --batch and --out
     sampler_batches: tuple[int, ...]
+    engine_batch: int  # the engine step's int8 rows: batch and new tokens (the sampler's profile)
+    engine_new_tokens: int
+    engine_workload: dict  # its slot engine rows: engine_bench.workload's and compare's settings
     update_configs: tuple[str, ...]
     update_arch: str | None
     update_overrides: tuple[str, ...]
@@ -63,6 +66,11 @@ _GPU = dict(
     # process, so the variant expected to hold less is measured before the one that holds more
     update_attention=("cudnn", "xla"),
     e2e_overrides=None,
+    engine_batch=64,
+    engine_new_tokens=1024,
+    # Q = 64 slots, 10% of the responses at the cap, the rest uniform in [64, 256]; one chunk of
+    # kv.buffer (128) steps a segment, so a slot waits at most 128 steps before its refill
+    engine_workload=dict(requests=256, slots=64, max_new=1024, short=(64, 256), long_frac=0.1, segment_chunks=1),
 )
 
 SIZES = {
@@ -114,6 +122,9 @@ SIZES = {
             "0",
         ),
         sampler_batches=(2,),
+        engine_batch=2,
+        engine_new_tokens=24,
+        engine_workload=dict(requests=6, slots=2, max_new=24, short=(4, 12), long_frac=0.2, segment_chunks=1),
         update_configs=(os.path.join(HERE, "configs", "smoke.yaml"),),
         update_arch=None,
         update_overrides=(

@@ -1,6 +1,7 @@
 """The device check's steps, each run in its own process by gpu_check.py (STEPS; the sizes they
 run at: gpu_sizes.py), and the step's verdict file. The kernel and sampler steps are here; the
-update step in gpu_update.py, the end-to-end one in gpu_e2e.py, the real-model study's in gpu_study.py.
+update step in gpu_update.py, the engine step (int8 W8A8 and the slot engine) in gpu_engine.py, the
+end-to-end one in gpu_e2e.py, the real-model study's in gpu_study.py.
 
 A step returns (checks, markdown lines, figure, result); a check of kind "must" that does not hold
 fails the step, one of kind "goal" (a performance goal) makes it a warning.
@@ -17,6 +18,7 @@ import jax
 
 from experiments.device import gpu_report  # imports no JAX
 from experiments.device.gpu_e2e import step_e2e
+from experiments.device.gpu_engine import step_engine
 from experiments.device.gpu_report import check
 from experiments.device.gpu_sizes import GIB, SIZES, Sizes, kernel_shapes
 from experiments.device.gpu_update import step_update
@@ -251,6 +253,7 @@ STEPS = {
     "numerics": step_numerics,
     "bandwidth": step_bandwidth,
     "sampler": step_sampler,
+    "engine": step_engine,
     "update": step_update,
     "e2e": step_e2e,
     "study": step_study,

@@ -540,4 +540,6 @@ class SlotEngine:
                 for j, s in enumerate(finished):
                     results[occupant.pop(s)] = got.row(j)
                 free.extend(finished)
+        if self.stats_at_drain is None:  # the last insert's requests all ended in one segment
+            self.stats_at_drain = dataclasses.replace(self.stats)
         return Finished.concat([results[i] for i in range(N)])
