@@ -23,29 +23,55 @@ by mesh.tensor where it divides them; a bytes per activation (model dtype), f32 
                                                            attention (fused_attention: cudnn,
                                                            blockwise, splash, auto in bfloat16)
                                                            keeps b Nt T f32 softmax statistics instead
-  update, remat  = L hidden + 2 layer + head             block inputs saved by jax.checkpoint, one
-                                                           block recomputed with its gradients
-  update, selective = L (hidden + b T a (2 Nt H + 2 Kt H)) + 2 layer + head
+  blocks(b, T)   = 2 (layer - its attention) + fused:     under remat, the backward's two live blocks;
+                   2 b Nt T f32; XLA's: b Nt T^2 (f32 + a)  the recomputed layer's [T, T] f32 scores
+                                                           and its probabilities (XLA:TPU's plan)
+  update, remat  = L hidden + max(head, blocks + g)      block inputs saved by jax.checkpoint; then
+                                                           the head's moment or one block recomputed
+                                                           with its gradients, whichever is larger;
+                                                           + L b T Ft a with the layers unrolled
+                                                           under fsdp (XLA:TPU keeps each block's
+                                                           MLP activation; model.scan_layers does not)
+  update, selective = L (hidden + b T a (2 Nt H + 2 Kt H)) + max(head, blocks + g)
                                                            also q, k, v, attention output kept
-  update, no remat = L layer + layer + head              every block's residuals saved
-  head(b, T)     = 2 hidden + 3 c Vt f32, c = min(chunk_tokens, b T)
+  update, no remat = L layer + max(head, layer + g)      every block's residuals saved
+  head(b, T)     = 2 hidden + 3 c Vt f32 + V D (a (1 + g') + f32 / s) / t, c = min(chunk_tokens, b T)
                                                            h and dh, one chunk's logits,
-                                                           probabilities and their gradient
-  score          = layer + hidden + 2 c Vt f32           teacher-forced forward (pi_old, pi_ref)
-  prefill        = layer(b, P) + 2 L b P Kt H a           + the prompt keys/values of every layer
+                                                           probabilities and their gradient; the head
+                                                           weight's bf16 copy for the logits' product
+                                                           (transposed), with mesh.fsdp > 1 (g' = 1)
+                                                           its gathered copy, and its f32 gradient
+                                                           summed over the chunks: whole (s = 1)
+                                                           until reduce-scattered where D / fsdp
+                                                           fills a 128-wide lane tile, else in D
+                                                           slices (s = fsdp)
+  g              = 2 (one layer's weights) a / t          two layers gathered (mesh.fsdp > 1, else 0)
+  fwd_layer(b, T) = layer(b, T) - b T a Ft               a pass without gradients: the MLP's gate and
+                                                           up live, its activation fused into the
+                                                           down projection's operand
+  score          = fwd_layer + hidden + c Vt f32         teacher-forced forward (pi_old, pi_ref): one
+                                                           chunk's f32 logits (its log-softmax fused)
+  prefill        = fwd_layer(b, P) + 2 L b P Kt H a      + the prompt keys/values of every layer
                                                            (upper bound: XLA may write them sooner)
   decode         = 3 b V f32 + 2 b Nt C f32               next-token logits carry, processed
                                                            logits, log-softmax; one layer's scores
-  compress       = R-KV: 2 b Kt C^2 f32; others: 2 b Nt w C f32; + 2 b Kt C H a
-                                                           one layer's scores and compacted K/V
-  fsdp gathers   = 2 (one layer's weights) / t + V D a / t  (when mesh.fsdp > 1)
+  compress       = R-KV: b Kt C^2 f32; others: 2 b Nt w C f32; + 2 b Kt C H a
+                                                           one layer's scores (R-KV: its f32 key
+                                                           similarity, masked in place) and
+                                                           compacted K/V
+  fsdp gathers   = 2 (one layer's weights) / t + V D a / t  (when mesh.fsdp > 1) in the scoring
+                                                           pass, and in the rollout where it decodes
+                                                           on the training layout (rollout.mesh
+                                                           train); the update's are in its formula
+  stacked layers = the layers' weights / devices, a        (model.scan_layers: the learner's passes
+                                                           stack a copy inside the program)
 
 The rollout phase's b is the rows of one sampler call: rollout.rows_per_call when set (the
 trainer samples the batch in consecutive calls of that many rows and fetches each call's outputs
 to the host), else every row; the update batch holds every row.
 
-Phases (the trainer runs them one after another): rollout (cache + max(prefill, decode + compress)
-+ outputs, + the quantized copy of the params with quant.format set, + the rollout layout's copy of
+Phases (the trainer runs them one after another): rollout (cache + prefill + decode + compress
++ outputs: summed, not their max, as XLA:TPU's plan of a sampler call holds them, + the quantized copy of the params with quant.format set, + the rollout layout's copy of
 the compute weights with rollout.mesh data or tensor:N), score, update (gradients: a
 float32 accumulator and one micro-batch's gradient; with rl.update.donate the new params and
 optimizer state reuse the donated buffers of the old, else both coexist and the update phase holds
@@ -286,10 +312,22 @@ class Shapes:
             return b * self.Nt * T_ * F32
         return 2 * b * self.Nt * T_ * T_ * F32  # materialised scores and probabilities
 
+    def recomputed_blocks(self, b: int, T_: int) -> int:
+        """Under remat, the backward's two live blocks: their tensors, and either both layers'
+        softmax statistics (fused attention) or one layer's [T, T] f32 scores and its probabilities
+        in the model dtype (XLA's materialised attention: the block being recomputed)."""
+        scores = 2 * self.attn(b, T_) if fused_attention(self.m) else b * self.Nt * T_ * T_ * (F32 + self.a)
+        return 2 * (self.layer(b, T_) - self.attn(b, T_)) + scores
+
     def layer(self, b: int, T_: int) -> int:
         return b * T_ * self.a * (4 * self.D + 2 * self.Nt * self.H + 2 * self.Kt * self.H + 3 * self.Ft) + self.attn(
             b, T_
         )
+
+    def forward_layer(self, b: int, T_: int) -> int:
+        """One block's live tensors in a pass without gradients: the MLP's gate and up, its
+        activation fused into the down projection's operand."""
+        return self.layer(b, T_) - b * T_ * self.a * self.Ft
 
     def selective(self, b: int, T_: int) -> int:
         """What remat selective keeps of a block beside its input: q, k, v and the attention output."""
@@ -298,8 +336,14 @@ class Shapes:
     def chunk(self, b: int, T_: int) -> int:
         return min(self.cfg.rl.update.chunk_tokens, b * T_)
 
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one block (layer 0's)."""
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.params["layers"][0]))
+
 
 F32 = 4
+LANE = 128  # a TPU vector register's lane count: XLA:TPU tiles a minor dimension by it
 
 
 def fused_attention(m: ModelConfig) -> bool:
@@ -401,7 +445,7 @@ def rollout_items(s: Shapes) -> list[Item]:
     cfg, r, q = s.cfg, s.cfg.rollout, s.cfg.quant
     b, C, f32 = s.b_call, s.C, F32
     if cfg.kv.policy == "rkv":
-        scores, scores_how = 2 * b * s.Kt * C * C * f32, "2 b Kt C^2 f32 (R-KV similarity)"
+        scores, scores_how = b * s.Kt * C * C * f32, "b Kt C^2 f32 (R-KV similarity)"
     else:
         scores, scores_how = 2 * b * s.Nt * cfg.kv.window * C * f32, "2 b Nt w C f32"
     compress = 0 if cfg.kv.is_dense else scores + 2 * b * s.Kt * C * s.H * s.a
@@ -418,8 +462,8 @@ def rollout_items(s: Shapes) -> list[Item]:
         Item(
             "prefill activations",
             "rollout",
-            s.layer(b, s.P_len) + 2 * s.L * b * s.P_len * s.Kt * s.H * s.a,
-            f"layer(b={b}, P={s.P_len}) + prompt K/V of every layer",
+            s.forward_layer(b, s.P_len) + 2 * s.L * b * s.P_len * s.Kt * s.H * s.a,
+            f"forward layer(b={b}, P={s.P_len}) + prompt K/V of every layer",
         ),
         Item(
             "decode step + compression",
@@ -462,17 +506,44 @@ def rollout_items(s: Shapes) -> list[Item]:
 
 def update_activations(s: Shapes) -> tuple[int, int, str]:
     """(activations with rl.update.remat as set, without remat, how they were counted) of one
-    micro-batch's forward and backward."""
+    micro-batch's forward and backward, with fsdp's gathered weights: what the blocks save for
+    the backward, plus the larger of the two moments that follow one another, the head (its chunk
+    buffers, the head weight's f32 gradient summed over the chunks, the gathered head weight) and
+    a block's backward (2 layers' live tensors and their gathered weights)."""
     b, T, f32 = s.b_micro, s.T, F32
-    head = 2 * s.hidden(b, T) + 3 * s.chunk(b, T) * s.Vt * f32
-    no_remat = (s.L + 1) * s.layer(b, T) + head
+    t, fsdp = s.sizes["tensor"], s.sizes["fsdp"]
+    gathered = fsdp > 1
+    # the head weight: its transposed bf16 copy for the logits' product, the fsdp-gathered one, and its
+    # f32 gradient, summed whole and then reduce-scattered where a chip's share of D fills a 128-wide
+    # lane tile, else computed in its D slices (XLA:TPU's plans, experiments/results/tpu/compile_table.md)
+    grad_split = fsdp if s.D // fsdp < LANE else 1
+    head_weight = s.V * s.D * ((1 + gathered) * s.a + f32 // grad_split) // t
+    head = 2 * s.hidden(b, T) + 3 * s.chunk(b, T) * s.Vt * f32 + head_weight
+    layer_weights = gathered * 2 * s.layer_params * s.a // t
+
+    def peak(saved: int, working: int) -> int:
+        return saved + max(head, working + layer_weights)
+
+    no_remat = peak(s.L * s.layer(b, T), s.layer(b, T))
+    moments = (
+        "max(head + head weight's grad"
+        + (" + gathered" if gathered else "")
+        + ", {w}"
+        + (" + 2 gathered layers)" if gathered else ")")
+    )
     policy = remat.policy_name(s.cfg.rl.update.remat)
+    # unrolled layers under fsdp: XLA:TPU's scheduler keeps each block's MLP activation from the
+    # forward rather than recompute it after the block's weights are gathered again (v5e-8 and v5e-16,
+    # experiments/results/tpu/compile_table.md); a scan recomputes each block inside its own iteration
+    hoisted = s.L * b * T * s.Ft * s.a if gathered and not s.m.scan_layers else 0
+    kept = " + L MLP act (unrolled under fsdp)" if hoisted else ""
     if policy == "full":
-        return s.L * s.hidden(b, T) + 2 * s.layer(b, T) + head, no_remat, "L hidden + 2 layer + head (remat full)"
+        acts = peak(s.L * s.hidden(b, T) + hoisted, s.recomputed_blocks(b, T))
+        return acts, no_remat, f"L hidden{kept} + {moments.format(w='2 layer')} (remat full)"
     if policy == "selective":
-        kept = s.L * (s.hidden(b, T) + s.selective(b, T))
-        return kept + 2 * s.layer(b, T) + head, no_remat, "L (hidden + q k v o) + 2 layer + head (remat selective)"
-    return no_remat, no_remat, "(L + 1) layer + head (no remat)"
+        acts = peak(s.L * (s.hidden(b, T) + s.selective(b, T)) + hoisted, s.recomputed_blocks(b, T))
+        return acts, no_remat, f"L (hidden + q k v o){kept} + {moments.format(w='2 layer')} (remat selective)"
+    return no_remat, no_remat, f"L layer + {moments.format(w='layer')} (no remat)"
 
 
 def learner_items(s: Shapes) -> list[Item]:
@@ -483,17 +554,17 @@ def learner_items(s: Shapes) -> list[Item]:
     batch_bytes = s.b_roll * T * (4 + 1 + 3 * f32) + s.b_roll * f32  # tokens, mask, 3 log-probs, adv.
     batch_bytes += s.b_roll * T * (kept_tok + top_tok // 2)  # the update reads the ids, not the log-probs
     acts, _, acts_how = update_activations(s)
-    gathers = 0
-    if s.sizes["fsdp"] > 1:
-        one_layer = sum(math.prod(x.shape) for x in jax.tree.leaves(s.params["layers"][0]))
-        gathers = (2 * one_layer + s.V * s.D) * s.a // s.sizes["tensor"]
-    return [
+    gathers = (2 * s.layer_params + s.V * s.D) * s.a // s.sizes["tensor"] if s.sizes["fsdp"] > 1 else 0
+    # the update's gathers are in its activations' moments; a rollout layout of its own (rollout.mesh
+    # data / tensor:N) decodes from whole weights
+    own_layout = RolloutLayout.parse(s.cfg.rollout.mesh).kind != "train"
+    items = [
         Item("update batch", "score+update", batch_bytes, f"[b={s.b_roll}, T={T}] tokens, mask, log-probs"),
         Item(
             "score activations",
             "score",
-            s.layer(s.b_score, T) + s.hidden(s.b_score, T) + 2 * s.chunk(s.b_score, T) * s.Vt * f32,
-            f"layer + hidden + head, b={s.b_score}",
+            s.forward_layer(s.b_score, T) + s.hidden(s.b_score, T) + s.chunk(s.b_score, T) * s.Vt * f32,
+            f"forward layer + hidden + head (one chunk's f32 logits), b={s.b_score}",
         ),
         Item(
             "gradients (f32 accumulator + micro-batch)",
@@ -510,8 +581,25 @@ def learner_items(s: Shapes) -> list[Item]:
             else f"new params{' + compute copy' if s.mixed else ''} + opt state (rl.update.donate=false)",
         ),
         Item("update activations", "update", acts, f"{acts_how}, b={s.b_micro}, T={T}, {m.attention} attention"),
-        Item("fsdp all-gather buffers", "all", gathers, "2 layers + head weight" if gathers else "fsdp=1"),
+        Item(
+            "fsdp all-gather buffers",
+            "score" if own_layout else "rollout+score",
+            gathers,
+            ("2 layers + head weight" if gathers else "fsdp=1")
+            + (f"; not in the rollout (rollout.mesh={s.cfg.rollout.mesh})" if gathers and own_layout else ""),
+        ),
     ]
+    if m.scan_layers:  # the learner's passes stack the layers' weights inside the program (transformer._run_blocks)
+        stacked = tree_bytes({"layers": s.params["layers"]}, s.sizes, dtype=m.dtype)
+        items.append(
+            Item(
+                "stacked layer weights",
+                "score+update",
+                stacked,
+                f"model.scan_layers: the layers' {m.dtype} copy, stacked",
+            )
+        )
+    return items
 
 
 def estimate(

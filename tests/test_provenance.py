@@ -191,6 +191,8 @@ def test_a_commands_own_output_can_be_left_out_of_the_tree_state(monkeypatch, tm
     assert figprov.uncommitted_changes(ignoring=(str(tmp_path / "table.json"),)) is False
     (tmp_path / "code.py").write_text("1\n")
     assert figprov.uncommitted_changes(ignoring=(str(tmp_path / "table.json"),)) is True
+    # a table written outside the checkout (--out /tmp/...) leaves the tree's state as it is
+    assert figprov.uncommitted_changes(ignoring=(str(tmp_path.parent / "elsewhere.json"),)) is True
 
 
 def test_package_changes_counts_commits_to_the_package_between_two_commits():

@@ -3,7 +3,7 @@
   python experiments/bench/dryrun_all.py [--out experiments/results/dryrun]
 
 For every model in experiments/configs/real/ and every mesh overlay (1 GPU and 8 GPUs of 80 GiB,
-a TPU v5p-32 slice with 95 GiB per chip), writes <model>_<mesh>.md and .json through
+a TPU v5p-32 slice with 95 GiB per chip, a TPU v5e-8 and v5e-16 with 16 GiB per chip), writes <model>_<mesh>.md and .json through
 `python -m sparserl_jax.dryrun` (each report holds its exact command), then summary.md: peak per
 device at data.max_prompt_len (the worst case the config admits) and at a typical padded MATH
 prompt of 256 tokens, with each overlay's rollout.rows_per_call.
@@ -19,7 +19,7 @@ from sparserl_jax.config import load_config
 
 REAL = "experiments/configs/real"
 MODELS = ("qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama-3.2-1b-instruct")
-MESHES = {"1gpu": 80.0, "8gpu": 80.0, "tpu_pod": 95.0}  # overlay -> GiB per device
+MESHES = {"1gpu": 80.0, "8gpu": 80.0, "tpu_pod": 95.0, "v5e8": 16.0, "v5e16": 16.0}  # overlay -> GiB per device
 TYPICAL_PROMPT = 256
 
 

@@ -17,6 +17,8 @@ the rows of a micro-batch, a scoring chunk and a sampler call are scaled to keep
 resolved for a TPU) x --programs (update: the learner's micro-batch gradient program; score: its
 pi_old scoring pass; decode: one sampler call, prefill and the decode loop, on the rollout
 layout). --micro-batch sets rl.update.micro_batch_size; key=value overrides apply to every row.
+--refresh-dryrun compiles nothing: it recomputes the dry-run columns of every row of --out with
+this checkout's sparserl_jax/dryrun.py (after its formulas change), XLA's columns as compiled.
 
 Per row (tpu_table.py): XLA's compiled memory (compiled.memory_analysis()), what the trainer holds
 on the chip beside the program's arguments (exact), their sum against the chip's HBM, or XLA's own
@@ -61,6 +63,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="keep --out's rows and skip those already there")
     p.add_argument("--hlo-dir", help="also write each compiled program's HLO text there (gzip), to read further")
     p.add_argument("--xla-dump", help="XLA's dumps there (--xla_dump_to); each row then reads its memory-usage report")
+    p.add_argument(
+        "--refresh-dryrun",
+        action="store_true",
+        help="compile nothing: recompute every row's dry-run columns of --out at this checkout's "
+        "sparserl_jax/dryrun.py (after a change of its formulas)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every row")
     args = p.parse_args(argv)
     if args.quick:
@@ -169,6 +177,28 @@ def run(args) -> dict:
     return table
 
 
+def refresh_dryrun(args) -> dict:
+    """Every row of args.out with its dry-run columns recomputed by this checkout's dry run (the
+    same setup the row was compiled with: config, mesh overlay, topology, attention, overrides);
+    XLA's columns stay as compiled. The table records the refresh's provenance."""
+    from experiments.device import tpu_programs as tp  # imports JAX
+
+    t0 = time.perf_counter()
+    dirty = figprov.uncommitted_changes(ignoring=(args.out, os.path.splitext(args.out)[0] + ".md"))
+    table = load(args.out)
+    for row in table["rows"]:
+        if row.get("stage") == "config":  # the config refused the setting: nothing to estimate
+            continue
+        row.update(tp.row_dry_run(row))
+    table["commands"] = [*table.get("commands", []), figprov.command_line()]
+    table["dryrun_provenance"] = provenance(time.perf_counter() - t0, dirty)
+    tmp = f"{os.path.splitext(args.out)[0]}.tmp{os.getpid()}.json"
+    figprov.write_report(tmp, table, tpu_table.markdown(table))
+    os.replace(os.path.splitext(tmp)[0] + ".md", os.path.splitext(args.out)[0] + ".md")
+    os.replace(tmp, args.out)
+    return table
+
+
 def _remat(cfg) -> str:
     """The update's rematerialisation policy (model/remat.py; a bool at commits before it)."""
     value = cfg.rl.update.remat
@@ -240,7 +270,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.xla_dump:  # read when libtpu starts (run's first topology)
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={args.xla_dump}".strip()
-    table = run(args)
+    table = refresh_dryrun(args) if args.refresh_dryrun else run(args)
     print(tpu_table.markdown(table))
     return table
 

@@ -29,6 +29,7 @@ from jax.experimental import topologies
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from experiments.device import tpu_table, tpu_topology
 from experiments.device.gpu_sizes import HERE, REAL
 from experiments.device.tpu_topology import Topology
 from sparserl_jax import components, dryrun
@@ -182,6 +183,20 @@ def make_mesh(s: Setup, devs: Sequence) -> Mesh:
 def dry_run(s: Setup, topology: Topology) -> dict:
     """The dry run's report for the setup on the topology's chips."""
     return dryrun.dry_run(s.cfg, arch=s.arch, devices=topology.chips, device_memory_gib=topology.hbm_gib)
+
+
+def row_dry_run(row: dict) -> dict:
+    """A table row's dry-run columns (tpu_table.dry_run_columns) by this checkout's dry run, from
+    the setup the row was compiled with: config, mesh overlay, topology, attention, overrides."""
+    topology = tpu_topology.parse(row["topology"])
+    s = setup(
+        row["config"],
+        topology,
+        mesh=row.get("mesh_overlay", "8gpu"),
+        attention=row["attention_requested"],
+        overrides=row["overrides"],
+    )
+    return tpu_table.dry_run_columns(row["program"], dry_run(s, topology), row.get("chip_bytes"))
 
 
 # ----------------------------------------------------------------------------- abstract inputs

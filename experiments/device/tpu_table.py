@@ -200,6 +200,19 @@ def hlo_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def dryrun_line(table: dict) -> list[str]:
+    """Where the dry-run columns were recomputed after the rows were compiled (--refresh-dryrun)."""
+    prov = table.get("dryrun_provenance")
+    if not prov:
+        return []
+    tree = "uncommitted changes" if prov.get("uncommitted_changes") else "tree clean"
+    return [
+        "",
+        f"Dry-run columns recomputed for every row at commit {prov.get('commit')} ({tree}; "
+        "`tpu_compile.py --refresh-dryrun`); each row's XLA columns are from the commit in its JSON.",
+    ]
+
+
 def markdown(table: dict) -> str:
     """The table's markdown: commands, provenance, memory per chip, the HLO's columns, refusals."""
     order = lambda r: (r["config"], r["program"], r["topology"], _attention(r), str(r["overrides"]))  # noqa: E731
@@ -212,6 +225,8 @@ def markdown(table: dict) -> str:
         "",
         figprov.provenance_line({"provenance": prov})
         + f" jaxlib {prov.get('jaxlib')}, libtpu {prov.get('libtpu')}; compiled only, nothing ran on a TPU.",
+        *dryrun_line(table),
+        *[line for note in table.get("notes", []) for line in ("", note)],
         "",
         "Programs at the configs' real shapes from abstract inputs (experiments/device/tpu_programs.py): "
         "update = the learner's micro-batch gradient program at the widest width; score = its pi_old "

@@ -40,8 +40,13 @@ def uncommitted_changes(ignoring: tuple[str, ...] = ()) -> bool:
     changes do not count (a command's own committed output, which it rewrites as it goes)."""
     if os.environ.get("SPARSERL_COMMIT"):
         return False
-    excluded = [f":(exclude){os.path.abspath(p)}" for p in ignoring]
+    inside = [os.path.abspath(p) for p in ignoring if _inside(os.path.abspath(p), REPO)]
+    excluded = [f":(exclude){p}" for p in inside]  # git refuses a pathspec outside the checkout
     return bool(_git("status", "--porcelain", "--untracked-files=no", "--", REPO, *excluded))
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == os.path.realpath(folder)
 
 
 def library_commit() -> str | None:
