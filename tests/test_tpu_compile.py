@@ -181,3 +181,23 @@ def test_splash_backward_without_the_fused_kernel_keeps_no_dq_partial_per_kv_blo
     fused, separate = got["fused"], got["separate_dq"]
     assert separate["temp_bytes"] + 4 * got["q_bytes"] <= fused["temp_bytes"], got
     assert separate["mosaic_calls"] == fused["mosaic_calls"] + 1, got
+
+
+def test_the_committed_dry_run_is_within_15_percent_of_every_compiled_row_and_agrees_on_fits():
+    """Issue 58's measure of the dry run: for every row of the committed compile table, the dry
+    run of this code (recomputed here from the row's setup: config, overlay, topology, attention,
+    overrides) is the one committed beside it, within 15% of XLA:TPU's total per chip, and says
+    fits / does not fit as XLA's compile did (a refusal for memory: does not fit)."""
+    from experiments.device import tpu_programs as tp
+
+    table = json.loads((REPO / "experiments" / "results" / "tpu" / "compile_table.json").read_text())
+    assert table["rows"]
+    for row in table["rows"]:
+        name = f"{row['config']} {row['topology']} {row.get('mesh_overlay')} {row['program']} {row['overrides']}"
+        cols = tp.row_dry_run(row)
+        dry = cols["dryrun"]["per_chip"]
+        assert dry == row["dryrun"]["per_chip"], f"{name}: committed dry run is not this code's (--refresh-dryrun)"
+        assert row["fits"] is not None, f"{name}: neither compiled nor refused for memory: {row.get('error')}"
+        assert (dry <= row["hbm_gib"] * tpu_table.GIB) == row["fits"], f"{name}: dry run {dry / tpu_table.GIB:.2f} GiB"
+        if row["ok"]:
+            assert 0.85 <= row["chip_bytes"] / dry <= 1.15, f"{name}: chip / dry run {row['chip_bytes'] / dry:.2f}"
