@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.device import gpu_check, gpu_e2e, gpu_report, gpu_sizes, gpu_update
+from experiments.device import gpu_check, gpu_e2e, gpu_iteration, gpu_profile, gpu_report, gpu_sizes, gpu_update
 from sparserl_jax.kernels.decode_attention_gpu import TRITON_AVAILABLE
 
 CHECK = Path(__file__).parent.parent / "experiments" / "device" / "gpu_check.py"
@@ -83,6 +83,21 @@ def test_smoke_runs_every_step_and_a_forced_failure_reads_fail(tmp_path):
     study = steps["study"]["result"]  # the collapse study's config trained and evaluated, its plan priced
     assert study["arms"]["sparse_rl"]["iteration_s"] > 0 and study["arms"]["sparse_rl"]["eval_s"] > 0
     assert study["plan"]["evaluations"] == 21 and study["plan"]["total_s"] > study["plan"]["train_s"] > 0
+    profile = steps["profile"]["result"]  # every (batch, cache, candidates) case traced into its folder
+    assert [(r["policy"], r["agreement_k"]) for r in profile["rows"]] == [
+        ("rkv", 20),
+        ("rkv", 0),
+        ("none", 20),
+        ("none", 0),
+    ]
+    for r in profile["rows"]:
+        assert r["step_ms"] > 0 and r["compile_s"] > 0 and r["trace_files"] > 0, r
+        assert any((tmp_path / r["trace"]).rglob("*.xplane.pb")), r["trace"]
+    assert (tmp_path / "profile" / "profile.json").exists()
+    iteration = steps["iteration"]["result"]  # one trainer iteration, its phases apart
+    for k in ("compile_s", "rollout_s", "score_s", "update_s", "rollout_tokens_per_s"):
+        assert iteration[k] > 0, (k, iteration)
+    assert iteration["rows"] == 16 and np.isfinite(iteration["loss"]) and iteration["skipped"] == 0
 
 
 def _python(code: str) -> list[str]:
@@ -307,3 +322,51 @@ def test_engine_bench_decodes_the_forced_lengths_in_both_arms():
     assert row["static_compiles"] == row["engine_compiles"] == 0
     assert 0 < row["static_bubble"] < 1
     assert all(0 <= row[f"engine_bubble_{k}"] < 1 for k in ("slots", "wall", "slots_until_drain", "wall_until_drain"))
+
+
+def test_a_profile_case_that_raises_is_recorded_and_the_next_is_traced(tmp_path, monkeypatch):
+    """The profile step at a toy size (one batch, dense only): the case with the top candidates
+    is made to raise and is recorded with its error (the step's must check then fails, naming it);
+    the next case still compiles, runs inside jax.profiler.trace and leaves its trace folder."""
+    from experiments.lib import decode_bench
+
+    real = decode_bench.bench_row
+
+    def bench_row(*args, agreement_k=0, **kwargs):
+        if agreement_k:
+            raise RuntimeError("out of memory (forced)")
+        return real(*args, agreement_k=agreement_k, **kwargs)
+
+    monkeypatch.setattr(decode_bench, "bench_row", bench_row)
+    monkeypatch.setattr(gpu_profile, "POLICIES", ("none",))
+    sizes = dataclasses.replace(gpu_sizes.SIZES["smoke"], profile_batches=(1,), profile_steps=4)
+    records = []
+    checks, lines, figure, result = gpu_profile.step_profile(sizes, {"out": str(tmp_path)}, records.append)
+    failed, ran = result["rows"]
+    assert (failed["case"], failed["error"]) == ("b1_dense_k20", "RuntimeError: out of memory (forced)")
+    assert ran["case"] == "b1_dense_k0" and ran["step_ms"] > 0 and "error" not in ran
+    assert ran["trace_files"] > 0 and any((tmp_path / ran["trace"]).rglob("*.xplane.pb"))
+    assert [(c["kind"], c["passed"]) for c in checks] == [("must", False), ("goal", False)]
+    assert "b1_dense_k20: RuntimeError" in checks[0]["value"] and checks[1]["value"] == "n/a"
+    assert any("| b1_dense_k20 |" in x and "error:" in x for x in lines) and figure.startswith("b1_dense_k0 ")
+    assert records[-1] == {"rows": result["rows"]}
+    assert json.loads((tmp_path / "profile" / "profile.json").read_text())["rows"] == result["rows"]
+
+
+def test_the_full_size_iteration_config_builds_at_qwen_shape_without_weights(tmp_path):
+    """The iteration step's real config (not run here: one Qwen2.5-1.5B iteration; the smoke run
+    does the step at toy size): 64 rows of 1024 new tokens in one sampler call and one optimizer
+    step, no checkpoint (random init at the arch file's shape), a task's prompts, no SFT."""
+    from sparserl_jax import components
+
+    cfg, overrides = gpu_iteration.iteration_config(gpu_sizes.SIZES["full"], str(tmp_path))
+    m = cfg.model.arch
+    assert cfg.model.checkpoint is None and (m.n_layers, m.d_model, m.vocab_size) == (28, 1536, 151936)
+    assert (m.dtype, m.param_dtype) == ("bfloat16", "float32")
+    r, u = cfg.rollout, cfg.rl.update
+    assert (r.prompts * r.samples, r.max_new_tokens, r.call_rows) == (64, 1024, 64)
+    assert u.minibatch_size == 64 and not u.compile_ahead and cfg.train.iterations == 1 and cfg.sft.steps == 0
+    assert cfg.data.task == "arithmetic" and cfg.data.dataset is None and cfg.train.out_dir == str(tmp_path)
+    components.check_lengths(cfg, m)  # what the trainer checks before it builds anything
+    smoke, _ = gpu_iteration.iteration_config(gpu_sizes.SIZES["smoke"], str(tmp_path))
+    assert smoke.model.checkpoint is None and smoke.train.iterations == 1 and smoke.sft.steps == 0

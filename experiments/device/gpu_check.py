@@ -6,10 +6,11 @@ memory plan and a training run on one GPU, and writes what it measured as it goe
   python experiments/device/gpu_check.py --out DIR --steps update e2e   # some steps (any size)
   python experiments/device/gpu_check.py --out DIR --steps env study     # the collapse study's cost (on request)
   python experiments/device/gpu_check.py --out DIR --steps env engine    # slot engine and int8 rollouts (on request)
+  python experiments/device/gpu_check.py --out DIR --steps env profile iteration  # decode trace, one iteration (on request)
   python experiments/device/gpu_check.py --smoke --out DIR    # the same steps on CPU at toy shapes (tests)
 
 Steps, in order, with their budgets in seconds (full / quick / smoke; a step's process is killed
-past its budget, or past the check's --time-limit: 570 / 180 / 1020 s):
+past its budget, or past the check's --time-limit: 570 / 180 / 1320 s):
   env        15 /  20 / 60   device, memory, jax / jaxlib / CUDA plugin versions, the commit and
                              whether the tree is clean (figprov.py's provenance); no GPU: the other
                              steps are skipped
@@ -33,12 +34,26 @@ past its budget, or past the check's --time-limit: 570 / 180 / 1020 s):
                              (engine_bench.py: 256 requests, Q = 64 slots, 10% at the cap of 1024,
                              the rest in [64, 256], R-KV): tokens/s, speed-up, bubbles, both arms at
                              the forced lengths, no compilation inside the timed runs
+  profile     - /   - / 150  on request (`--steps env profile iteration`: 270 s on a GPU, a second
+                             device call; not yet run on one: 8 compiles at the sampler step's H200
+                             times, 4 x 16 s dense + 4 x 40 s R-KV, assumed) a jax.profiler trace of 64
+                             decode steps on the sampler step's model (gpu_profile.py), B = 64 and 256,
+                             R-KV 512 + 128 and dense, the agreement's top-20 candidates on and off:
+                             ms / step per case (one traced call after its compile), the traces in
+                             DIR/profile/<case>/; goal: candidates off not slower than on
   update    140 /   - / 120  one jitted update step (rl/update.py), Qwen2.5-1.5B config + 1-GPU
                              overlay at the authors' micro-batch of 4, 8 rows x 5120 tokens: tokens/s,
                              model FLOP utilisation, whether the step moves the weights at lr 1e-6,
                              peak device memory beside `python -m sparserl_jax.dryrun`'s plan; the
                              param and compute dtypes are the config's; once with cuDNN's fused
                              attention (model.attention=cudnn), then with XLA's (the config's)
+  iteration   - /   - / 150  on request (with profile: 280 s on a GPU; not yet run on one: about 150 s
+                             of compiling assumed, the sampler's 40 s and the update's 48 s on the
+                             H200 plus scoring) one trainer iteration (gpu_iteration.py) at
+                             Qwen2.5-1.5B's shape, random weights, the 1-GPU overlay, 8 prompts x 8
+                             samples x 1024 new tokens (arithmetic prompts), no SFT: seconds of
+                             compile, rollout, scoring and update apart, the rollout's tokens/s, the
+                             loss finite
   e2e       100 /   - / 180  the default experiment's config at smoke size: train with a checkpoint
                              every iteration, evaluate (dense and sparse inference), stop and resume,
                              compare; then `python experiments/default.py --smoke` (full size, in
@@ -85,7 +100,9 @@ TITLES = {
     "bandwidth": "kernel bandwidth against a device copy",
     "sampler": "sampler decode throughput",
     "engine": "rollouts of SortedRL and QuRL: slot engine and int8 W8A8 beside the static sampler",
+    "profile": "a profiler trace of the sampler's decode steps per batch, cache and top candidates",
     "update": "update step: throughput, MFU, weights moved, peak memory vs the dry run",
+    "iteration": "one trainer iteration at Qwen2.5-1.5B's shape: compile, rollout, scoring, update",
     "e2e": "end to end: train, evaluate, checkpoint, resume",
     "study": "the real-model collapse study's cost: its config on random SmolLM2-135M weights",
 }
@@ -98,14 +115,16 @@ BUDGETS = {  # seconds per step (the module docstring's table)
         "bandwidth": 60,
         "sampler": 120,
         "engine": 180,
+        "profile": 150,
         "update": 120,
+        "iteration": 150,
         "e2e": 180,
         "study": 180,
     },
 }
 # Steps outside the whole check (it fills one 10-minute device call), run by --steps at this budget
-ON_REQUEST = {"engine": 420, "study": 300}
-TIME_LIMITS = {"full": 570, "quick": 180, "smoke": 1020}
+ON_REQUEST = {"engine": 420, "profile": 270, "iteration": 280, "study": 300}
+TIME_LIMITS = {"full": 570, "quick": 180, "smoke": 1320}
 # Per-step environment (a setting the user made wins): the whole device for one process, except
 # where several share it (the default experiment runs its arms as parallel processes).
 GPU_ENV = {"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}
@@ -125,7 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     size.add_argument("--quick", action="store_true", help="the rerun subset: under 3 minutes")
     size.add_argument("--smoke", action="store_true", help="the same steps on CPU at toy shapes (seconds)")
     p.add_argument("--steps", nargs="+", choices=list(TITLES), help="run these steps only (in the check's order)")
-    p.add_argument("--time-limit", type=float, help="seconds for the whole check (default 570 / 180 / 900)")
+    limits = " / ".join(map(str, TIME_LIMITS.values()))
+    p.add_argument("--time-limit", type=float, help=f"seconds for the whole check (default {limits})")
     p.add_argument(
         "--lower",
         action="store_true",

@@ -30,11 +30,16 @@ class Sizes:
     engine_batch: int  # the engine step's int8 rows: batch and new tokens (the sampler's profile)
     engine_new_tokens: int
     engine_workload: dict  # its slot engine rows: engine_bench.workload's and compare's settings
+    profile_batches: tuple[int, ...]  # the profile step's traced decode calls: batches and new tokens
+    profile_steps: int
     update_configs: tuple[str, ...]
     update_arch: str | None
     update_overrides: tuple[str, ...]
     update_steps: int
     update_attention: tuple[str, ...]  # the model.attention values the update step measures, in order
+    iteration_configs: tuple[str, ...]  # the iteration step's trainer config (random weights)
+    iteration_arch: str | None  # an HF config.json the model's shape comes from (None: model.arch)
+    iteration_overrides: tuple[str, ...]
     e2e_overrides: tuple[str, ...] | None  # the resume check's (None: default.py's --smoke overrides)
     run_default: bool  # also `python experiments/default.py --smoke` (minutes even at its smoke size)
 
@@ -71,6 +76,24 @@ _GPU = dict(
     # Q = 64 slots, 10% of the responses at the cap, the rest uniform in [64, 256]; one chunk of
     # kv.buffer (128) steps a segment, so a slot waits at most 128 steps before its refill
     engine_workload=dict(requests=256, slots=64, max_new=1024, short=(64, 256), long_frac=0.1, segment_chunks=1),
+    profile_batches=(64, 256),
+    profile_steps=64,
+    # one trainer iteration at Qwen2.5-1.5B's shape on one GPU: 8 x 8 = 64 rows of 1024 new tokens
+    # (one sampler call), one optimizer step; arithmetic prompts (no dataset reaches the device),
+    # only the programs the iteration runs compiled
+    iteration_configs=(os.path.join(REAL, "qwen2.5-1.5b.yaml"), os.path.join(REAL, "mesh", "1gpu.yaml")),
+    iteration_arch=os.path.join(REAL, "arch", "qwen2.5-1.5b.json"),
+    iteration_overrides=(
+        "rollout.prompts=8",
+        "rollout.samples=8",
+        "rollout.max_new_tokens=1024",
+        "rl.update.minibatch_size=64",
+        "rl.update.compile_ahead=false",
+        "data.task=arithmetic",
+        "data.dataset=null",
+        "train.iterations=1",
+        "sft.steps=0",
+    ),
 )
 
 SIZES = {
@@ -125,6 +148,11 @@ SIZES = {
         engine_batch=2,
         engine_new_tokens=24,
         engine_workload=dict(requests=6, slots=2, max_new=24, short=(4, 12), long_frac=0.2, segment_chunks=1),
+        profile_batches=(2,),
+        profile_steps=64,
+        iteration_configs=(os.path.join(HERE, "configs", "smoke.yaml"),),
+        iteration_arch=None,
+        iteration_overrides=("train.iterations=1", "sft.steps=0"),
         update_configs=(os.path.join(HERE, "configs", "smoke.yaml"),),
         update_arch=None,
         update_overrides=(

@@ -1,7 +1,8 @@
 """The device check's steps, each run in its own process by gpu_check.py (STEPS; the sizes they
 run at: gpu_sizes.py), and the step's verdict file. The kernel and sampler steps are here; the
 update step in gpu_update.py, the engine step (int8 W8A8 and the slot engine) in gpu_engine.py, the
-end-to-end one in gpu_e2e.py, the real-model study's in gpu_study.py.
+decode trace in gpu_profile.py, one trainer iteration in gpu_iteration.py, the end-to-end one in
+gpu_e2e.py, the real-model study's in gpu_study.py.
 
 A step returns (checks, markdown lines, figure, result); a check of kind "must" that does not hold
 fails the step, one of kind "goal" (a performance goal) makes it a warning.
@@ -19,6 +20,8 @@ import jax
 from experiments.device import gpu_report  # imports no JAX
 from experiments.device.gpu_e2e import step_e2e
 from experiments.device.gpu_engine import step_engine
+from experiments.device.gpu_iteration import step_iteration
+from experiments.device.gpu_profile import step_profile
 from experiments.device.gpu_report import check
 from experiments.device.gpu_sizes import GIB, SIZES, Sizes, kernel_shapes
 from experiments.device.gpu_update import step_update
@@ -254,7 +257,9 @@ STEPS = {
     "bandwidth": step_bandwidth,
     "sampler": step_sampler,
     "engine": step_engine,
+    "profile": step_profile,
     "update": step_update,
+    "iteration": step_iteration,
     "e2e": step_e2e,
     "study": step_study,
 }

@@ -35,6 +35,7 @@ Not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -266,10 +267,12 @@ def bench_row(
     quant_label: str = "none",
     agreement_k: int = 0,
     agreement_topk: str = "auto",
+    trace_dir: str | None = None,
 ) -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
     and at least `min_seconds` in all; the median call is reported. `agreement_k`: the top
-    candidates each token records (found as `agreement_topk` says), 0 none."""
+    candidates each token records (found as `agreement_topk` says), 0 none. `trace_dir`: the
+    timed calls run inside a jax.profiler trace written there (the compile is not traced)."""
     kv_cfg = kv_config(policy, prof)
     cfg = SamplerConfig(
         max_new_tokens=new_tokens,
@@ -288,13 +291,15 @@ def bench_row(
     )
     compile_s = time.perf_counter() - t0
     seconds = []
-    while len(seconds) < max(repeats, 1) or sum(seconds) < min_seconds:
-        key = jax.random.fold_in(jax.random.key(seed), len(seconds) + 1)
-        t0 = time.perf_counter()
-        rollout = jax.block_until_ready(compiled(params, prompts_BxP, lengths_B, key))
-        seconds.append(time.perf_counter() - t0)
-        if int(jnp.min(rollout.lengths)) != new_tokens:  # the timing assumes full-length rows
-            raise RuntimeError(f"policy={policy}: a sequence stopped before {new_tokens} tokens")
+    trace = contextlib.nullcontext() if trace_dir is None else jax.profiler.trace(trace_dir, create_perfetto_link=False)
+    with trace:
+        while len(seconds) < max(repeats, 1) or sum(seconds) < min_seconds:
+            key = jax.random.fold_in(jax.random.key(seed), len(seconds) + 1)
+            t0 = time.perf_counter()
+            rollout = jax.block_until_ready(compiled(params, prompts_BxP, lengths_B, key))
+            seconds.append(time.perf_counter() - t0)
+            if int(jnp.min(rollout.lengths)) != new_tokens:  # the timing assumes full-length rows
+                raise RuntimeError(f"policy={policy}: a sequence stopped before {new_tokens} tokens")
     wall_s = statistics.median(seconds)
     return dict(
         policy=policy,
