@@ -13,6 +13,8 @@ import dataclasses
 from sparserl_jax.model.families import FAMILIES as FAMILY_REGISTRY
 from sparserl_jax.validate import check_at_least, check_bool, check_in, check_multiple, check_positive
 
+DOT_ACCUMULATIONS = ("auto", "output", "float32")  # "auto" and quant.core.ACCUMULATIONS
+
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
 # model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend (model/attention.py).
 # "auto" (default): cuDNN on a GPU for bfloat16 (xla for float32), splash on a TPU, blockwise on a CPU; "xla"
@@ -76,6 +78,10 @@ class ModelConfig:
     # lax.scan over their weights stacked on a leading axis: one compiled block instead of n_layers copies
     # (compile time flat in depth, MaxText's scan_layers); a sampler's prefill and decode stay unrolled
     scan_layers: bool = False
+    # how a projection in a narrow model.dtype accumulates: "output" (the dot returns model.dtype),
+    # "float32" (a float32 result rounded to model.dtype; XLA:CPU then uses its bfloat16 dot
+    # instructions), "auto" (float32 on CPU, output elsewhere; model/precision.py)
+    dot_accumulation: str = "auto"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -91,6 +97,7 @@ class ModelConfig:
         check_in("model.dtype", self.dtype, DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
+        check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm", "scan_layers"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:

@@ -51,7 +51,8 @@ def apply_rope(
     return rotated.astype(x.dtype)
 
 
-def swiglu_mlp(x: Float[Array, "B T D"], layer: dict) -> Float[Array, "B T D"]:
-    gate_BxTxF = dot("btd,df->btf", x, layer["gate"])
-    up_BxTxF = dot("btd,df->btf", x, layer["up"])
-    return dot("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer["down"])
+def swiglu_mlp(x: Float[Array, "B T D"], layer: dict, accumulate: str = "output") -> Float[Array, "B T D"]:
+    """`accumulate`: quant.core.ACCUMULATIONS (model/precision.py's accumulation(cfg))."""
+    gate_BxTxF = dot("btd,df->btf", x, layer["gate"], accumulate=accumulate)
+    up_BxTxF = dot("btd,df->btf", x, layer["up"], accumulate=accumulate)
+    return dot("btf,fd->btd", jax.nn.silu(gate_BxTxF) * up_BxTxF, layer["down"], accumulate=accumulate)

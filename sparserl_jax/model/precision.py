@@ -20,6 +20,17 @@ from sparserl_jax.quant.core import QWeight
 Params = dict
 
 
+def accumulation(cfg: ModelConfig) -> str:
+    """How the projections accumulate (model.dot_accumulation; quant.core.ACCUMULATIONS): "auto"
+    is float32 where jax's backend at trace time is the CPU (XLA:CPU would otherwise widen
+    bfloat16 operands to float32 before every product, the bfloat16 dot instructions unused),
+    output elsewhere, as model.attention's auto reads the backend. Float32 compute is the same
+    program either way."""
+    if cfg.dot_accumulation != "auto":
+        return cfg.dot_accumulation
+    return "float32" if jax.default_backend() == "cpu" else "output"
+
+
 def is_mixed(cfg: ModelConfig) -> bool:
     """Whether the forward reads the weights in another dtype than the master's."""
     return cfg.dtype != cfg.param_dtype

@@ -37,7 +37,7 @@ from sparserl_jax.model import remat as remat_policy
 from sparserl_jax.model.activation_sharding import ActivationSharding
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
-from sparserl_jax.model.precision import compute_params
+from sparserl_jax.model.precision import accumulation, compute_params
 from sparserl_jax.quant.core import dot, merge_leading_axes
 
 Params = dict
@@ -114,9 +114,10 @@ def head_weight(params: Params) -> Float[Array, "D V"]:
 
 def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cfg: ModelConfig):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-    q = dot("btd,dnh->btnh", h, layer["q"])
-    k = dot("btd,dkh->btkh", h, layer["k"])
-    v = dot("btd,dkh->btkh", h, layer["v"])
+    acc = accumulation(cfg)
+    q = dot("btd,dnh->btnh", h, layer["q"], accumulate=acc)
+    k = dot("btd,dkh->btkh", h, layer["k"], accumulate=acc)
+    v = dot("btd,dkh->btkh", h, layer["v"], accumulate=acc)
     if "q_bias" in layer:
         q, k, v = q + layer["q_bias"], k + layer["k_bias"], v + layer["v_bias"]
     if cfg.qk_norm:
@@ -130,8 +131,9 @@ def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N 
     # o_proj as one [B, T, N*H] @ [N*H, D] product: a free reshape of the stored [N, H, D] kernel
     # (contracting N and H as two axes made XLA transpose and copy the kernel on every call).
     B, T, N, H = o.shape
-    x = x + dot("btf,fd->btd", o.reshape(B, T, N * H), merge_leading_axes(layer["o"], 2))
-    return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
+    acc = accumulation(cfg)
+    x = x + dot("btf,fd->btd", o.reshape(B, T, N * H), merge_leading_axes(layer["o"], 2), accumulate=acc)
+    return x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer, acc)
 
 
 # model.attention's implementations (xla, cudnn, blockwise, splash, auto) live in model/attention.py

@@ -8,6 +8,9 @@ not saturation. A channel (or token) of zeros gets scale 1 instead of 0/0.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from flax import struct
 from jaxtyping import Array, Float
@@ -78,10 +81,68 @@ def _axes(tokens: list[str], letters: set[str]) -> tuple[int, ...]:
     return tuple(i - n if i > ell else i for i, t in enumerate(tokens) if t in letters)
 
 
-def dot(spec: str, x: Array, w, *, preferred_element_type=None) -> Array:
-    """einsum(spec, x, w) for a full-precision kernel; for a QWeight, the quantized product
-    rescaled by the activation and weight scales. The output must list x's free axes then w's
-    (as every projection of the model does), so the scales broadcast without a transpose."""
+# How a full-precision projection in a narrow dtype (bfloat16) accumulates (model.dot_accumulation):
+#   output   the dot returns the operands' dtype; the backend accumulates as it chooses (XLA:GPU and
+#            XLA:TPU in float32 inside the kernel; XLA:CPU widens the operands to float32 first)
+#   float32  the dot returns float32 (preferred_element_type), rounded to the operands' dtype after,
+#            its gradients likewise: the same rounding, once per product, and XLA:CPU runs the
+#            bfloat16 operands through its bfloat16 kernels (AVX512-BF16 / AMX) instead of widening
+ACCUMULATIONS = ("output", "float32")
+
+
+def _split_spec(spec: str) -> tuple[str, str, str]:
+    inputs, out = spec.replace(" ", "").split("->")
+    xs, ws = inputs.split(",")
+    return xs, ws, out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def float32_accumulated(spec: str, x: Array, w: Array) -> Array:
+    """einsum(spec, x, w) in x's dtype from a float32 result (ACCUMULATIONS' float32), both
+    gradients the same way from the output's cotangent in x's dtype (what the plain product's
+    gradients get). `spec` must be a projection's: every axis of x and of w in the output or in
+    the other operand, no ellipsis."""
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _float32_accumulated_fwd(spec, x, w):
+    return float32_accumulated(spec, x, w), (x, w)
+
+
+def _float32_accumulated_bwd(spec, residuals, g):
+    x, w = residuals
+    xs, ws, out = _split_spec(spec)
+    g = g.astype(x.dtype)
+    dx = jnp.einsum(f"{out},{ws}->{xs}", g, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    dw = jnp.einsum(f"{xs},{out}->{ws}", x, g, preferred_element_type=jnp.float32).astype(w.dtype)
+    return dx, dw
+
+
+float32_accumulated.defvjp(_float32_accumulated_fwd, _float32_accumulated_bwd)
+
+
+def _accumulates_in_float32(spec: str, x: Array, w, preferred_element_type, accumulate: str) -> bool:
+    if accumulate not in ACCUMULATIONS:
+        raise ValueError(f"model.dot_accumulation={accumulate!r}: accepted values are {ACCUMULATIONS} (or auto)")
+    if accumulate == "output" or preferred_element_type is not None or isinstance(w, QWeight):
+        return False
+    if x.dtype != w.dtype or not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits >= 32:
+        return False
+    xs, ws, out = _split_spec(spec)
+    if "." in spec or set(xs) - set(ws + out) or set(ws) - set(xs + out):
+        raise ValueError(
+            f"quant.dot({spec!r}): float32 accumulation needs a projection (no ellipsis, no axis summed alone)"
+        )
+    return True
+
+
+def dot(spec: str, x: Array, w, *, preferred_element_type=None, accumulate: str = "output") -> Array:
+    """einsum(spec, x, w) for a full-precision kernel (with accumulate="float32", narrow operands
+    of one dtype go through float32_accumulated); for a QWeight, the quantized product rescaled by
+    the activation and weight scales. The output must list x's free axes then w's (as every
+    projection of the model does), so the scales broadcast without a transpose."""
+    if _accumulates_in_float32(spec, x, w, preferred_element_type, accumulate):
+        return float32_accumulated(spec, x, w)
     if not isinstance(w, QWeight):
         return jnp.einsum(spec, x, w, preferred_element_type=preferred_element_type)
     out_dtype = preferred_element_type or x.dtype
