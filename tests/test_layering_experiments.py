@@ -32,6 +32,7 @@ NO_JAX_AT_IMPORT = (
     "experiments.bench.bench_vs_trl",
     "experiments.bench.dot_bits",
     "experiments.bench.fingerprint",
+    "experiments.bench.profile_cpu",
     "experiments.device.gpu_check",
     "experiments.real.calibrate",
 )

@@ -34,22 +34,10 @@ import tempfile
 import time
 
 from experiments.lib import figprov, workers  # import no JAX
-from experiments.real.smoke import SMOKE_BATCH, load_real_config
+from experiments.real.precision_workload import ARMS, BF16_FLAGS, train_config
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/
-CONFIG = os.path.join(HERE, "configs", "real", "smollm2_chat_arithmetic.yaml")
-OVERRIDES = (
-    "rl.mode=dense",
-    "kv.policy=none",
-    "train.progress=false",
-    "train.save_every=100000",
-    "train.eval_every=0",
-    "rollout.ignore_eos=true",
-)
-SMOKE = SMOKE_BATCH
-ARMS = ("float32", "bfloat16")
 PHASES = ("rollout", "score", "update", "diagnostics", "other")
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,20 +54,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.warmup, args.iterations, args.tokens, args.dot_rows = 1, 1, 8, 64
     return args
-
-
-def train_config(args, dtype: str, out_dir: str):
-    over = [
-        *OVERRIDES,
-        *(SMOKE if args.smoke else ()),
-        f"rollout.max_new_tokens={args.tokens}",
-        f"train.out_dir={out_dir}",
-        *args.overrides,
-        f"model.dtype={dtype}",
-    ]
-    if args.checkpoint:
-        over.append(f"model.checkpoint={args.checkpoint}")
-    return load_real_config(over, CONFIG)
 
 
 def run_arm(args, dtype: str) -> dict:
