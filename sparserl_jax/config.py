@@ -21,7 +21,7 @@ from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import DTYPES, ModelConfig, check_attention
+from sparserl_jax.model.config import DOT_ACCUMULATIONS, DTYPES, ModelConfig, check_attention
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -38,13 +38,16 @@ class ModelSource:
     weights' and optimizer state's, which checkpoints keep (sparserl_jax/model/precision.py);
     `attention` how the full-sequence passes attend (model/config.py ATTENTION; auto: cuDNN on a
     GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the learner's passes (update,
-    scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block)."""
+    scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block);
+    `dot_accumulation` how the projections accumulate under a bfloat16 `dtype` (model/config.py;
+    auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions)."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str = "auto"
     scan_layers: bool = False
+    dot_accumulation: str = "auto"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
@@ -53,13 +56,18 @@ class ModelSource:
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
         check_bool("model.scan_layers", self.scan_layers)
+        check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
 
     @property
     def arch_settings(self) -> dict[str, str | bool]:
         """The settings of this section that the architecture carries (ModelConfig's fields of
         the same names), whichever source the architecture comes from."""
         return dict(
-            dtype=self.dtype, param_dtype=self.param_dtype, attention=self.attention, scan_layers=self.scan_layers
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            attention=self.attention,
+            scan_layers=self.scan_layers,
+            dot_accumulation=self.dot_accumulation,
         )
 
 

@@ -108,6 +108,39 @@ def test_write_token_at_batch_1_writes_one_slot_or_drops_when_full(length):
         np.testing.assert_array_equal(np.asarray(got[0]), want)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_select_write_equals_the_scatter_on_random_slots(batch):
+    """XLA:CPU's path for a 16-bit cache (one select over the buffer) writes what the scatter
+    writes, a slot past the buffer (a full sequence) included: every bfloat16 bit equal."""
+    C = 6
+    for seed in range(4):
+        buf = normal(40 + seed, (batch, K, C, H)).astype(jnp.bfloat16)
+        new = normal(50 + seed, (batch, K, H)).astype(jnp.bfloat16)
+        slot = randint(60 + seed, (batch,), C + 1)  # C: no free slot, the row is dropped
+        want = np.asarray(buf).copy()
+        for b, s in enumerate(np.asarray(slot)):
+            if s < C:
+                want[b, :, s] = np.asarray(new)[b]
+        for write in (kvc._scatter, kvc._select):
+            got = np.asarray(jax.jit(write)(buf, new, slot))
+            np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_bfloat16_token_write_on_cpu_is_one_select_without_float32_copies():
+    """The compiled CPU program of write_token on a bfloat16 cache: no scatter and no convert of
+    a cache-sized buffer among the program's own instructions (XLA:CPU widens a bfloat16
+    scatter's whole buffer to float32 and back, each a pass over memory; a convert inside the
+    select's loop fusion stays in registers); the float32 cache keeps its scatter."""
+    for dtype, scatters in ((jnp.bfloat16, False), (jnp.float32, True)):
+        cache = kvc.init_cache(B, 1, K, 16, H, dtype=dtype)
+        k_new = normal(70, (B, K, H)).astype(dtype)
+        hlo = jax.jit(lambda c, k: kvc.write_token(c, 0, k, k).k[0]).lower(cache, k_new).compile().as_text()
+        cache_sized = f"[{B},{K},16,{H}]"
+        entry = hlo.split("\nENTRY ", 1)[1].splitlines()
+        assert ('op_name="jit(<lambda>)/scatter"' in hlo) == scatters, dtype  # a scatter, or its expansion
+        assert not any(" convert(" in x and cache_sized in x for x in entry), dtype
+
+
 def test_gather_slots_matches_numpy():
     x = normal(5, (B, K, 9, H))
     idx = randint(6, (B, K, 4), 9)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import struct
+from jax import lax
 from jaxtyping import Array, Float, Int
 
 
@@ -100,27 +101,44 @@ def write_prefill(
 
 def write_token(cache: KVCache, layer: int, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]) -> KVCache:
     """Write one token's key/value for `layer` into slot `fill` of every sequence, in place: one
-    scatter on the carried buffer (a sequence with no free slot left is unchanged: mode="drop").
-
-    At batch 1 the scatter gets a second row at slot C, which is dropped: XLA rewrites a one-row
-    scatter as a dynamic-update-slice, fuses it into both of its users (the carried cache and the
-    attention read) and then copies the whole buffer every step."""
+    scatter on the carried buffer (a sequence with no free slot left is unchanged), or on XLA:CPU
+    with a 16-bit cache one select (_select)."""
     B, K = k_new.shape[:2]
-    b_R, slot_R = jnp.arange(B), cache.fill
-    rows = (k_new, v_new, jnp.broadcast_to(cache.length[:, None], (B, K)))
-    if B == 1:
-        b_R = jnp.zeros((2,), b_R.dtype)
-        slot_R = jnp.concatenate([slot_R, jnp.full((1,), cache.capacity, slot_R.dtype)])
-        rows = tuple(jnp.concatenate([x, x]) for x in rows)
 
     def put(buf, new):
-        return buf.at[b_R, :, slot_R].set(new.astype(buf.dtype), mode="drop")
+        new = new.astype(buf.dtype)
+        if jnp.dtype(buf.dtype).itemsize == 2 and jnp.issubdtype(buf.dtype, jnp.floating):
+            return lax.platform_dependent(buf, new, cache.fill, cpu=_select, default=_scatter)
+        return _scatter(buf, new, cache.fill)
 
     k = list(cache.k)
     v = list(cache.v)
     pos = list(cache.pos)
+    rows = (k_new, v_new, jnp.broadcast_to(cache.length[:, None], (B, K)))
     k[layer], v[layer], pos[layer] = (put(x[layer], r) for x, r in zip((k, v, pos), rows))
     return cache.replace(k=tuple(k), v=tuple(v), pos=tuple(pos))
+
+
+def _scatter(buf: Array, new_BxK: Array, slot_B: Int[Array, " B"]) -> Array:
+    """buf[b, :, slot_B[b]] = new_BxK[b] for every row b (mode="drop": a slot past the buffer
+    writes nothing). At batch 1 the scatter gets a second row at slot C, which is dropped: XLA
+    rewrites a one-row scatter as a dynamic-update-slice, fuses it into both of its users (the
+    carried cache and the attention read) and then copies the whole buffer every step."""
+    b_R, slot_R, new_R = jnp.arange(buf.shape[0]), slot_B, new_BxK
+    if buf.shape[0] == 1:
+        b_R = jnp.zeros((2,), b_R.dtype)
+        slot_R = jnp.concatenate([slot_B, jnp.full((1,), buf.shape[2], slot_B.dtype)])
+        new_R = jnp.concatenate([new_BxK, new_BxK])
+    return buf.at[b_R, :, slot_R].set(new_R, mode="drop")
+
+
+def _select(buf: Array, new_BxK: Array, slot_B: Int[Array, " B"]) -> Array:
+    """_scatter as one select over the whole buffer, the same values: XLA:CPU widens a bfloat16
+    scatter's buffer to float32 and back, two passes over the layer's cache each step, where a
+    select reads and writes it once in bfloat16 (about 9x faster on a [16, 3, 192, 64] cache
+    written and read every step, on one Xeon core)."""
+    hit_BxC = jnp.arange(buf.shape[2])[None, :] == slot_B[:, None]
+    return jnp.where(hit_BxC[:, None, :, None], new_BxK[:, :, None, :], buf)
 
 
 def advance(cache: KVCache) -> KVCache:
