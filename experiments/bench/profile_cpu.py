@@ -110,22 +110,8 @@ def to_markdown(data: dict) -> str:
             f"| {p} s (trainer's clock) | " + " | ".join(f"{a['phases_s'][p]:.2f}" for a in arms.values()) + " |"
         )
     lines.append("| XLA thunks s | " + " | ".join(f"{a['profile']['seconds']:.2f}" for a in arms.values()) + " |")
-    lines += [
-        "",
-        "Seconds by program (XLA thunks):",
-        "",
-        "| program | " + " | ".join(arms) + " |",
-        "|---|" + "---:|" * len(arms),
-    ]
-    lines += _table(arms, "programs", "program")
-    lines += [
-        "",
-        "Seconds by kind of instruction:",
-        "",
-        "| kind | " + " | ".join(arms) + " |",
-        "|---|" + "---:|" * len(arms),
-    ]
-    lines += _table(arms, "categories", "category")
+    lines += _table(arms, "Seconds by program (XLA thunks):", "programs", "program")
+    lines += _table(arms, "Seconds by kind of instruction:", "categories", "category")
     for dtype, arm in arms.items():
         lines += [
             "",
@@ -156,12 +142,14 @@ def to_markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(arms: dict, part: str, key: str) -> list[str]:
+def _table(arms: dict, title: str, part: str, key: str) -> list[str]:
+    """A titled table: one row per `key` of the arms' profile[part], its seconds in each arm."""
     seconds = {d: {r[key]: r["seconds"] for r in a["profile"][part]} for d, a in arms.items()}
     names = sorted(
         {n for s in seconds.values() for n in s}, key=lambda n: -max(s.get(n, 0.0) for s in seconds.values())
     )
-    return [f"| {n} | " + " | ".join(f"{seconds[d].get(n, 0.0):.3f}" for d in arms) + " |" for n in names]
+    head = ["", title, "", f"| {key} | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+    return head + [f"| {n} | " + " | ".join(f"{seconds[d].get(n, 0.0):.3f}" for d in arms) + " |" for n in names]
 
 
 def main(argv=None) -> dict:
