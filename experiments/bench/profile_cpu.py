@@ -33,7 +33,8 @@ from experiments.real import precision_workload as workload
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/
 TOP_OPS = 12  # non-dot instructions listed per arm
 TOP_DOTS = 14  # dots listed per arm
-KEPT_ROWS = 300  # instructions per arm in the JSON (the most time first)
+KEPT_ROWS = 150  # instructions per arm in the JSON (the most time first)
+KEPT_DOTS = 60  # dot rows per arm in the JSON's summary
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +81,7 @@ def summarise(rows: list[dict]) -> dict:
         "categories": xla_profile.by(rows, "category"),
         "dots": [
             {**xla_profile.by([r], "program", "source", "category")[0], "dot": r["dots"][0], "ops": len(r["dots"])}
-            for r in dots
+            for r in dots[:KEPT_DOTS]
         ],
         "top_ops": [r for r in rows if not r["dots"]][:TOP_OPS],
     }
