@@ -171,6 +171,11 @@ def test_auto_resolves_by_backend_and_a_bad_setting_names_itself():
     expected = "float32" if jax.default_backend() == "cpu" else "output"
     assert precision.accumulation(_model("bfloat16", "auto")) == expected
     assert precision.accumulation(_model("bfloat16", "output")) == "output"
+    # a program lowered here for another platform resolves auto for it first
+    assert [precision.auto_accumulation(p) for p in ("cpu", "gpu", "cuda", "tpu")] == ["float32", *["output"] * 3]
+    assert precision.for_platform(_model("bfloat16", "auto"), "tpu").dot_accumulation == "output"
+    assert precision.for_platform(_model("bfloat16", "auto"), "cpu").dot_accumulation == "float32"
+    assert precision.for_platform(_model("bfloat16", "float32"), "gpu").dot_accumulation == "float32"
     with pytest.raises(ValueError, match="model.dot_accumulation='fp32'"):
         _model("bfloat16", "fp32")
     x, w, _ = _inputs("btd,df->btf", 0)

@@ -256,6 +256,23 @@ def test_the_kernel_programs_lower_for_cuda_at_the_checks_shapes():
     assert all(r["ok"] and r["triton_calls"] == 1 for r in rows), [r for r in rows if not r["ok"]]
 
 
+def test_the_programs_lowered_for_cuda_carry_a_gpus_dot_accumulation():
+    """model.dot_accumulation=auto reads JAX's backend at trace time (here the CPU's: float32, the
+    custom-VJP projections); the update and a sampler call lowered for cuda must be what a GPU host
+    traces: bfloat16 projections with no float32-accumulated call (traced at full size, not lowered)."""
+    from experiments.device import gpu_lower
+
+    traced = {}
+    for step, _, _, build in gpu_lower.programs(gpu_sizes.SIZES["full"]):
+        if step in ("update", "sampler") and step not in traced:
+            fn, args = build()
+            traced[step] = str(fn.trace(*args).jaxpr)
+    assert set(traced) == {"update", "sampler"}
+    for step, text in traced.items():
+        assert "bf16[" in text and "dot_general" in text, step
+        assert "float32_accumulated" not in text, step
+
+
 def test_the_study_step_runs_the_collapse_studys_config_and_prices_its_plan(tmp_path):
     """The `study` step's arms are the collapse study's runs (its config, the arm's overrides at the
     default setting, the evaluation as the study's) on the checkpoint it is given, and its plan's

@@ -103,6 +103,20 @@ def test_an_overlay_is_scaled_to_the_topologys_chips():
         tpu_programs.overlay_paths("qwen9", "8gpu")
 
 
+def test_a_setup_resolves_the_models_autos_for_the_tpu_not_this_host():
+    """model.attention and model.dot_accumulation "auto" read JAX's backend at trace time, which
+    here is the CPU's: a setup compiled for a TPU names what a TPU host would pick."""
+    from experiments.device import tpu_programs, tpu_topology
+
+    s = tpu_programs.setup("qwen2.5-1.5b", tpu_topology.parse("v5e:2x2"))
+    assert (s.model.dtype, s.attention_setting) == ("bfloat16", "auto")
+    assert (s.model.attention, s.model.dot_accumulation) == ("splash", "output")
+    assert s.overrides[-2:] == ("model.attention=splash", "model.dot_accumulation=output")
+    # a setting the row names is kept
+    s = tpu_programs.setup("qwen2.5-1.5b", tpu_topology.parse("v5e:2x2"), overrides=["model.dot_accumulation=float32"])
+    assert s.model.dot_accumulation == "float32" and s.overrides[-1] == "model.attention=splash"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install -r requirements-tpu.txt)")
 def test_a_toy_row_compiles_for_a_v5e_slice(tmp_path):

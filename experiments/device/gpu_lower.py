@@ -43,6 +43,7 @@ def programs(sizes: gpu_sizes.Sizes):
     from sparserl_jax.config import load_config
     from sparserl_jax.dryrun import model_config
     from sparserl_jax.model import sharding
+    from sparserl_jax.model.precision import for_platform
     from sparserl_jax.rl.optim import make_optimizer
     from sparserl_jax.rl.update import make_update_fn
     from sparserl_jax.rollout import sampler as smp
@@ -72,9 +73,10 @@ def programs(sizes: gpu_sizes.Sizes):
             attn_impl="pallas",
             attn_platform="gpu",
         )
-        fn = jax.jit(lambda p, t, n, k: smp.generate(p, prof.model, t, n, k, cfg))
+        model = for_platform(prof.model, "gpu")
+        fn = jax.jit(lambda p, t, n, k: smp.generate(p, model, t, n, k, cfg))
         return fn, (
-            sharding.abstract_params(prof.model),
+            sharding.abstract_params(model),
             sds((B, prof.prompt_len), "int32"),
             sds((B,), "int32"),
             jax.eval_shape(jax.random.key, 0),
@@ -88,6 +90,7 @@ def programs(sizes: gpu_sizes.Sizes):
     def update():
         cfg = load_config(list(sizes.update_configs), list(sizes.update_overrides))
         m, _ = model_config(cfg, sizes.update_arch)
+        m = for_platform(m, "gpu")
         rows, P = cfg.rollout.prompts * cfg.rollout.samples, cfg.data.max_prompt_len
         params = sharding.abstract_params(m)
         optimizer = make_optimizer(cfg.rl.optim)

@@ -51,6 +51,10 @@ try:
 except ImportError:
     auto_implementation = None
 try:
+    from sparserl_jax.model.precision import auto_accumulation
+except ImportError:  # a tree from before model.dot_accumulation
+    auto_accumulation = None
+try:
     from sparserl_jax.rollout.layout import rollout_mesh
 except ImportError:
     rollout_mesh = None
@@ -158,7 +162,8 @@ def setup(
 ) -> Setup:
     """`name` on `topology`: the overlay scaled to its chips (scaled_overrides), then `attention`
     (model.attention) and `overrides` (key=value, last wins). model.attention=auto is resolved for
-    a TPU here: auto resolves at trace time from JAX's backend, which is this CPU's."""
+    a TPU here, as is model.dot_accumulation=auto: both resolve at trace time from JAX's backend,
+    which is this CPU's."""
     files, arch = overlay_paths(name, mesh)
     quick = [*QUICK_OVERRIDES, "mesh.data=1", f"mesh.fsdp={topology.chips}"] if name == QUICK else []
     base = load_config(files, quick)
@@ -169,8 +174,13 @@ def setup(
     cfg = load_config(files, extra)
     model, _ = dryrun.model_config(cfg, arch)
     setting = model.attention
+    resolved = []
     if setting == "auto" and auto_implementation is not None:
-        extra.append(f"model.attention={auto_implementation('tpu', model.dtype)}")
+        resolved.append(f"model.attention={auto_implementation('tpu', model.dtype)}")
+    if getattr(model, "dot_accumulation", None) == "auto" and auto_accumulation is not None:
+        resolved.append(f"model.dot_accumulation={auto_accumulation('tpu')}")
+    if resolved:
+        extra += resolved
         cfg = load_config(files, extra)
         model, _ = dryrun.model_config(cfg, arch)
     return Setup(name, cfg, model, arch, tuple(extra), setting)

@@ -9,6 +9,7 @@ and every program is the one it was before the two were apart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -20,15 +21,29 @@ from sparserl_jax.quant.core import QWeight
 Params = dict
 
 
+def auto_accumulation(platform: str) -> str:
+    """What model.dot_accumulation="auto" is on `platform` ("cpu", "gpu", "cuda", "rocm", "tpu"):
+    float32 on the CPU (XLA:CPU would otherwise widen bfloat16 operands to float32 before every
+    product, the bfloat16 dot instructions unused), output elsewhere."""
+    return "float32" if platform == "cpu" else "output"
+
+
 def accumulation(cfg: ModelConfig) -> str:
     """How the projections accumulate (model.dot_accumulation; quant.core.ACCUMULATIONS): "auto"
-    is float32 where jax's backend at trace time is the CPU (XLA:CPU would otherwise widen
-    bfloat16 operands to float32 before every product, the bfloat16 dot instructions unused),
-    output elsewhere, as model.attention's auto reads the backend. Float32 compute is the same
+    reads jax's backend at trace time, as model.attention's auto does, so a program lowered on a
+    CPU host for another platform resolves it first (for_platform). Float32 compute is the same
     program either way."""
     if cfg.dot_accumulation != "auto":
         return cfg.dot_accumulation
-    return "float32" if jax.default_backend() == "cpu" else "output"
+    return auto_accumulation(jax.default_backend())
+
+
+def for_platform(cfg: ModelConfig, platform: str) -> ModelConfig:
+    """`cfg` with model.dot_accumulation="auto" resolved for `platform`: what a program lowered or
+    compiled here for a TPU or a GPU must carry (at trace time auto reads this host's backend)."""
+    if cfg.dot_accumulation != "auto":
+        return cfg
+    return dataclasses.replace(cfg, dot_accumulation=auto_accumulation(platform))
 
 
 def is_mixed(cfg: ModelConfig) -> bool:
