@@ -206,7 +206,7 @@ def sampler_config(
     r = cfg.rollout
     return SamplerConfig(
         max_new_tokens=r.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        sampling=sampling or SamplingConfig(r.temperature, r.top_p, r.top_k),
+        sampling=sampling or SamplingConfig(r.temperature, r.top_p, r.top_k, r.draw),
         kv=cfg.kv if kv_cfg is None else kv_cfg,
         eos_token_ids=() if r.ignore_eos else tuple(tokenizer.eos_token_ids),
         pad_token_id=tokenizer.pad_token_id,

@@ -1,7 +1,7 @@
 """Generate continuations from a Hugging Face checkpoint directory, dense or with a sparse KV cache.
 
   python -m sparserl_jax.generate --checkpoint DIR --prompt TEXT [--prompt TEXT ...]
-      --max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--seed S] [--chat]
+      --max-new-tokens N [--temperature T] [--top-p P] [--top-k K] [--draw D] [--seed S] [--chat]
       [--kv-policy {none,streaming,h2o,snapkv,rkv,random} --kv-budget B --kv-buffer U ...]
       [--output-json FILE]
 
@@ -27,7 +27,7 @@ from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
 from sparserl_jax.model.config import ModelConfig, check_sequence_length
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate_jit
-from sparserl_jax.rollout.sampling import SamplingConfig
+from sparserl_jax.rollout.sampling import DRAWS, SamplingConfig
 from sparserl_jax.tokenizer import HFTokenizer
 
 
@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--draw", choices=DRAWS, default="gumbel", help="how a token is drawn (rollout.draw)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -207,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     eos = tuple(tokenizer.eos_token_ids) or tuple(model_cfg.eos_token_ids)
     cfg = SamplerConfig(
         max_new_tokens=args.max_new_tokens,
-        sampling=SamplingConfig(args.temperature, args.top_p, args.top_k),
+        sampling=SamplingConfig(args.temperature, args.top_p, args.top_k, args.draw),
         kv=kv_cfg,
         eos_token_ids=eos,
         pad_token_id=tokenizer.pad_token_id,

@@ -160,7 +160,7 @@ class Trainer:
         t = self.cfg.train
         examples = components.eval_examples(self.cfg, self.tokenizer, n=n or t.eval_prompts)
         r = self.cfg.rollout
-        sampling = None if t.eval_temperature is None else SamplingConfig(t.eval_temperature, r.top_p, r.top_k)
+        sampling = None if t.eval_temperature is None else SamplingConfig(t.eval_temperature, r.top_p, r.top_k, r.draw)
         sampler_cfg = components.sampler_config(self.cfg, self.tokenizer, kv_cfg=kv_cfg, sampling=sampling)
         return evaluate_examples(
             self.learner.compute_copy(self.params),  # what the sampler reads (the master: no copy when one dtype)

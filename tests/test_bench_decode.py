@@ -1,6 +1,7 @@
 """Smoke test of experiments/bench/bench_decode.py (its benchmark: experiments/lib/decode_bench.py): its main at tiny settings writes a well-formed JSON
 and markdown with finite, positive figures (no timing assertions), and the GPU profile lowers."""
 
+import dataclasses
 import json
 import math
 
@@ -207,3 +208,56 @@ def test_quantized_rows_record_weight_bytes_and_lower_to_low_precision_dots(benc
     ]["lowered"]
     dots = {r["quant"]: r["low_precision_dots"] for r in dry}
     assert dots["w8a16"] == 0 and dots["int8"] > 0 and dots["fp8"] > 0  # 7 per layer and phase
+
+
+def test_draw_rows_and_the_step_against_its_bounds(bench, tmp_path):
+    """--draws gives a row per draw, each against the Gumbel row of its kind; --bounds measures the
+    host once and puts each row's step against its FLOPs and bytes (no timing asserted)."""
+    out = tmp_path / "bench.json"
+    argv = ["--profile", "cpu", "--n-layers", "1", "--vocab", "1024", "--batch", "2", "--prompt-len", "8"]
+    argv += ["--lengths", "16", "--policies", "none", "--draws", "gumbel", "inverse_cdf", "--bounds"]
+    argv += ["--min-seconds", "0", "--out", str(out)]
+    bench.main(argv)
+    saved = json.loads(out.read_text())
+    gumbel, icdf = saved["results"]
+    assert (gumbel["draw"], icdf["draw"]) == ("gumbel", "inverse_cdf") and saved["setting"]["draws"] == [
+        "gumbel",
+        "inverse_cdf",
+    ]
+    assert gumbel["speedup_vs_gumbel"] == 1.0 and icdf["speedup_vs_gumbel"] == pytest.approx(
+        icdf["tokens_per_s"] / gumbel["tokens_per_s"]
+    )
+    host = saved["host"]
+    assert host["peak_flops"] > 0 and host["read_bytes_per_s"] > 0
+    _, prof = bench.resolve(bench.parse_args(argv))
+    for r in (gumbel, icdf):
+        b = r["bounds"]
+        assert b["flops"] == bench.decode_bounds.step_flops(prof.model, 2, 8 + 8)  # dense: prompt + half the tokens
+        assert b["compute_ms"] == pytest.approx(b["flops"] / host["peak_flops"] * 1e3)
+        assert b["step_over_bound"] == pytest.approx(r["step_ms"] / max(b["compute_ms"], b["bandwidth_ms"]))
+    md = out.with_suffix(".md").read_text()
+    assert "## The step against its bounds" in md and md.count("| inverse_cdf |") == 2
+
+
+def test_the_bounds_count_every_matmul_weight_once():
+    """matmul_params: every weight of rank 2 or more the step multiplies by (biases are added; the LM head once, tied
+    or not; the input embedding, a gather, not at all)."""
+    import jax
+
+    from experiments.lib import decode_bounds
+    from sparserl_jax.model import transformer
+
+    for name in ("cpu", "smollm2"):
+        m = dataclasses.replace(decode_bench.PROFILES[name].model, n_layers=2)
+        shapes = jax.eval_shape(lambda k, m=m: transformer.init_params(m, k), jax.random.key(0))
+        leaves = jax.tree_util.tree_leaves_with_path(shapes)
+        n = sum(
+            math.prod(x.shape)
+            for path, x in leaves
+            if len(x.shape) >= 2 and not jax.tree_util.keystr(path).endswith("_bias']")
+        )
+        if not m.tie_embeddings:
+            n -= m.vocab_size * m.d_model
+        assert decode_bounds.matmul_params(m) == n, name
+    smol = decode_bench.PROFILES["smollm2"].model
+    assert (smol.d_model, smol.n_layers, smol.vocab_size, smol.tie_embeddings) == (576, 30, 49152, True)

@@ -51,14 +51,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from experiments.lib import decode_breakdown, figprov, workers
+from experiments.lib import decode_bounds, decode_breakdown, figprov, workers
 from sparserl_jax import kernels, quant
 from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.hf_config import config_from_hf
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
-from sparserl_jax.rollout.sampling import TOPK_METHODS, topk_method
+from sparserl_jax.rollout.sampling import DRAWS, TOPK_METHODS, SamplingConfig, topk_method
 
 DENSE = "none"
 QUANT = {  # --quant label -> (quant.format, quant.mode)
@@ -134,6 +135,28 @@ PROFILES: dict[str, Profile] = {
         target_speedup=3.0,
     ),
 }
+
+
+def _smollm2() -> ModelConfig:
+    """SmolLM2-135M-Instruct's shape (its config.json, committed), random float32 weights."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "configs", "real", "arch", "smollm2-135m-instruct.json")) as f:
+        return config_from_hf(json.load(f), dtype="float32")
+
+
+# the GRPO iteration's rollout on a CPU (bench_vs_trl's and bench_precision's fixed regime): 16
+# responses of 128 tokens; the sparse cache at the real-model studies' R-KV 64 + 16
+PROFILES["smollm2"] = Profile(
+    model=_smollm2(),
+    batch=16,
+    prompt_len=64,
+    lengths=(128,),
+    budget=64,
+    buffer=16,
+    window=8,
+    target_length=128,
+    target_speedup=1.0,
+)
 # --dry-run lowers the chosen profile with these reductions (layers, batch, one short length).
 DRY_RUN = dict(n_layers=2, batch=2, new_tokens_in_buffers=2)
 
@@ -172,6 +195,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the agreement's top candidates each token records (0: none); several: a row for each",
     )
     p.add_argument("--agreement-topk", default="auto", choices=TOPK_METHODS, help="how the candidates are found")
+    p.add_argument(
+        "--draws",
+        nargs="+",
+        default=["gumbel"],
+        choices=DRAWS,
+        help="how each token is drawn (rollout.draw); several: a row for each",
+    )
+    p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="measure the host's matmul peak and read bandwidth and put each row's step against its "
+        "compute and bandwidth bounds (experiments/lib/decode_bounds.py)",
+    )
     p.add_argument(
         "--breakdown",
         action="store_true",
@@ -267,15 +303,18 @@ def bench_row(
     quant_label: str = "none",
     agreement_k: int = 0,
     agreement_topk: str = "auto",
+    draw: str = "gumbel",
     trace_dir: str | None = None,
 ) -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
     and at least `min_seconds` in all; the median call is reported. `agreement_k`: the top
-    candidates each token records (found as `agreement_topk` says), 0 none. `trace_dir`: the
+    candidates each token records (found as `agreement_topk` says), 0 none; `draw`: how each token
+    is drawn (rollout/sampling.py DRAWS; temperature 1, no filters). `trace_dir`: the
     timed calls run inside a jax.profiler trace written there (the compile is not traced)."""
     kv_cfg = kv_config(policy, prof)
     cfg = SamplerConfig(
         max_new_tokens=new_tokens,
+        sampling=SamplingConfig(draw=draw),
         kv=kv_cfg,
         eos_token_ids=(),
         attn_impl=attn_impl,
@@ -306,6 +345,7 @@ def bench_row(
         quant=quant_label,
         agreement_k=agreement_k,
         agreement_topk=topk_method(agreement_topk) if agreement_k else None,
+        draw=draw,
         weight_bytes=quant.quantized_bytes(params),
         new_tokens=new_tokens,
         batch=prof.batch,
@@ -335,20 +375,38 @@ def add_speedups(rows: list[dict]) -> None:
     def k_of(r):
         return r.get("agreement_k", 0)
 
+    def draw_of(r):
+        return r.get("draw", "gumbel")
+
     dense = {
-        (r["new_tokens"], r["batch"], quant_of(r), k_of(r)): r["tokens_per_s"] for r in rows if r["policy"] == DENSE
+        (r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)): r["tokens_per_s"]
+        for r in rows
+        if r["policy"] == DENSE
     }
     full = {
-        (r["policy"], r["new_tokens"], r["batch"], k_of(r)): r["tokens_per_s"] for r in rows if quant_of(r) == "none"
+        (r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r)): r["tokens_per_s"]
+        for r in rows
+        if quant_of(r) == "none"
     }
-    bare = {(r["policy"], r["new_tokens"], r["batch"], quant_of(r)): r["tokens_per_s"] for r in rows if not k_of(r)}
+    bare = {
+        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r)): r["tokens_per_s"]
+        for r in rows
+        if not k_of(r)
+    }
+    gumbel = {
+        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r)): r["tokens_per_s"]
+        for r in rows
+        if draw_of(r) == "gumbel"
+    }
     for r in rows:
-        base = dense.get((r["new_tokens"], r["batch"], quant_of(r), k_of(r)))
+        base = dense.get((r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
-        base = full.get((r["policy"], r["new_tokens"], r["batch"], k_of(r)))
+        base = full.get((r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r)))
         r["speedup_vs_full_precision"] = r["tokens_per_s"] / base if base else None
-        base = bare.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r)))
+        base = bare.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r)))
         r["speedup_vs_no_candidates"] = r["tokens_per_s"] / base if base else None
+        base = gumbel.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r)))
+        r["speedup_vs_gumbel"] = r["tokens_per_s"] / base if base else None
 
 
 def acceptance(rows: list[dict], prof: Profile) -> dict:
@@ -485,6 +543,7 @@ def main(argv: list[str] | None = None) -> dict:
             quant=list(args.quant),
             agreement_k=list(args.agreement_k),
             agreement_topk=args.agreement_topk,
+            draws=list(args.draws),
             breakdown=args.breakdown,
         ),
     }
@@ -501,9 +560,16 @@ def main(argv: list[str] | None = None) -> dict:
     rows = report["results"] = []
     t_start = time.perf_counter()
     pieces: dict = {}  # the breakdown's piece timings, shared by the rows of the same shapes
-    # every (weights, policy, candidates) at one length before the next length
-    grid = itertools.product(prof.lengths, args.quant, args.policies, args.agreement_k)
-    for new_tokens, label, policy, agreement_k in grid:
+    if args.bounds:
+        report["host"] = decode_bounds.host(prof.model.dtype)
+        print(
+            f"host: {report['host']['peak_flops'] / 1e9:.0f} GFLOP/s ({prof.model.dtype} matmul), "
+            f"{report['host']['read_bytes_per_s'] / 1e9:.1f} GB/s read",
+            flush=True,
+        )
+    # every (weights, policy, candidates, draw) at one length before the next length
+    grid = itertools.product(prof.lengths, args.quant, args.policies, args.agreement_k, args.draws)
+    for new_tokens, label, policy, agreement_k, draw in grid:
         try:
             row = bench_row(
                 params_by_quant[label],
@@ -519,12 +585,22 @@ def main(argv: list[str] | None = None) -> dict:
                 quant_label=label,
                 agreement_k=agreement_k,
                 agreement_topk=args.agreement_topk,
+                draw=draw,
             )
             print(
-                f"{policy:>9} {label:>5} {new_tokens:>6} top-{agreement_k:<3}: {row['tokens_per_s']:9.1f} tok/s "
+                f"{policy:>9} {label:>5} {new_tokens:>6} top-{agreement_k:<3} {draw:>11}: {row['tokens_per_s']:9.1f} tok/s "
                 f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
                 flush=True,
             )
+            if args.bounds:
+                row["bounds"] = decode_bounds.row_bounds(
+                    row["step_ms"],
+                    prof.model,
+                    prof.batch,
+                    _mean_fill(row, prof),
+                    row["weight_bytes"] if label != "none" else None,  # else the compute copy's
+                    report["host"],
+                )
             if args.breakdown:
                 row["breakdown"] = row_breakdown(row, params_by_quant[label], prof, args, pieces)
                 print("  " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown"].items() if "_share" not in k))
@@ -533,6 +609,7 @@ def main(argv: list[str] | None = None) -> dict:
                 policy=policy,
                 quant=label,
                 agreement_k=agreement_k,
+                draw=draw,
                 new_tokens=new_tokens,
                 batch=prof.batch,
                 error=f"{type(err).__name__}: {str(err)[:300]}",
@@ -550,6 +627,12 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+def _mean_fill(row: dict, prof: Profile) -> int:
+    """The cache slots the row's attention reads on average over its generation."""
+    kv_cfg = kv_config(row["policy"], prof)
+    return decode_breakdown.mean_fill(kv_cfg, prof.prompt_len, row["new_tokens"], row["kv_capacity"])
+
+
 def row_breakdown(row: dict, params, prof: Profile, args: argparse.Namespace, cache: dict) -> dict:
     """The row's step in pieces (experiments/lib/decode_breakdown.py), each piece timed once per
     shapes (`cache`: the rows with and without candidates share their other pieces)."""
@@ -558,11 +641,12 @@ def row_breakdown(row: dict, params, prof: Profile, args: argparse.Namespace, ca
         model=prof.model,
         batch=prof.batch,
         capacity=row["kv_capacity"],
-        mean_fill=decode_breakdown.mean_fill(kv_cfg, prof.prompt_len, row["new_tokens"], row["kv_capacity"]),
+        mean_fill=_mean_fill(row, prof),
         kv=kv_cfg,
         agreement_k=row["agreement_k"],
         agreement_topk=args.agreement_topk,
         attn_impl=args.attn_impl,
+        draw=row.get("draw", "gumbel"),
     )
     ms = {}
     for name in decode_breakdown.pieces_of(shapes):
@@ -594,15 +678,47 @@ def breakdown_lines(rows: list[dict]) -> list[str]:
         "is the step less the pieces (experiments/lib/decode_breakdown.py); compression: one every "
         "kv.buffer steps, per step.",
         "",
-        "| policy | new tokens | weights | candidates | step ms | " + " | ".join(names) + " |",
-        "|---|---|---|---|---|" + "---|" * len(names),
+        "| policy | new tokens | weights | candidates | draw | step ms | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(names),
     ]
     for r in rows:
         b, k = r["breakdown"], r.get("agreement_k", 0)
         cells = [f"{b[n]:.3f} ({100 * b[f'{n}_share']:.0f}%)" if n in b else "-" for n in names]
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r.get('quant', 'none')} | {f'top-{k}' if k else 'none'} | "
-            f"{r['step_ms']:.3f} | " + " | ".join(cells) + " |"
+            f"{r.get('draw', 'gumbel')} | {r['step_ms']:.3f} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
+def bounds_lines(report: dict) -> list[str]:
+    """The rows' steps against the host's bounds (--bounds), or nothing without them."""
+    rows = [r for r in report["results"] if "bounds" in r]
+    if not rows:
+        return []
+    hw = report["host"]
+    lines = [
+        "",
+        "## The step against its bounds",
+        "",
+        f"This host, measured in the same run (experiments/lib/decode_bounds.py): "
+        f"{hw['peak_flops'] / 1e9:.0f} GFLOP/s for a dense {hw['dtype']} matmul "
+        f"({decode_bounds.PEAK_M} x {decode_bounds.PEAK_K} x {decode_bounds.PEAK_N}), "
+        f"{hw['read_bytes_per_s'] / 1e9:.1f} GB/s read ({decode_bounds.READ_MIB} MiB sum). Compute bound: "
+        "the step's FLOPs at that peak; bandwidth bound: the weights read once and the cache's mean "
+        "fill at that bandwidth.",
+        "",
+        "| policy | new tokens | weights | candidates | draw | step ms | GFLOP / step | MB read / step | "
+        "compute bound ms | bandwidth bound ms | step / compute bound | step / larger bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, k = r["bounds"], r.get("agreement_k", 0)
+        lines.append(
+            f"| {r['policy']} | {r['new_tokens']} | {r.get('quant', 'none')} | {f'top-{k}' if k else 'none'} | "
+            f"{r.get('draw', 'gumbel')} | {r['step_ms']:.2f} | {b['flops'] / 1e9:.2f} | {b['bytes'] / 1e6:.0f} | "
+            f"{b['compute_ms']:.2f} | {b['bandwidth_ms']:.2f} | {b['step_over_compute']:.1f}x | "
+            f"{b['step_over_bound']:.1f}x |"
         )
     return lines
 
@@ -630,8 +746,8 @@ def markdown(report: dict) -> str:
         "",
         "| policy | new tokens | batch | tokens/s | ms/step | compile s | calls | KV slots C | "
         "KV MiB | speedup vs dense | weights | weight MiB | speedup vs full precision | "
-        "agreement candidates | speedup vs no candidates |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "agreement candidates | speedup vs no candidates | draw | speedup vs gumbel |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         k = r.get("agreement_k", 0)
@@ -639,7 +755,8 @@ def markdown(report: dict) -> str:
         if "error" in r:
             lines.append(
                 f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
-                f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | | {candidates} | |"
+                f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | | {candidates} | | "
+                f"{r.get('draw', 'gumbel')} | |"
             )
             continue
         lines.append(
@@ -649,9 +766,11 @@ def markdown(report: dict) -> str:
             f"{r['kv_bytes'] / 2**20:.1f} | {_fmt(r['speedup_vs_dense'], '.2f')} | "
             f"{r.get('quant', 'none')} | {_fmt(r.get('weight_bytes', 0) / 2**20, '.1f')} | "
             f"{_fmt(r.get('speedup_vs_full_precision'), '.2f')} | {candidates} | "
-            f"{_fmt(r.get('speedup_vs_no_candidates'), '.3f')} |"
+            f"{_fmt(r.get('speedup_vs_no_candidates'), '.3f')} | {r.get('draw', 'gumbel')} | "
+            f"{_fmt(r.get('speedup_vs_gumbel'), '.3f')} |"
         )
     lines += breakdown_lines(report["results"])
+    lines += bounds_lines(report)
     lo, hi = acc["flatness_lengths"]
     lines += [
         "",

@@ -5,7 +5,8 @@ steps (compiled apart; the median of the calls, at least --repeats and --min-sec
 
   lm_head      the final norm and the logits over the vocabulary, [B, D] x [D, V], float32 out
   sampling     log-softmax of the [B, V] float32 logits and one draw per row with its own key
-               (rollout/sampling.py processed_logprobs + sample, as the sampler calls them)
+               (rollout/sampling.py processed_logprobs + sample, as the sampler calls them, by
+               the row's draw: rollout.draw)
   candidates   the agreement's top-k over [B, V] (rollout/sampling.py top_candidates), in a row
                that records them (agreement_k > 0)
   attention    decode attention over the cache in every layer (kernels.decode_attention at the
@@ -58,6 +59,7 @@ class Shapes:
     agreement_k: int
     agreement_topk: str
     attn_impl: str
+    draw: str = "gumbel"  # rollout/sampling.py DRAWS
 
 
 def mean_fill(kv_cfg: kv.KVConfig, prompt_len: int, new_tokens: int, capacity: int) -> int:
@@ -104,7 +106,7 @@ def lm_head(s: Shapes, params, key) -> tuple[Callable, tuple]:
 
 
 def sampling(s: Shapes, params, key) -> tuple[Callable, tuple]:
-    cfg = SamplingConfig()  # temperature 1, no filters: the training rollouts' distribution
+    cfg = SamplingConfig(draw=s.draw)  # temperature 1, no filters: the training rollouts' distribution
     rows = _rows(s.batch)
 
     def step(i, logits_BxV, keys_B):
@@ -207,7 +209,7 @@ def piece_key(name: str, s: Shapes) -> tuple:
     m = s.model
     return {
         "lm_head": (name, m, s.batch),
-        "sampling": (name, s.batch, m.vocab_size),
+        "sampling": (name, s.batch, m.vocab_size, s.draw),
         "candidates": (name, s.batch, m.vocab_size, s.agreement_k, s.agreement_topk),
         "attention": (name, m, s.batch, s.capacity, s.mean_fill, s.attn_impl),
         "compression": (name, m, s.batch, s.capacity, s.kv),

@@ -11,7 +11,7 @@ import dataclasses
 
 from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.rollout.layout import check_layout
-from sparserl_jax.rollout.sampling import TOPK_METHODS
+from sparserl_jax.rollout.sampling import DRAWS, TOPK_METHODS
 from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in, check_number
 
 SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py SOURCES)
@@ -43,6 +43,10 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # how each token is drawn from its distribution: "gumbel" (jax.random.categorical) or
+    # "inverse_cdf" (one uniform per row; the same distribution, another random stream: cheaper on
+    # a CPU); rollout/sampling.py DRAWS
+    draw: str = "gumbel"
     attn_impl: str = "auto"
     rows_per_call: int = 0
     # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
@@ -76,6 +80,7 @@ class RolloutConfig:
         check_at_least("rollout.temperature", self.temperature, 0, integer=False)  # 0: greedy
         check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
         check_at_least("rollout.top_k", self.top_k, 0)
+        check_in("rollout.draw", self.draw, DRAWS)
         check_bool("rollout.ignore_eos", self.ignore_eos)
         k = self.agreement_k
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):

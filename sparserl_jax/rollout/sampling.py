@@ -35,6 +35,15 @@ TIE_SLOTS = 8
 AGREEMENT_K = 20
 TOPK_METHODS = ("auto", "exact", "approx")
 
+# How a token is drawn from its row's distribution (rollout.draw; draw_categorical): "gumbel" is
+# jax.random.categorical (the argmax of the log-probs plus one Gumbel variate per vocabulary entry);
+# "inverse_cdf" reads one uniform per row against the distribution's cumulative sum, found in two
+# levels (blocks of INVERSE_CDF_BLOCK entries, then one block). The same distribution, another
+# random stream: a run's samples change with it. On XLA:CPU the Gumbel draw is most of a small
+# model's sampling time (the threefry bits and two logarithms per vocabulary entry).
+DRAWS = ("gumbel", "inverse_cdf")
+INVERSE_CDF_BLOCK = 256
+
 
 def kept_width(top_k: int) -> int:
     """The width of a kept-set record (sample_kept's ids, the learner's kept_ids) at top_k."""
@@ -48,8 +57,11 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    draw: str = "gumbel"  # DRAWS
 
     def __post_init__(self):
+        if self.draw not in DRAWS:
+            raise ValueError(f"rollout.draw={self.draw!r}: expected one of {DRAWS}")
         if self.temperature < 0:
             raise ValueError(f"sampling.temperature={self.temperature} must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -80,6 +92,53 @@ def processed_logprobs(logits: Float[Array, "B V"], cfg: SamplingConfig) -> Floa
     return jax.nn.log_softmax(logits, axis=-1)
 
 
+def _snap(i_B: Int[Array, " B"], valid_BxN) -> Int[Array, " B"]:
+    """i, or where entry i is not valid (or i == N) the nearest valid entry below it, else above:
+    a cumulative sum's rounding can put a threshold on an entry of probability 0."""
+    n = valid_BxN.shape[-1]
+    at = jnp.arange(n)
+    below_B = jnp.max(jnp.where(valid_BxN & (at <= i_B[:, None]), at, -1), axis=-1)
+    above_B = jnp.min(jnp.where(valid_BxN & (at > i_B[:, None]), at, n - 1), axis=-1)
+    return jnp.where(below_B >= 0, below_B, above_B)
+
+
+def inverse_cdf(u_B: Float[Array, " B"], logp_BxV: Float[Array, "B V"]) -> Int[Array, " B"]:
+    """The token at quantile u (in [0, 1)) of each row's distribution: the first whose cumulative
+    probability exceeds u times the row's total, searched per block of INVERSE_CDF_BLOCK entries
+    and then within the block, so no [B, V] cumulative sum is formed. Never an entry whose
+    probability is 0 (-inf log-prob: a filtered token), whatever the rounding (_snap)."""
+    B, V = logp_BxV.shape
+    nb = -(-V // INVERSE_CDF_BLOCK)
+    p_BxV = jnp.exp(logp_BxV.astype(jnp.float32))
+    p_BxNxC = jnp.pad(p_BxV, ((0, 0), (0, nb * INVERSE_CDF_BLOCK - V))).reshape(B, nb, INVERSE_CDF_BLOCK)
+    block_BxN = p_BxNxC.sum(-1)
+    cum_BxN = jnp.cumsum(block_BxN, axis=-1)
+    t_B = u_B * cum_BxN[:, -1]
+    j_B = _snap(jnp.sum(cum_BxN <= t_B[:, None], axis=-1), block_BxN > 0)
+    base_B = jnp.where(j_B > 0, jnp.take_along_axis(cum_BxN, jnp.maximum(j_B - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    row_BxC = jnp.take_along_axis(p_BxNxC, j_B[:, None, None], axis=1)[:, 0]
+    within_BxC = base_B[:, None] + jnp.cumsum(row_BxC, axis=-1)
+    k_B = _snap(jnp.sum(within_BxC <= t_B[:, None], axis=-1), row_BxC > 0)
+    return j_B * INVERSE_CDF_BLOCK + k_B
+
+
+def draw_categorical(key: jax.Array, logp_BxV: Float[Array, "B V"], draw: str = "gumbel") -> Int[Array, " B"]:
+    """One token per row of a (log-)distribution, by `draw` (DRAWS). `key` is one key for the
+    batch or a [B] array of keys, one per row (a row's token then depends on its key and its
+    row only)."""
+    if draw == "gumbel":
+        if key.ndim == 1:
+            return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxV)
+        return jax.random.categorical(key, logp_BxV, axis=-1)
+    if draw != "inverse_cdf":
+        raise ValueError(f"rollout.draw={draw!r}: expected one of {DRAWS}")
+    if key.ndim == 1:
+        u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(key)
+    else:
+        u_B = jax.random.uniform(key, logp_BxV.shape[:1], jnp.float32)
+    return inverse_cdf(u_B, logp_BxV)
+
+
 def sample(
     logits: Float[Array, "B V"], key: jax.Array, cfg: SamplingConfig, logp_BxV: Float[Array, "B V"] | None = None
 ) -> tuple[Int[Array, " B"], Float[Array, " B"]]:
@@ -92,10 +151,8 @@ def sample(
         logp_BxV = processed_logprobs(logits, cfg)
     if cfg.temperature == 0:
         token_B = jnp.argmax(logits, axis=-1)
-    elif key.ndim == 1:
-        token_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxV)
     else:
-        token_B = jax.random.categorical(key, logp_BxV, axis=-1)
+        token_B = draw_categorical(key, logp_BxV, cfg.draw)
     token_B = token_B.astype(jnp.int32)
     return token_B, jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
 
@@ -154,9 +211,6 @@ def sample_kept(
         logp_BxV = processed_logprobs(logits, cfg)
     vals_BxK, ids_BxK = kept_set(logp_BxV, kept_width(cfg.top_k))
     logp_BxK = vals_BxK - jax.nn.logsumexp(vals_BxK, axis=-1, keepdims=True)
-    if key.ndim == 1:
-        j_B = jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(key, logp_BxK)
-    else:
-        j_B = jax.random.categorical(key, logp_BxK, axis=-1)
+    j_B = draw_categorical(key, logp_BxK, cfg.draw)
     token_B = jnp.take_along_axis(ids_BxK, j_B[:, None], axis=-1)[:, 0]
     return token_B, jnp.take_along_axis(logp_BxK, j_B[:, None], axis=-1)[:, 0], ids_BxK
