@@ -20,6 +20,7 @@ from sparserl_jax.data.rewards import get_timed_reward
 from sparserl_jax.data.tasks import get_task
 from sparserl_jax.model import hf, sharding, transformer
 from sparserl_jax.model.config import ModelConfig, check_sequence_length
+from sparserl_jax.model.precision import auto_dtype
 from sparserl_jax.rollout.sampler import SamplerConfig
 from sparserl_jax.rollout.sampling import AGREEMENT_K, SamplingConfig
 from sparserl_jax.rollout.source import BatchSource, SortedSource
@@ -33,6 +34,18 @@ class Components:
     tokenizer: HFTokenizer
     task: object | None  # a synthetic task (for SFT demonstrations), or None for datasets
     reward: Callable[[str, str], float]  # the task's, or data.reward (math's limit data.reward_pool.timeout_s)
+
+
+def resolve_dtype(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> TrainConfig:
+    """`cfg` with model.dtype="auto" replaced by this host's choice (model/precision.py
+    auto_dtype), said in `log`: a run's config.yaml then names the dtype it computes in, and its
+    resume reads that back rather than choosing again."""
+    if cfg.model.dtype != "auto":
+        return cfg
+    dtype, why = auto_dtype()
+    if log is not None:
+        log(f"model.dtype=auto: {dtype} ({why})")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
 
 
 def build_model(cfg: TrainConfig, mesh: Mesh | None = None) -> Components:

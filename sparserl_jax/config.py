@@ -21,7 +21,7 @@ from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import DOT_ACCUMULATIONS, DTYPES, ModelConfig, check_attention
+from sparserl_jax.model.config import COMPUTE_DTYPES, DOT_ACCUMULATIONS, DTYPES, ModelConfig, check_attention
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -40,7 +40,9 @@ class ModelSource:
     GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the learner's passes (update,
     scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block);
     `dot_accumulation` how the projections accumulate under a bfloat16 `dtype` (model/config.py;
-    auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions)."""
+    auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions).
+    `dtype` "auto" is bfloat16 where the host computes it fastest and float32 elsewhere
+    (model/precision.py auto_dtype); a run writes the dtype it chose into its config.yaml."""
 
     checkpoint: str | None = None
     dtype: str = "float32"
@@ -52,7 +54,7 @@ class ModelSource:
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
     def __post_init__(self):
-        check_in("model.dtype", self.dtype, DTYPES)
+        check_in("model.dtype", self.dtype, COMPUTE_DTYPES)
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
         check_bool("model.scan_layers", self.scan_layers)
@@ -62,8 +64,10 @@ class ModelSource:
     def arch_settings(self) -> dict[str, str | bool]:
         """The settings of this section that the architecture carries (ModelConfig's fields of
         the same names), whichever source the architecture comes from."""
+        from sparserl_jax.model.precision import auto_dtype  # jax's backend: read only for "auto"
+
         return dict(
-            dtype=self.dtype,
+            dtype=auto_dtype()[0] if self.dtype == "auto" else self.dtype,
             param_dtype=self.param_dtype,
             attention=self.attention,
             scan_layers=self.scan_layers,

@@ -39,9 +39,9 @@ class Trainer:
     """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
 
     def __init__(self, cfg: TrainConfig, *, log=print):
-        self.cfg = cfg
         self.coordinator = distributed.is_coordinator()
         self.log = log if self.coordinator else (lambda *args, **kwargs: None)
+        self.cfg = cfg = components.resolve_dtype(cfg, self.log)
         r = cfg.rollout
         self.batch_rows, self.call_rows = r.rows, r.call_rows
         check_minibatch(self.batch_rows, cfg.rl.update.minibatch_size)

@@ -115,6 +115,8 @@ def test_a_setup_resolves_the_models_autos_for_the_tpu_not_this_host():
     # a setting the row names is kept
     s = tpu_programs.setup("qwen2.5-1.5b", tpu_topology.parse("v5e:2x2"), overrides=["model.dot_accumulation=float32"])
     assert s.model.dot_accumulation == "float32" and s.overrides[-1] == "model.attention=splash"
+    s = tpu_programs.setup("qwen2.5-1.5b", tpu_topology.parse("v5e:2x2"), overrides=["model.dtype=auto"])
+    assert s.model.dtype == "bfloat16" and "model.dtype=bfloat16" in s.overrides
 
 
 @pytest.mark.slow

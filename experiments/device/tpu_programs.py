@@ -55,6 +55,10 @@ try:
 except ImportError:  # a tree from before model.dot_accumulation
     auto_accumulation = None
 try:
+    from sparserl_jax.model.precision import auto_dtype
+except ImportError:  # a tree from before model.dtype=auto (whose configs cannot say auto)
+    auto_dtype = None
+try:
     from sparserl_jax.rollout.layout import rollout_mesh
 except ImportError:
     rollout_mesh = None
@@ -172,6 +176,9 @@ def setup(
         extra.append(f"model.attention={attention}")
     extra += list(overrides)
     cfg = load_config(files, extra)
+    if cfg.model.dtype == "auto":  # read at trace time from JAX's backend, this CPU's
+        extra.append(f"model.dtype={auto_dtype('tpu')[0]}")
+        cfg = load_config(files, extra)
     model, _ = dryrun.model_config(cfg, arch)
     setting = model.attention
     resolved = []

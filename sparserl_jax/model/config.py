@@ -16,6 +16,10 @@ from sparserl_jax.validate import check_at_least, check_bool, check_in, check_mu
 DOT_ACCUMULATIONS = ("auto", "output", "float32")  # "auto" and quant.core.ACCUMULATIONS
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
+# model.dtype in a config may also be "auto": bfloat16 where the host computes it fastest (GPU, TPU,
+# a CPU with bfloat16 dot instructions), float32 elsewhere (model/precision.py auto_dtype); the
+# model's own dtype is always one of DTYPES
+COMPUTE_DTYPES: tuple[str, ...] = ("auto", *DTYPES)
 # model.attention: how the full-sequence passes (prompt prefill, scoring, the update) attend (model/attention.py).
 # "auto" (default): cuDNN on a GPU for bfloat16 (xla for float32), splash on a TPU, blockwise on a CPU; "xla"
 # materialises the [T, T] scores (every platform); "cudnn" is cuDNN's fused attention (a GPU, bfloat16);
@@ -30,7 +34,7 @@ def check_attention(attention: str, dtype: str) -> None:
     is checked where the program is traced or lowered (model/attention.py): a CPU may lower a
     TPU's program, so splash is no error here."""
     check_in("model.attention", attention, ATTENTION)
-    if attention == "cudnn" and dtype != "bfloat16":
+    if attention == "cudnn" and dtype not in ("bfloat16", "auto"):  # auto is bfloat16 on a GPU
         raise ValueError(
             f"model.attention=cudnn needs model.dtype=bfloat16 (cuDNN's fused attention takes no {dtype}): "
             "set model.dtype=bfloat16 or model.attention=auto, blockwise or xla"

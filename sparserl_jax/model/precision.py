@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,37 @@ from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.core import QWeight
 
 Params = dict
+
+
+# XLA_FLAGS' --xla_cpu_max_isa values below which XLA:CPU has no bfloat16 dot instructions
+_NO_BF16_ISAS = ("SSE4_2", "AVX", "AVX2")
+
+
+def cpu_bf16_dots(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this host's CPU has bfloat16 dot instructions (avx512_bf16 or AMX, Linux's
+    /proc/cpuinfo) and XLA_FLAGS does not cap XLA:CPU below them (--xla_cpu_max_isa, as the
+    studies' portable CPU numerics do)."""
+    isa = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
+    if isa and isa.group(1).upper() in _NO_BF16_ISAS:
+        return False
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def auto_dtype(platform: str | None = None) -> tuple[str, str]:
+    """(dtype, why) for model.dtype="auto" on `platform` (None: jax's backend): bfloat16 on a GPU
+    or TPU and on a CPU with bfloat16 dot instructions (cpu_bf16_dots), float32 on other CPUs,
+    where bfloat16 is emulated in float32 and slower (experiments/results/bench_precision.md)."""
+    platform = platform or jax.default_backend()
+    if platform != "cpu":
+        return "bfloat16", f"{platform}: bfloat16 matrix units"
+    if cpu_bf16_dots():
+        return "bfloat16", "cpu with bfloat16 dot instructions (avx512_bf16 / amx_bf16)"
+    return "float32", "cpu without bfloat16 dot instructions (or XLA_FLAGS caps its ISA below them)"
 
 
 def auto_accumulation(platform: str) -> str:
