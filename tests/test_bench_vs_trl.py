@@ -22,8 +22,23 @@ def test_smoke_report(tmp_path):
     CharTokenizer().save(ckpt)
     out = tmp_path / "bench.json"
     before = os.environ.get("SPARSERL_PORTABLE_CPU")
-    report = bench_vs_trl.main(["--smoke", "--regimes", "fixed", "--checkpoint", str(ckpt), "--out", str(out)])
-    arms = report["regimes"]["fixed"]
+    argv = ["--smoke", "--regimes", "fixed", "--compute-dtype", "float32", "bfloat16", "--checkpoint", str(ckpt)]
+    report = bench_vs_trl.main([*argv, "--out", str(out), "rollout.draw=inverse_cdf"])
+    assert report["compute_dtypes"] == ["float32", "bfloat16"]
+    for dtype in report["compute_dtypes"]:
+        assert set(report["by_dtype"][dtype]["fixed"]) == {"ours", "trl"}
+        assert report["by_dtype"][dtype]["fixed"]["ours"]["config"]["model"]["dtype"] == dtype
+    assert report["by_dtype"]["float32"]["fixed"]["ours"]["config"]["rollout"]["draw"] == "inverse_cdf"
+    best = report["best"]["fixed"]
+    per = {
+        arm: {
+            d: report["by_dtype"][d]["fixed"][arm]["summary"]["iteration_s_per_token"] for d in report["compute_dtypes"]
+        }
+        for arm in ("ours", "trl")
+    }
+    assert best["ours"]["iteration_s_per_token"] == min(per["ours"].values())
+    assert best["ratio"] == best["ours"]["iteration_s_per_token"] / min(per["trl"].values())
+    arms = report["by_dtype"]["float32"]["fixed"]
     assert set(arms) == {"ours", "trl"}
     for arm in arms.values():
         s = arm["summary"]
@@ -32,8 +47,11 @@ def test_smoke_report(tmp_path):
     ours = arms["ours"]["summary"]
     assert ours["compiles_after_warmup"] == 0 and ours["learner_speedup"] > 0
     assert arms["ours"]["generate_reference"]["ms_per_step"] > 0
-    assert json.loads(out.read_text())["regimes"]["fixed"]["trl"]["trl"]
+    assert json.loads(out.read_text())["by_dtype"]["bfloat16"]["fixed"]["trl"]["trl"]
     # the benchmark's host-numerics setting stays inside it (it leaked into later tests once)
     assert os.environ.get("SPARSERL_PORTABLE_CPU") == before
     md = (tmp_path / "bench.md").read_text()
-    assert "| TRL GRPOTrainer | 1 |" in md and "| ours (Trainer) | 1 |" in md and "padded learner" in md
+    assert (
+        md.count("| TRL GRPOTrainer | 1 |") == 2 and md.count("| ours (Trainer) | 1 |") == 2 and "padded learner" in md
+    )
+    assert "## bfloat16 compute, fixed response lengths" in md and "## Each at its best precision" in md

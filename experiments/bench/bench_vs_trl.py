@@ -1,8 +1,8 @@
 """TRL's GRPOTrainer and our Trainer on the same GRPO workload, one pinned CPU core each.
 
   python experiments/bench/bench_vs_trl.py            # experiments/results/bench_vs_trl.{json,md}
-  python experiments/bench/bench_vs_trl.py --regimes fixed --compute-dtype bfloat16 \
-      --out experiments/results/bench_vs_trl_bf16.json
+  python experiments/bench/bench_vs_trl.py --regimes fixed --compute-dtype float32 bfloat16 \
+      --out experiments/results/bench_vs_trl_dtypes.json    # both precisions in one run
   python experiments/bench/bench_vs_trl.py --smoke --checkpoint <tiny HF checkpoint>   # seconds (tests)
 
 Workload (both arms): experiments/configs/real/smollm2_chat_arithmetic.yaml with dense rollouts
@@ -19,6 +19,9 @@ TRL on the second, one process and one thread each):
            per response token over every measured iteration;
   fixed    every response is exactly --fixed-tokens long (ours: rollout.ignore_eos; TRL:
            generation_kwargs min_new_tokens): each phase compared at equal work.
+With one core available (a taskset of one), the two arms run one after the other on it. With
+several --compute-dtype values, every regime runs in each, and the report adds each side at its
+best precision (the fewest seconds per response token) against the other's.
 Each arm runs --warmup iterations (compilation, caches) before --iterations measured ones.
 Phases: rollout (sampling), scoring (teacher-forced pi_old / pi_ref outside the gradient pass),
 update (learner forward, backward, optimizer), other (rewards, advantages, batch assembly,
@@ -67,10 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-padded-reference", action="store_true")
     p.add_argument(
         "--compute-dtype",
+        dest="compute_dtypes",
+        nargs="+",
         choices=COMPUTE_DTYPES,
-        default="float32",
+        default=["float32"],
         help="both arms' compute dtype over float32 master weights (ours: model.dtype; TRL: "
-        "bf16 autocast, GRPOConfig(bf16=True))",
+        "bf16 autocast, GRPOConfig(bf16=True)); several: each in turn, side by side in the report",
     )
     p.add_argument("--smoke", action="store_true", help="tiny workload, one iteration each")
     p.add_argument("--out", default=os.path.join(HERE, "results", "bench_vs_trl.json"))
@@ -404,21 +409,56 @@ def summarise(rows: list[dict], *, padded: bool = False) -> dict:
     return out
 
 
+def best_precisions(report: dict) -> dict:
+    """Per regime: each arm at its best compute dtype (fewest seconds per response token) and ours
+    over TRL's there."""
+    out = {}
+    for regime in next(iter(report["by_dtype"].values())):
+        best = {}
+        for arm in ("ours", "trl"):
+            per = {d: r[regime][arm]["summary"]["iteration_s_per_token"] for d, r in report["by_dtype"].items()}
+            dtype = min(per, key=per.get)
+            best[arm] = {"dtype": dtype, "iteration_s_per_token": per[dtype]}
+        best["ratio"] = best["ours"]["iteration_s_per_token"] / best["trl"]["iteration_s_per_token"]
+        out[regime] = best
+    return out
+
+
 def markdown(report: dict) -> str:
-    dtype = report.get("compute_dtype", "float32")
+    dtypes = report["compute_dtypes"]
     lines = [
-        "# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)"
-        + ("" if dtype == "float32" else f", {dtype} compute over float32 master weights"),
+        "# GRPO on SmolLM2-135M-Instruct: our Trainer vs TRL's GRPOTrainer (one CPU core each)",
         "",
         f"`{report['command']}`",
         "",
         report["machine"],
         "",
+        "Compute dtype(s): "
+        + ", ".join(dtypes)
+        + " (bfloat16: bfloat16 compute over float32 master weights on both sides).",
+        "",
     ]
-    for regime, arms in report["regimes"].items():
+    for dtype, regimes in report["by_dtype"].items():
+        lines += _dtype_lines(dtype, regimes)
+    if len(dtypes) > 1:
+        lines += ["## Each at its best precision", ""]
+        for regime, b in report["best"].items():
+            lines.append(
+                f"- {regime}: ours in {b['ours']['dtype']} / TRL in {b['trl']['dtype']}, seconds per response "
+                f"token: **{b['ratio']:.2f}x** ({b['ours']['iteration_s_per_token']:.4f} / "
+                f"{b['trl']['iteration_s_per_token']:.4f})."
+            )
+        lines.append("")
+    lines += ["Per-iteration seconds of every arm and the resolved config are in the JSON next to this file."]
+    return "\n".join(lines)
+
+
+def _dtype_lines(dtype: str, regimes: dict) -> list[str]:
+    lines = []
+    for regime, arms in regimes.items():
         ours, trl = arms["ours"]["summary"], arms["trl"]["summary"]
         lines += [
-            f"## {regime} response lengths",
+            f"## {dtype} compute, {regime} response lengths",
             "",
             "| arm | timed iterations | mean response tokens | rollout s/token | scoring s/token | "
             "update s/token | other s/token | iteration s/token | iteration s |",
@@ -456,8 +496,7 @@ def markdown(report: dict) -> str:
             f"{g['steps']} new tokens, same sampling)."
         )
         lines.append("")
-    lines += ["Per-iteration seconds of every arm and the resolved config are in the JSON next to this file."]
-    return "\n".join(lines)
+    return lines
 
 
 def machine() -> str:
@@ -480,15 +519,20 @@ def _main(args, argv) -> dict:
         "command": "python "
         + " ".join([os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]),
         "machine": machine(),
-        "compute_dtype": args.compute_dtype,
-        "regimes": {},
+        "compute_dtypes": list(args.compute_dtypes),
+        "by_dtype": {},
     }
-    for regime in args.regimes:
-        jobs = [(args, regime, "ours"), (args, regime, "trl")]
-        results = workers.parallel_map(run_arm, jobs, cores=cores[:2] if len(cores) >= 2 else None)
-        report["regimes"][regime] = {
-            res["arm"]: {**res, "summary": summarise(res["iterations"], padded=res["arm"] == "ours")} for res in results
-        }
+    for dtype in args.compute_dtypes:
+        run = argparse.Namespace(**{**vars(args), "compute_dtype": dtype})
+        regimes = report["by_dtype"][dtype] = {}
+        for regime in args.regimes:
+            jobs = [(run, regime, "ours"), (run, regime, "trl")]
+            results = workers.parallel_map(run_arm, jobs, cores=cores[:2])
+            regimes[regime] = {
+                res["arm"]: {**res, "summary": summarise(res["iterations"], padded=res["arm"] == "ours")}
+                for res in results
+            }
+    report["best"] = best_precisions(report)
     md = markdown(report)
     figprov.write_report(args.out, report, md)
     print(md)
