@@ -21,7 +21,14 @@ from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
 from sparserl_jax.kvcache.config import KVConfig
-from sparserl_jax.model.config import COMPUTE_DTYPES, DOT_ACCUMULATIONS, DTYPES, ModelConfig, check_attention
+from sparserl_jax.model.config import (
+    COMPUTE_DTYPES,
+    DOT_ACCUMULATIONS,
+    DTYPES,
+    HEAD_BACKWARDS,
+    ModelConfig,
+    check_attention,
+)
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -40,7 +47,8 @@ class ModelSource:
     GPU for bfloat16, splash on a TPU, blockwise on a CPU); `scan_layers` the learner's passes (update,
     scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block);
     `dot_accumulation` how the projections accumulate under a bfloat16 `dtype` (model/config.py;
-    auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions).
+    auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions);
+    `head_backward` the learner's LM-head backward under a bfloat16 `dtype` (model/config.py).
     `dtype` "auto" is bfloat16 where the host computes it fastest and float32 elsewhere
     (model/precision.py auto_dtype); a run writes the dtype it chose into its config.yaml."""
 
@@ -50,6 +58,7 @@ class ModelSource:
     attention: str = "auto"
     scan_layers: bool = False
     dot_accumulation: str = "auto"
+    head_backward: str = "float32"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
@@ -59,6 +68,7 @@ class ModelSource:
         check_attention(self.attention, self.dtype)
         check_bool("model.scan_layers", self.scan_layers)
         check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
+        check_in("model.head_backward", self.head_backward, HEAD_BACKWARDS)
 
     @property
     def arch_settings(self) -> dict[str, str | bool]:
@@ -72,6 +82,7 @@ class ModelSource:
             attention=self.attention,
             scan_layers=self.scan_layers,
             dot_accumulation=self.dot_accumulation,
+            head_backward=self.head_backward,
         )
 
 

@@ -14,6 +14,11 @@ from sparserl_jax.model.families import FAMILIES as FAMILY_REGISTRY
 from sparserl_jax.validate import check_at_least, check_bool, check_in, check_multiple, check_positive
 
 DOT_ACCUMULATIONS = ("auto", "output", "float32")  # "auto" and quant.core.ACCUMULATIONS
+# model.head_backward: the LM head's backward in the learner from the loss's float32 cotangent
+# ("float32": XLA widens a bfloat16 head weight to float32 for it) or from that cotangent rounded
+# to model.dtype ("compute": bfloat16 products accumulated in float32, Megatron's bfloat16 output
+# layer; quant.core.narrow_cotangent). The same program under float32 compute.
+HEAD_BACKWARDS = ("float32", "compute")
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
 # model.dtype in a config may also be "auto": bfloat16 where the host computes it fastest (GPU, TPU,
@@ -86,6 +91,7 @@ class ModelConfig:
     # "float32" (a float32 result rounded to model.dtype; XLA:CPU then uses its bfloat16 dot
     # instructions), "auto" (float32 on CPU, output elsewhere; model/precision.py)
     dot_accumulation: str = "auto"
+    head_backward: str = "float32"  # HEAD_BACKWARDS
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -102,6 +108,7 @@ class ModelConfig:
         check_in("model.param_dtype", self.param_dtype, DTYPES)
         check_attention(self.attention, self.dtype)
         check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
+        check_in("model.head_backward", self.head_backward, HEAD_BACKWARDS)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm", "scan_layers"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:

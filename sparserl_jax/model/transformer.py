@@ -38,7 +38,7 @@ from sparserl_jax.model.activation_sharding import ActivationSharding
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
 from sparserl_jax.model.precision import accumulation, compute_params
-from sparserl_jax.quant.core import dot, merge_leading_axes
+from sparserl_jax.quant.core import QWeight, dot, merge_leading_axes, narrow_cotangent
 
 Params = dict
 
@@ -251,6 +251,7 @@ def chunked_logprobs(
     kept_ids: Int[Array, "B T K"] | None = None,
     gather_ids: Int[Array, "B T A"] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    head_backward: str = "float32",
 ) -> tuple[Float[Array, "B T"], ...]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
     holding [B, T, V] logits: each device processes `chunk_tokens` of its tokens at a time, and
@@ -263,7 +264,9 @@ def chunked_logprobs(
     where a position has one, its log-prob is renormalised over that set, log p(target) -
     logsumexp over the set (the sampling-mask replay); elsewhere over the whole vocabulary. The
     entropy is always the whole distribution's. `gather_ids` (-1 padded): the log-probs of those
-    tokens too, normalised as the targets' are, returned third ([B, T, A]; -inf at -1)."""
+    tokens too, normalised as the targets' are, returned third ([B, T, A]; -inf at -1).
+    `head_backward` (model.head_backward): "compute" takes the head's gradients from the logits'
+    cotangent rounded to h's dtype when h is narrower than float32 (quant.core.narrow_cotangent)."""
     # G row shards (1 without a mesh) of M tokens each, in S chunks of C tokens per shard: chunk s
     # holds tokens [s C, (s + 1) C) of every shard, so each device reads only its own rows
     act = ActivationSharding(mesh)
@@ -288,10 +291,19 @@ def chunked_logprobs(
     if gather_ids is not None:
         xs.append(chunked(gather_ids, -1))
     has_kept = kept_ids is not None
+    narrow = (
+        head_backward == "compute"
+        and not isinstance(w, QWeight)
+        and h.dtype == w.dtype
+        and jnp.finfo(h.dtype).bits < 32
+    )
 
     @jax.checkpoint
     def one_chunk(h_cxD, t_c, *extra):
-        logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
+        if narrow:
+            logits_cxV = narrow_cotangent("cd,dv->cv", h_cxD, w)
+        else:
+            logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
         logits_cxV = logits_cxV / temperature
         lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
         picked_c = jnp.take_along_axis(logits_cxV, t_c[:, None], axis=-1)[:, 0]
@@ -346,6 +358,7 @@ def token_logprobs(
         kept_ids=kept_ids,
         gather_ids=gather_ids,
         mesh=mesh,
+        head_backward=cfg.head_backward,
     )
 
 

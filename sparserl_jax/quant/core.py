@@ -121,6 +121,22 @@ def _float32_accumulated_bwd(spec, residuals, g):
 float32_accumulated.defvjp(_float32_accumulated_fwd, _float32_accumulated_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def narrow_cotangent(spec: str, x: Array, w: Array) -> Array:
+    """einsum(spec, x, w) as float32 (an LM head's logits), its gradients from the float32
+    cotangent rounded to x's dtype first and then float32-accumulated products of x's dtype, as
+    float32_accumulated's (Megatron's bfloat16 output layer: the loss in float32, the layer's
+    backward in bfloat16). model.head_backward="compute"; `spec` a projection's."""
+    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+
+
+def _narrow_cotangent_fwd(spec, x, w):
+    return narrow_cotangent(spec, x, w), (x, w)
+
+
+narrow_cotangent.defvjp(_narrow_cotangent_fwd, _float32_accumulated_bwd)
+
+
 def _accumulates_in_float32(spec: str, x: Array, w, preferred_element_type, accumulate: str) -> bool:
     if accumulate not in ACCUMULATIONS:
         raise ValueError(f"model.dot_accumulation={accumulate!r}: accepted values are {ACCUMULATIONS} (or auto)")
