@@ -29,6 +29,7 @@ from sparserl_jax.model.config import (
     ModelConfig,
     check_attention,
 )
+from sparserl_jax.model.precision import auto_dtype
 from sparserl_jax.model.sharding import MeshConfig
 from sparserl_jax.quant.config import QuantConfig
 from sparserl_jax.rl.config import RLConfig, check_training_sampling
@@ -74,8 +75,6 @@ class ModelSource:
     def arch_settings(self) -> dict[str, str | bool]:
         """The settings of this section that the architecture carries (ModelConfig's fields of
         the same names), whichever source the architecture comes from."""
-        from sparserl_jax.model.precision import auto_dtype  # jax's backend: read only for "auto"
-
         return dict(
             dtype=auto_dtype()[0] if self.dtype == "auto" else self.dtype,
             param_dtype=self.param_dtype,

@@ -4,6 +4,7 @@ and markdown with finite, positive figures (no timing assertions), and the GPU p
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 
@@ -259,5 +260,10 @@ def test_the_bounds_count_every_matmul_weight_once():
         if not m.tie_embeddings:
             n -= m.vocab_size * m.d_model
         assert decode_bounds.matmul_params(m) == n, name
-    smol = decode_bench.PROFILES["smollm2"].model
-    assert (smol.d_model, smol.n_layers, smol.vocab_size, smol.tie_embeddings) == (576, 30, 49152, True)
+    from sparserl_jax.model.hf_config import config_from_hf
+
+    arch = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real", "arch")
+    with open(os.path.join(arch, "smollm2-135m-instruct.json")) as f:
+        hf = config_from_hf(json.load(f), dtype="float32")
+    smol = decode_bench.PROFILES["smollm2"].model  # SmolLM2-135M's shape, less its token ids
+    assert smol == dataclasses.replace(hf, norm_eps=1e-5, bos_token_id=None, eos_token_ids=(), pad_token_id=0)

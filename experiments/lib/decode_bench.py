@@ -57,7 +57,6 @@ from sparserl_jax.kvcache import KVConfig
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import transformer
 from sparserl_jax.model.config import DTYPES, ModelConfig
-from sparserl_jax.model.hf_config import config_from_hf
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
 from sparserl_jax.rollout.sampling import DRAWS, TOPK_METHODS, SamplingConfig, topk_method
 
@@ -137,17 +136,25 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-def _smollm2() -> ModelConfig:
-    """SmolLM2-135M-Instruct's shape (its config.json, committed), random float32 weights."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(here, "configs", "real", "arch", "smollm2-135m-instruct.json")) as f:
-        return config_from_hf(json.load(f), dtype="float32")
-
-
 # the GRPO iteration's rollout on a CPU (bench_vs_trl's and bench_precision's fixed regime): 16
 # responses of 128 tokens; the sparse cache at the real-model studies' R-KV 64 + 16
 PROFILES["smollm2"] = Profile(
-    model=_smollm2(),
+    # SmolLM2-135M-Instruct's shape (experiments/configs/real/arch/smollm2-135m-instruct.json; a test
+    # checks they agree), random float32 weights
+    model=ModelConfig(
+        family="llama",
+        vocab_size=49152,
+        d_model=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        d_ff=1536,
+        rope_theta=100000.0,
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        max_seq_len=8192,
+    ),
     batch=16,
     prompt_len=64,
     lengths=(128,),
