@@ -50,15 +50,20 @@ def compile_cache_folder(setting: str | None, platform_name: str) -> str | None:
     return os.path.join(folder, f"cpu-{host_isa()}") if platform_name == "cpu" else folder
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """The first processor's instruction-set flags in `cpuinfo` (x86 "flags", Arm "Features");
+    [] where there is no such file or line."""
+    try:
+        with open(cpuinfo) as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        return []
+
+
 def host_isa() -> str:
     """12 hex digits naming this CPU's instruction set (its flags in /proc/cpuinfo; the machine
     and processor names where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1] for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    text = " ".join(sorted(flags.split())) or f"{platform.machine()} {platform.processor()}"
+    text = " ".join(sorted(cpu_flags())) or f"{platform.machine()} {platform.processor()}"
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 

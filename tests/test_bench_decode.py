@@ -241,12 +241,12 @@ def test_draw_rows_and_the_step_against_its_bounds(bench, tmp_path):
 
 
 def test_the_bounds_count_every_matmul_weight_once():
-    """matmul_params: every weight of rank 2 or more the step multiplies by (biases are added; the LM head once, tied
+    """model.config.matmul_params: every weight of rank 2 or more the step multiplies by (biases are added; the LM head once, tied
     or not; the input embedding, a gather, not at all)."""
     import jax
 
-    from experiments.lib import decode_bounds
     from sparserl_jax.model import transformer
+    from sparserl_jax.model.config import matmul_params
 
     for name in ("cpu", "smollm2"):
         m = dataclasses.replace(decode_bench.PROFILES[name].model, n_layers=2)
@@ -259,7 +259,7 @@ def test_the_bounds_count_every_matmul_weight_once():
         )
         if not m.tie_embeddings:
             n -= m.vocab_size * m.d_model
-        assert decode_bounds.matmul_params(m) == n, name
+        assert matmul_params(m) == n, name
     from sparserl_jax.model.hf_config import config_from_hf
 
     arch = os.path.join(os.path.dirname(__file__), "..", "experiments", "configs", "real", "arch")

@@ -37,8 +37,12 @@ def test_inverse_cdf_is_the_float64_quantile_away_from_its_boundaries(V):
     # a threshold within float32 rounding of a cumulative boundary may fall either side of it
     cdf = np.cumsum(np.exp(logp.astype(np.float64)), axis=-1)
     cdf /= cdf[:, -1:]
-    near = np.array([np.min(np.abs(c - x)) < 1e-5 for c, x in zip(cdf, u)])
-    assert (got[~near] == want[~near]).all() and (~near).sum() >= B - 4
+    # float32 sums (one block's exclusive total plus a cumulative sum inside the block): at most
+    # C + blocks additions of unit roundoff each, and one rounding per exp, on a total of 1
+    blocks = -(-V // INVERSE_CDF_BLOCK)
+    slack = 2 * (INVERSE_CDF_BLOCK + blocks + 1) * 2.0**-24
+    near = np.array([np.min(np.abs(c - x)) < slack for c, x in zip(cdf, u)])
+    assert (got[~near] == want[~near]).all() and (~near).sum() >= B // 2
     assert (np.abs(got - want) <= 1).all()
 
 

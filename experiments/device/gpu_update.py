@@ -16,6 +16,7 @@ import numpy as np
 from experiments.device import gpu_report
 from experiments.device.gpu_report import check
 from experiments.device.gpu_sizes import GIB, HERE, Sizes
+from sparserl_jax.model.config import matmul_params
 
 # Dense bf16 tensor-core peak FLOP/s by device kind (vendor data sheets; substring of device_kind).
 PEAK_BF16_FLOPS = (
@@ -49,12 +50,6 @@ def update_batch(rows: int, T: int, P: int, V: int, key):
 def param_dtype(m) -> str:
     """The master weights' dtype: model.param_dtype where the config has one, else model.dtype."""
     return getattr(m, "param_dtype", m.dtype)
-
-
-def matmul_params(m) -> int:
-    """Parameters in matmuls per token: the blocks' projections and the LM head."""
-    attn = m.d_model * m.n_heads * m.head_dim * 2 + 2 * m.d_model * m.n_kv_heads * m.head_dim
-    return m.n_layers * (attn + 3 * m.d_model * m.d_ff) + m.vocab_size * m.d_model
 
 
 def model_flops_per_token(m, T: int) -> float:

@@ -19,17 +19,11 @@ import jax
 import jax.numpy as jnp
 
 from experiments.lib.kernel_timing import time_fn
-from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.config import ModelConfig, matmul_params
 
 PEAK_M, PEAK_K, PEAK_N = 1024, 2048, 2048
 READ_MIB = 512
 TIMING = dict(iters=3, repeats=5, warmup=1)
-
-
-def matmul_params(m: ModelConfig) -> int:
-    """Weights in the step's matmuls: every block's projections and the LM head."""
-    attn = 2 * m.d_model * m.n_heads * m.head_dim + 2 * m.d_model * m.n_kv_heads * m.head_dim
-    return m.n_layers * (attn + 3 * m.d_model * m.d_ff) + m.vocab_size * m.d_model
 
 
 def step_flops(m: ModelConfig, batch: int, mean_fill: int) -> float:

@@ -146,6 +146,14 @@ def check_sequence_length(cfg: ModelConfig, prompt_len: int, max_new_tokens: int
         )
 
 
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights a token multiplies by: every block's projections and the LM head (the input
+    embedding, a gather, not counted; tied or not, the head once)."""
+    D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    attn = 2 * D * N * H + 2 * D * K * H
+    return cfg.n_layers * (attn + 3 * D * cfg.d_ff) + cfg.vocab_size * D
+
+
 def param_count(cfg: ModelConfig) -> int:
     """Closed-form parameter count (checked against jax.eval_shape in the tests)."""
     D, N, K, H, F, V = (

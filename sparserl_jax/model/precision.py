@@ -17,6 +17,7 @@ import re
 import jax
 import jax.numpy as jnp
 
+from sparserl_jax.cli import cpu_flags
 from sparserl_jax.model.config import ModelConfig
 from sparserl_jax.quant.core import QWeight
 
@@ -34,11 +35,7 @@ def cpu_bf16_dots(cpuinfo: str = "/proc/cpuinfo") -> bool:
     isa = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
     if isa and isa.group(1).upper() in _NO_BF16_ISAS:
         return False
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = cpu_flags(cpuinfo)
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
