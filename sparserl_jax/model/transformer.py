@@ -109,6 +109,19 @@ def head_weight(params: Params) -> Float[Array, "D V"]:
     return params["lm_head"] if "lm_head" in params else params["embed"].T
 
 
+# how a head weight is laid out: [D, V] (an untied lm_head) or [V, D] (a tied head: the embedding)
+HEAD_SPECS = {"dv": "cd,dv->cv", "vd": "cd,vd->cv"}
+
+
+def head(params: Params) -> tuple[Float[Array, "D V"] | Float[Array, "V D"], str]:
+    """The LM head as the learner reads it: (weight, layout), the layout a key of HEAD_SPECS. A
+    tied head is the embedding itself, [V, D], contracted on its last axis in place: no transposed
+    [D, V] copy, and its gradient comes out in the embedding's own layout (head_weight's .T wrote
+    both: 0.93 s of a 4-micro-step float32 update on the Xeon model 207,
+    experiments/results/profile_cpu_intel-xeon-family6-model207.md)."""
+    return (params["lm_head"], "dv") if "lm_head" in params else (params["embed"], "vd")
+
+
 # ----------------------------------------------------------------------------- blocks
 
 
@@ -243,9 +256,10 @@ def logits(
 
 def chunked_logprobs(
     h: Float[Array, "B T D"],
-    w: Float[Array, "D V"],
+    w: Float[Array, "D V"] | Float[Array, "V D"],
     targets: Int[Array, "B T"],
     *,
+    w_layout: str = "dv",
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     kept_ids: Int[Array, "B T K"] | None = None,
@@ -254,7 +268,8 @@ def chunked_logprobs(
     head_backward: str = "float32",
 ) -> tuple[Float[Array, "B T"], ...]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
-    holding [B, T, V] logits: each device processes `chunk_tokens` of its tokens at a time, and
+    holding [B, T, V] logits (`w` laid out as `w_layout` says: "dv" [D, V], "vd" [V, D], HEAD_SPECS):
+    each device processes `chunk_tokens` of its tokens at a time, and
     each chunk's logits are recomputed in the backward pass (jax.checkpoint) rather than stored.
     With `mesh` (h's rows split over its data x fsdp) a chunk takes `chunk_tokens` of every row
     shard's own tokens, so no device gathers another's hidden states; without one (or with one
@@ -269,6 +284,9 @@ def chunked_logprobs(
     cotangent rounded to h's dtype when h is narrower than float32 (quant.core.narrow_cotangent)."""
     # G row shards (1 without a mesh) of M tokens each, in S chunks of C tokens per shard: chunk s
     # holds tokens [s C, (s + 1) C) of every shard, so each device reads only its own rows
+    if w_layout not in HEAD_SPECS:
+        raise ValueError(f"chunked_logprobs: w_layout={w_layout!r}, accepted values are {tuple(HEAD_SPECS)}")
+    spec = HEAD_SPECS[w_layout]
     act = ActivationSharding(mesh)
     B, T = targets.shape
     G, C = act.batch_shards(B), chunk_tokens
@@ -301,9 +319,9 @@ def chunked_logprobs(
     @jax.checkpoint
     def one_chunk(h_cxD, t_c, *extra):
         if narrow:
-            logits_cxV = narrow_cotangent("cd,dv->cv", h_cxD, w)
+            logits_cxV = narrow_cotangent(spec, h_cxD, w)
         else:
-            logits_cxV = dot("cd,dv->cv", h_cxD, w, preferred_element_type=jnp.float32)
+            logits_cxV = dot(spec, h_cxD, w, preferred_element_type=jnp.float32)
         logits_cxV = logits_cxV / temperature
         lse_c = jax.nn.logsumexp(logits_cxV, axis=-1)
         picked_c = jnp.take_along_axis(logits_cxV, t_c[:, None], axis=-1)[:, 0]
@@ -349,10 +367,12 @@ def token_logprobs(
     params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat, mesh=mesh)
     targets = jnp.roll(tokens, -1, axis=1)
+    w, w_layout = head(params)
     return chunked_logprobs(
         h,
-        head_weight(params),
+        w,
         targets,
+        w_layout=w_layout,
         temperature=temperature,
         chunk_tokens=chunk_tokens,
         kept_ids=kept_ids,
