@@ -240,26 +240,6 @@ def test_draw_rows_and_the_step_against_its_bounds(bench, tmp_path):
     assert "## The step against its bounds" in md and md.count("| inverse_cdf |") == 2
 
 
-def test_weight_layout_rows(bench, tmp_path):
-    """--weight-layouts gives a row per layout (rollout.weight_layout), each against the model
-    layout's row of its kind, the step's pieces timed with that layout's kernels."""
-    out = tmp_path / "bench.json"
-    argv = ["--profile", "cpu", "--n-layers", "1", "--vocab", "1024", "--batch", "2", "--prompt-len", "8"]
-    argv += ["--lengths", "16", "--policies", "none", "--weight-layouts", "model", "output_major", "--breakdown"]
-    argv += ["--min-seconds", "0", "--out", str(out)]
-    bench.main(argv)
-    saved = json.loads(out.read_text())
-    model, om = saved["results"]
-    assert (model["weight_layout"], om["weight_layout"]) == ("model", "output_major")
-    assert saved["setting"]["weight_layouts"] == ["model", "output_major"]
-    assert model["speedup_vs_model_layout"] == 1.0 and om["speedup_vs_model_layout"] == pytest.approx(
-        om["tokens_per_s"] / model["tokens_per_s"]
-    )
-    assert om["weight_bytes"] == model["weight_bytes"] and om["breakdown"]["lm_head"] > 0
-    md = out.with_suffix(".md").read_text()
-    assert md.count("| output_major |") == 2  # the rows' table and the pieces'
-
-
 def test_the_bounds_count_every_matmul_weight_once():
     """model.config.matmul_params: every weight of rank 2 or more the step multiplies by (biases are added; the LM head once, tied
     or not; the input embedding, a gather, not at all)."""

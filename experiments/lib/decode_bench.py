@@ -59,7 +59,6 @@ from sparserl_jax.model import transformer
 from sparserl_jax.model.config import DTYPES, ModelConfig
 from sparserl_jax.rollout.sampler import SamplerConfig, cache_capacity, generate
 from sparserl_jax.rollout.sampling import DRAWS, TOPK_METHODS, SamplingConfig, topk_method
-from sparserl_jax.rollout.weight_layout import WEIGHT_LAYOUTS, sampler_weights
 
 DENSE = "none"
 QUANT = {  # --quant label -> (quant.format, quant.mode)
@@ -212,13 +211,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how each token is drawn (rollout.draw); several: a row for each",
     )
     p.add_argument(
-        "--weight-layouts",
-        nargs="+",
-        default=["model"],
-        choices=WEIGHT_LAYOUTS,
-        help="how the sampler's kernels are stored (rollout.weight_layout); several: a row for each",
-    )
-    p.add_argument(
         "--bounds",
         action="store_true",
         help="measure the host's matmul peak and read bandwidth and put each row's step against its "
@@ -322,14 +314,12 @@ def bench_row(
     agreement_k: int = 0,
     agreement_topk: str = "auto",
     draw: str = "gumbel",
-    weight_layout: str = "model",
     trace_dir: str | None = None,
 ) -> dict:
     """Compile (timed apart), then time full rollouts with fresh keys: at least `repeats` calls
     and at least `min_seconds` in all; the median call is reported. `agreement_k`: the top
     candidates each token records (found as `agreement_topk` says), 0 none; `draw`: how each token
-    is drawn (rollout/sampling.py DRAWS; temperature 1, no filters); `weight_layout`: how the
-    kernels are stored (rollout/weight_layout.py, applied before the compile). `trace_dir`: the
+    is drawn (rollout/sampling.py DRAWS; temperature 1, no filters). `trace_dir`: the
     timed calls run inside a jax.profiler trace written there (the compile is not traced)."""
     kv_cfg = kv_config(policy, prof)
     cfg = SamplerConfig(
@@ -342,7 +332,6 @@ def bench_row(
         agreement_topk=agreement_topk,
     )
     capacity = cache_capacity(kv_cfg, prof.prompt_len, new_tokens)
-    params = jax.block_until_ready(sampler_weights(params, weight_layout))
     t0 = time.perf_counter()
     compiled = (
         jax.jit(generate, static_argnames=("model_cfg", "cfg"))
@@ -367,7 +356,6 @@ def bench_row(
         agreement_k=agreement_k,
         agreement_topk=topk_method(agreement_topk) if agreement_k else None,
         draw=draw,
-        weight_layout=weight_layout,
         weight_bytes=quant.quantized_bytes(params),
         new_tokens=new_tokens,
         batch=prof.batch,
@@ -400,45 +388,35 @@ def add_speedups(rows: list[dict]) -> None:
     def draw_of(r):
         return r.get("draw", "gumbel")
 
-    def layout_of(r):
-        return r.get("weight_layout", "model")
-
     dense = {
-        (r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r), layout_of(r)): r["tokens_per_s"]
+        (r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)): r["tokens_per_s"]
         for r in rows
         if r["policy"] == DENSE
     }
     full = {
-        (r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r), layout_of(r)): r["tokens_per_s"]
+        (r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r)): r["tokens_per_s"]
         for r in rows
         if quant_of(r) == "none"
     }
     bare = {
-        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r), layout_of(r)): r["tokens_per_s"]
+        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r)): r["tokens_per_s"]
         for r in rows
         if not k_of(r)
     }
     gumbel = {
-        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r), layout_of(r)): r["tokens_per_s"]
+        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r)): r["tokens_per_s"]
         for r in rows
         if draw_of(r) == "gumbel"
     }
-    model_layout = {
-        (r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)): r["tokens_per_s"]
-        for r in rows
-        if layout_of(r) == "model"
-    }
     for r in rows:
-        base = dense.get((r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r), layout_of(r)))
+        base = dense.get((r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)))
         r["speedup_vs_dense"] = r["tokens_per_s"] / base if base else None
-        base = full.get((r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r), layout_of(r)))
+        base = full.get((r["policy"], r["new_tokens"], r["batch"], k_of(r), draw_of(r)))
         r["speedup_vs_full_precision"] = r["tokens_per_s"] / base if base else None
-        base = bare.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r), layout_of(r)))
+        base = bare.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), draw_of(r)))
         r["speedup_vs_no_candidates"] = r["tokens_per_s"] / base if base else None
-        base = gumbel.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r), layout_of(r)))
+        base = gumbel.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r)))
         r["speedup_vs_gumbel"] = r["tokens_per_s"] / base if base else None
-        base = model_layout.get((r["policy"], r["new_tokens"], r["batch"], quant_of(r), k_of(r), draw_of(r)))
-        r["speedup_vs_model_layout"] = r["tokens_per_s"] / base if base else None
 
 
 def acceptance(rows: list[dict], prof: Profile) -> dict:
@@ -576,7 +554,6 @@ def main(argv: list[str] | None = None) -> dict:
             agreement_k=list(args.agreement_k),
             agreement_topk=args.agreement_topk,
             draws=list(args.draws),
-            weight_layouts=list(args.weight_layouts),
             breakdown=args.breakdown,
         ),
     }
@@ -600,9 +577,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"{report['host']['read_bytes_per_s'] / 1e9:.1f} GB/s read",
             flush=True,
         )
-    # every (weights, policy, candidates, draw, weight layout) at one length before the next length
-    grid = itertools.product(prof.lengths, args.quant, args.policies, args.agreement_k, args.draws, args.weight_layouts)
-    for new_tokens, label, policy, agreement_k, draw, layout in grid:
+    # every (weights, policy, candidates, draw) at one length before the next length
+    grid = itertools.product(prof.lengths, args.quant, args.policies, args.agreement_k, args.draws)
+    for new_tokens, label, policy, agreement_k, draw in grid:
         try:
             row = bench_row(
                 params_by_quant[label],
@@ -619,11 +596,9 @@ def main(argv: list[str] | None = None) -> dict:
                 agreement_k=agreement_k,
                 agreement_topk=args.agreement_topk,
                 draw=draw,
-                weight_layout=layout,
             )
             print(
-                f"{policy:>9} {label:>5} {new_tokens:>6} top-{agreement_k:<3} {draw:>11} {layout:>12}: "
-                f"{row['tokens_per_s']:9.1f} tok/s "
+                f"{policy:>9} {label:>5} {new_tokens:>6} top-{agreement_k:<3} {draw:>11}: {row['tokens_per_s']:9.1f} tok/s "
                 f"{row['step_ms']:8.3f} ms/step  compile {row['compile_s']:.1f}s",
                 flush=True,
             )
@@ -637,9 +612,7 @@ def main(argv: list[str] | None = None) -> dict:
                     report["host"],
                 )
             if args.breakdown:
-                row["breakdown"] = row_breakdown(
-                    row, sampler_weights(params_by_quant[label], layout), prof, args, pieces
-                )
+                row["breakdown"] = row_breakdown(row, params_by_quant[label], prof, args, pieces)
                 print("  " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown"].items() if "_share" not in k))
         except Exception as err:  # e.g. a dense cache out of device memory: record, go on
             row = dict(
@@ -647,7 +620,6 @@ def main(argv: list[str] | None = None) -> dict:
                 quant=label,
                 agreement_k=agreement_k,
                 draw=draw,
-                weight_layout=layout,
                 new_tokens=new_tokens,
                 batch=prof.batch,
                 error=f"{type(err).__name__}: {str(err)[:300]}",
@@ -688,7 +660,7 @@ def row_breakdown(row: dict, params, prof: Profile, args: argparse.Namespace, ca
     )
     ms = {}
     for name in decode_breakdown.pieces_of(shapes):
-        key = (row["quant"], row.get("weight_layout", "model"), decode_breakdown.piece_key(name, shapes))
+        key = (row["quant"], decode_breakdown.piece_key(name, shapes))
         if key not in cache:
             cache[key] = decode_breakdown.piece_ms(
                 name, shapes, params, repeats=args.repeats, min_seconds=args.min_seconds, seed=args.seed
@@ -716,17 +688,15 @@ def breakdown_lines(rows: list[dict]) -> list[str]:
         "is the step less the pieces (experiments/lib/decode_breakdown.py); compression: one every "
         "kv.buffer steps, per step.",
         "",
-        "| policy | new tokens | weights | candidates | draw | weight layout | step ms | " + " | ".join(names) + " |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(names),
+        "| policy | new tokens | weights | candidates | draw | step ms | " + " | ".join(names) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(names),
     ]
     for r in rows:
         b, k = r["breakdown"], r.get("agreement_k", 0)
         cells = [f"{b[n]:.3f} ({100 * b[f'{n}_share']:.0f}%)" if n in b else "-" for n in names]
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r.get('quant', 'none')} | {f'top-{k}' if k else 'none'} | "
-            f"{r.get('draw', 'gumbel')} | {r.get('weight_layout', 'model')} | {r['step_ms']:.3f} | "
-            + " | ".join(cells)
-            + " |"
+            f"{r.get('draw', 'gumbel')} | {r['step_ms']:.3f} | " + " | ".join(cells) + " |"
         )
     return lines
 
@@ -748,16 +718,15 @@ def bounds_lines(report: dict) -> list[str]:
         "the step's FLOPs at that peak; bandwidth bound: the weights read once and the cache's mean "
         "fill at that bandwidth.",
         "",
-        "| policy | new tokens | weights | candidates | draw | weight layout | step ms | GFLOP / step | "
-        "MB read / step | compute bound ms | bandwidth bound ms | step / compute bound | step / larger bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | new tokens | weights | candidates | draw | step ms | GFLOP / step | MB read / step | "
+        "compute bound ms | bandwidth bound ms | step / compute bound | step / larger bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b, k = r["bounds"], r.get("agreement_k", 0)
         lines.append(
             f"| {r['policy']} | {r['new_tokens']} | {r.get('quant', 'none')} | {f'top-{k}' if k else 'none'} | "
-            f"{r.get('draw', 'gumbel')} | {r.get('weight_layout', 'model')} | {r['step_ms']:.2f} | "
-            f"{b['flops'] / 1e9:.2f} | {b['bytes'] / 1e6:.0f} | "
+            f"{r.get('draw', 'gumbel')} | {r['step_ms']:.2f} | {b['flops'] / 1e9:.2f} | {b['bytes'] / 1e6:.0f} | "
             f"{b['compute_ms']:.2f} | {b['bandwidth_ms']:.2f} | {b['step_over_compute']:.1f}x | "
             f"{b['step_over_bound']:.1f}x |"
         )
@@ -787,9 +756,8 @@ def markdown(report: dict) -> str:
         "",
         "| policy | new tokens | batch | tokens/s | ms/step | compile s | calls | KV slots C | "
         "KV MiB | speedup vs dense | weights | weight MiB | speedup vs full precision | "
-        "agreement candidates | speedup vs no candidates | draw | speedup vs gumbel | weight layout | "
-        "speedup vs model layout |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "agreement candidates | speedup vs no candidates | draw | speedup vs gumbel |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         k = r.get("agreement_k", 0)
@@ -798,7 +766,7 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {r['policy']} | {r['new_tokens']} | {r['batch']} | "
                 f"error: {r['error'][:100]} | | | | | | | {r.get('quant', 'none')} | | | {candidates} | | "
-                f"{r.get('draw', 'gumbel')} | | {r.get('weight_layout', 'model')} | |"
+                f"{r.get('draw', 'gumbel')} | |"
             )
             continue
         lines.append(
@@ -809,8 +777,7 @@ def markdown(report: dict) -> str:
             f"{r.get('quant', 'none')} | {_fmt(r.get('weight_bytes', 0) / 2**20, '.1f')} | "
             f"{_fmt(r.get('speedup_vs_full_precision'), '.2f')} | {candidates} | "
             f"{_fmt(r.get('speedup_vs_no_candidates'), '.3f')} | {r.get('draw', 'gumbel')} | "
-            f"{_fmt(r.get('speedup_vs_gumbel'), '.3f')} | {r.get('weight_layout', 'model')} | "
-            f"{_fmt(r.get('speedup_vs_model_layout'), '.3f')} |"
+            f"{_fmt(r.get('speedup_vs_gumbel'), '.3f')} |"
         )
     lines += breakdown_lines(report["results"])
     lines += bounds_lines(report)

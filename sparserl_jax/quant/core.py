@@ -61,55 +61,9 @@ class QWeight:
         return self.values.size * self.values.dtype.itemsize + self.scale.size * 4
 
 
-@struct.dataclass
-class OutputMajor:
-    """A full-precision kernel stored with its contracting axes last (rollout.weight_layout=
-    output_major): `values` holds the kernel's axes n_in, n_in + 1, ..., then 0, ..., n_in - 1 (a
-    [D, F] kernel as [F, D], the o kernel [N, H, D] as [D, N, H]); `shape` is the kernel's own.
-    dot() contracts it in place, so a projection reads each output channel's weights
-    contiguously: what XLA:CPU's bfloat16 kernels run fastest on for a decode step's few rows."""
-
-    values: Array
-    n_in: int = struct.field(pytree_node=False, default=1)
-
-    @property
-    def shape(self):
-        s = self.values.shape
-        return s[len(s) - self.n_in :] + s[: len(s) - self.n_in]
-
-    @property
-    def dtype(self):
-        return self.values.dtype
-
-    @classmethod
-    def of(cls, w: Array, n_in: int) -> OutputMajor:
-        """Kernel `w` (its first n_in axes contracting) stored output-major."""
-        return cls(jnp.moveaxis(w, tuple(range(n_in)), tuple(range(w.ndim - n_in, w.ndim))), n_in)
-
-    def kernel(self) -> Array:
-        """The kernel in its own layout (a transposed copy)."""
-        nd = self.values.ndim
-        return jnp.moveaxis(self.values, tuple(range(nd - self.n_in, nd)), tuple(range(self.n_in)))
-
-
-def _output_major_spec(spec: str, w: OutputMajor) -> str:
-    """`spec` (a projection's, w's axes in its own order) for w.values' order, after checking that
-    w's first n_in axes are the ones the spec contracts."""
-    xs, ws, out = _split_spec(spec)
-    contracted = [t for t in ws if t in xs and t not in out]
-    if "." in ws or list(ws[: w.n_in]) != contracted:
-        raise ValueError(f"quant.dot({spec!r}): an OutputMajor kernel must contract exactly its first {w.n_in} axes")
-    return f"{xs},{ws[w.n_in :]}{ws[: w.n_in]}->{out}"
-
-
 def merge_leading_axes(w, n: int):
-    """The kernel with its first n axes merged into one (a free reshape), for a plain array, a
-    QWeight whose first n axes are contracting (their scale axes have size 1) or an OutputMajor
-    kernel whose n_in axes they are (its trailing axes merged)."""
-    if isinstance(w, OutputMajor):
-        if n != w.n_in:
-            raise ValueError(f"merge_leading_axes: {n} leading axes of an OutputMajor kernel with {w.n_in} contracting")
-        return OutputMajor(w.values.reshape(w.values.shape[: w.values.ndim - n] + (-1,)), 1)
+    """The kernel with its first n axes merged into one (a free reshape), for a plain array or a
+    QWeight whose first n axes are contracting (their scale axes have size 1)."""
     if not isinstance(w, QWeight):
         return w.reshape((-1,) + w.shape[n:])
     return w.replace(values=w.values.reshape((-1,) + w.shape[n:]), scale=w.scale.reshape((1,) + w.scale.shape[n:]))
@@ -202,10 +156,7 @@ def dot(spec: str, x: Array, w, *, preferred_element_type=None, accumulate: str 
     """einsum(spec, x, w) for a full-precision kernel (with accumulate="float32", narrow operands
     of one dtype go through float32_accumulated); for a QWeight, the quantized product rescaled by
     the activation and weight scales. The output must list x's free axes then w's (as every
-    projection of the model does), so the scales broadcast without a transpose. An OutputMajor
-    kernel is contracted in its stored order (the same product)."""
-    if isinstance(w, OutputMajor):
-        spec, w = _output_major_spec(spec, w), w.values
+    projection of the model does), so the scales broadcast without a transpose."""
     if _accumulates_in_float32(spec, x, w, preferred_element_type, accumulate):
         return float32_accumulated(spec, x, w)
     if not isinstance(w, QWeight):

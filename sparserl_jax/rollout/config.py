@@ -12,7 +12,6 @@ import dataclasses
 from sparserl_jax.kernels import IMPLS as ATTN_IMPLS
 from sparserl_jax.rollout.layout import check_layout
 from sparserl_jax.rollout.sampling import DRAWS, TOPK_METHODS
-from sparserl_jax.rollout.weight_layout import WEIGHT_LAYOUTS
 from sparserl_jax.validate import check_at_least, check_between, check_bool, check_in, check_number
 
 SCHEDULERS = ("batch", "sorted")  # rollout.scheduler: the rollout sources (rollout/source.py SOURCES)
@@ -48,10 +47,6 @@ class RolloutConfig:
     # "inverse_cdf" (one uniform per row; the same distribution, another random stream: cheaper on
     # a CPU); rollout/sampling.py DRAWS
     draw: str = "gumbel"
-    # how the sampler's kernels are stored: "model" (as the model keeps them) or "output_major"
-    # (contracting axes last, copied once per iteration: XLA:CPU's bfloat16 decode projections run
-    # faster on it); rollout/weight_layout.py
-    weight_layout: str = "model"
     attn_impl: str = "auto"
     rows_per_call: int = 0
     # "batch": one static batch per iteration (decoded until its longest row ends); "sorted":
@@ -86,7 +81,6 @@ class RolloutConfig:
         check_between("rollout.top_p", self.top_p, 0, 1, lo_open=True)
         check_at_least("rollout.top_k", self.top_k, 0)
         check_in("rollout.draw", self.draw, DRAWS)
-        check_in("rollout.weight_layout", self.weight_layout, WEIGHT_LAYOUTS)
         check_bool("rollout.ignore_eos", self.ignore_eos)
         k = self.agreement_k
         if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):

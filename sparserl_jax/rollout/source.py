@@ -34,7 +34,6 @@ from sparserl_jax.rollout.prompts import pad_prompt_batch
 from sparserl_jax.rollout.sampler import Rollout, SamplerConfig
 from sparserl_jax.rollout.scheduler import SortedScheduler
 from sparserl_jax.rollout.stats import rollout_bubble, rollout_metrics
-from sparserl_jax.rollout.weight_layout import sampler_weights
 from sparserl_jax.validate import check_at_least, check_number
 
 SORTED_KEY_SALT = 0x5011ED  # SortedRL's group keys: fold_in(fold_in(key(seed), salt), group + 1)
@@ -176,7 +175,6 @@ class BatchSource:
         params = self.rollout.place(params)  # once per iteration: the rollout layout's weights
         # QuRL: the behaviour policy is theta_old quantized afresh from full precision
         params = quant.quantize_params(params, self.quant_cfg)
-        params = sampler_weights(params, self.rollout_cfg.weight_layout)
         outs = [
             self.rollout.generate(
                 params,
@@ -271,7 +269,6 @@ class SortedSource(BatchSource):
             )
             sched.load_group(examples, tokens, lengths, group_key)
         params = quant.quantize_params(self.rollout.place(params), self.quant_cfg)  # QuRL: the behaviour weights
-        params = sampler_weights(params, self.rollout_cfg.weight_layout)
         examples, tokens, lengths, fin, extra = sched.next_batch(params, iteration)
         out = fin.to_rollout()
         seconds = time.perf_counter() - t0
