@@ -152,7 +152,8 @@ def test_sparse_logprobs_equal_masked_teacher_forced_recompute(policy, selection
     T = seq.shape[1]
     masks = _replay_masks(out, lengths, U, T)
     h = tf.forward(PARAMS, CFG, seq, attn_masks=masks)
-    lp, _ = tf.chunked_logprobs(h, tf.head_weight(PARAMS), jnp.roll(seq, -1, 1))
+    w, w_layout = tf.head(PARAMS)
+    lp, _ = tf.chunked_logprobs(h, w, jnp.roll(seq, -1, 1), w_layout=w_layout)
     dense_lp, _ = tf.token_logprobs(PARAMS, CFG, seq)
     for b in range(3):
         P = int(lengths[b])

@@ -105,10 +105,6 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> Params:
     return {**_init_outer(cfg, key_embed, key_head), "layers": [_init_layer(cfg, k) for k in layer_keys]}
 
 
-def head_weight(params: Params) -> Float[Array, "D V"]:
-    return params["lm_head"] if "lm_head" in params else params["embed"].T
-
-
 # how a head weight is laid out: [D, V] (an untied lm_head) or [V, D] (a tied head: the embedding)
 HEAD_SPECS = {"dv": "cd,dv->cv", "vd": "cd,vd->cv"}
 
@@ -116,8 +112,8 @@ HEAD_SPECS = {"dv": "cd,dv->cv", "vd": "cd,vd->cv"}
 def head(params: Params) -> tuple[Float[Array, "D V"] | Float[Array, "V D"], str]:
     """The LM head as the learner reads it: (weight, layout), the layout a key of HEAD_SPECS. A
     tied head is the embedding itself, [V, D], contracted on its last axis in place: no transposed
-    [D, V] copy, and its gradient comes out in the embedding's own layout (head_weight's .T wrote
-    both: 0.93 s of a 4-micro-step float32 update on the Xeon model 207,
+    [D, V] copy, and its gradient comes out in the embedding's own layout (an embed.T wrote both:
+    0.93 s of a 4-micro-step float32 update on the Xeon model 207,
     experiments/results/profile_cpu_intel-xeon-family6-model207.md)."""
     return (params["lm_head"], "dv") if "lm_head" in params else (params["embed"], "vd")
 
