@@ -128,6 +128,7 @@ def test_figure_a_rows_counts_are_its_results(rows, start, config):
         ("Sparse-RL's collapse claim on SmolLM2-135M: dense / R-KV@64", "rkv64"),
         ("Sparse-RL's collapse claim on SmolLM2-135M, the plan's second setting", "rkv48"),
         ("Sparse-RL's collapse claim on SmolLM2-135M where the eviction cannot be escaped", "rkv48q"),
+        ("Sparse-RL's collapse claim on SmolLM2-135M, budget 32 with the question compressed at prefill", "rkv32q"),
     ],
 )
 def test_the_real_model_collapse_rows_give_the_plans_verdicts(rows, start, setting):
