@@ -61,6 +61,7 @@ class Trainer:
             self.tokenizer,
             components.reward_checker(cfg, parts.reward),
             max_len=cfg.data.max_prompt_len + r.max_new_tokens,
+            response_len=r.max_new_tokens,
             kept_k=kept_width(r.top_k) if r.filters else 0,
             top_k=components.agreement_candidates(cfg),
             log=self.log,

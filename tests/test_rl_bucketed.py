@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import monitoring
-from test_rl_update import SGD_COUNTING, _random_rollout, key, random_params
+from test_rl_update import SGD_COUNTING, M, _random_rollout, key, random_params
 
 from sparserl_jax import rl
 from sparserl_jax.model import transformer as tf
@@ -98,6 +98,17 @@ CASES = {  # name -> (config, the exact paths it allows; the test runs each)
         _cfg(length_bucket=0, group_by_length=False, reuse_old_forward=False),
         [P(False, False, True)],
     ),
+    # update.head_window="response" (the head over each row's M positions from its first response
+    # position; at the 12-position width only, where M = 8 is narrower): pi_old and pi_ref scored
+    # in both kinds of program, and fused
+    "sparse_rl, the head over the response window: fused, or scored and regrouped": (
+        _cfg(head_window="response"),
+        [P(True, False, True), P(False, True, True)],
+    ),
+    "qurl scored, 2 epochs, the head over the response window": (
+        _cfg("qurl", epochs=2, head_window="response"),
+        [P(False, True, False)],
+    ),
 }
 
 
@@ -128,7 +139,8 @@ def _padded_and_bucketed(cfg: rl.RLConfig):
         params, SGD_COUNTING.init(params), ref_batch
     )
     host = {k: np.asarray(v) for k, v in dict(packed, sampler_logp=sampler, advantages=adv).items()}
-    upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False)
+    response_len = M if cfg.update.head_window == "response" else None  # rollout.max_new_tokens
+    upd = BucketedUpdate(MC, cfg, SGD_COUNTING, donate=False, response_len=response_len)
     return params, ref_params, host, old, want_params, want, upd
 
 

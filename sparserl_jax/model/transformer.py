@@ -262,6 +262,7 @@ def chunked_logprobs(
     gather_ids: Int[Array, "B T A"] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     head_backward: str = "float32",
+    fit_chunks: bool = False,
 ) -> tuple[Float[Array, "B T"], ...]:
     """Log-probs of `targets` and the entropy under softmax(h @ w / temperature), without ever
     holding [B, T, V] logits (`w` laid out as `w_layout` says: "dv" [D, V], "vd" [V, D], HEAD_SPECS):
@@ -277,7 +278,10 @@ def chunked_logprobs(
     entropy is always the whole distribution's. `gather_ids` (-1 padded): the log-probs of those
     tokens too, normalised as the targets' are, returned third ([B, T, A]; -inf at -1).
     `head_backward` (model.head_backward): "compute" takes the head's gradients from the logits'
-    cotangent rounded to h's dtype when h is narrower than float32 (quant.core.narrow_cotangent)."""
+    cotangent rounded to h's dtype when h is narrower than float32 (quant.core.narrow_cotangent).
+    `fit_chunks`: the same number of chunks, each as small as the tokens allow (a multiple of 8
+    rows): fewer padded rows than `chunk_tokens`-row chunks when the tokens do not fill them (the
+    head window's, token_logprobs)."""
     # G row shards (1 without a mesh) of M tokens each, in S chunks of C tokens per shard: chunk s
     # holds tokens [s C, (s + 1) C) of every shard, so each device reads only its own rows
     if w_layout not in HEAD_SPECS:
@@ -288,6 +292,9 @@ def chunked_logprobs(
     G, C = act.batch_shards(B), chunk_tokens
     M = B // G * T
     S = -(-M // C)
+    if fit_chunks:
+        C = -(-M // S)  # ceil(M / S) tokens a chunk, rounded up to 8 rows
+        C = -(-C // 8) * 8
 
     def chunked(x, fill=0):  # [B, T, ...] -> [S, G C, ...]
         x_GxM = act.rows(x.reshape(G, M, *x.shape[2:]))
@@ -354,28 +361,78 @@ def token_logprobs(
     kept_ids: Int[Array, "B T K"] | None = None,
     gather_ids: Int[Array, "B T A"] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    window: int | None = None,
+    window_start: Int[Array, " B"] | None = None,
 ) -> tuple[Float[Array, "B T"], ...]:
     """Per-position log-prob of the next token (position t scores tokens[t + 1]; the last
     position scores token 0 and should be masked) and the entropy of each next-token distribution;
     with `kept_ids` renormalised over the sampler's kept set where a position has one, and with
     `gather_ids` the log-probs of those tokens third (chunked_logprobs). `mesh`: the activations
-    stay split on B over it (forward)."""
+    stay split on B over it (forward).
+
+    `window` positions from `window_start` (per row; head_window_starts): the LM head runs over
+    those positions only, in chunks fitted to them (chunked_logprobs' fit_chunks), the rest of
+    each row gets 0 (log-prob, entropy) and -inf (gathered log-probs), as a masked position's
+    value that nothing reads (rl.update.head_window). The blocks still run over every position:
+    the window's tokens attend to the whole row."""
     params = compute_params(params, cfg)
     h = forward(params, cfg, tokens, remat=remat, mesh=mesh)
     targets = jnp.roll(tokens, -1, axis=1)
     w, w_layout = head(params)
-    return chunked_logprobs(
-        h,
+    T = tokens.shape[1]
+    if window is not None and not 1 <= window <= T:
+        raise ValueError(f"token_logprobs: window={window} must be within 1..{T}, the rows' width")
+    if window is not None and window_start is None:
+        raise ValueError("token_logprobs: a window needs window_start (head_window_starts)")
+    take = (lambda x: x) if window is None else functools.partial(_take_window, starts_B=window_start, window=window)
+    outs = chunked_logprobs(
+        take(h),
         w,
-        targets,
+        take(targets),
         w_layout=w_layout,
         temperature=temperature,
         chunk_tokens=chunk_tokens,
-        kept_ids=kept_ids,
-        gather_ids=gather_ids,
+        kept_ids=None if kept_ids is None else take(kept_ids),
+        gather_ids=None if gather_ids is None else take(gather_ids),
         mesh=mesh,
         head_backward=cfg.head_backward,
+        fit_chunks=window is not None,
     )
+    if window is None:
+        return outs
+    fills = (0.0, 0.0, -jnp.inf)  # log-prob, entropy, gathered log-probs outside the window
+    return tuple(_place_window(o, window_start, T, fill) for o, fill in zip(outs, fills))
+
+
+# ----------------------------------------------------------------------------- head windows
+
+
+def head_window_starts(response_mask: Bool[Array, "B T"], window: int) -> Int[Array, " B"]:
+    """Where each row's head window begins: at its first response position (position t scores
+    tokens[t + 1]), moved left where a window from there would pass the row's end, so the window
+    still holds every response position of a row with at most `window` of them; 0 for a row
+    without any."""
+    first_B = jnp.argmax(response_mask, axis=1)
+    return jnp.minimum(first_B, response_mask.shape[1] - window).astype(jnp.int32)
+
+
+def _window_index(idx_BxW: Int[Array, "B W"], ndim: int) -> Int[Array, "B W ..."]:
+    return idx_BxW.reshape(idx_BxW.shape + (1,) * (ndim - 2))
+
+
+def _take_window(x: Array, *, starts_B: Int[Array, " B"], window: int) -> Array:
+    """[B, T, ...] -> [B, window, ...]: each row's positions starts_B .. starts_B + window - 1."""
+    idx_BxW = starts_B[:, None] + jnp.arange(window, dtype=jnp.int32)[None, :]
+    return jnp.take_along_axis(x, _window_index(idx_BxW, x.ndim), axis=1)
+
+
+def _place_window(o: Array, starts_B: Int[Array, " B"], T: int, fill: float) -> Array:
+    """_take_window's inverse: [B, window, ...] -> [B, T, ...], `fill` outside each row's window."""
+    window = o.shape[1]
+    j_BxT = jnp.arange(T, dtype=jnp.int32)[None, :] - starts_B[:, None]
+    inside_BxT = (j_BxT >= 0) & (j_BxT < window)
+    got = jnp.take_along_axis(o, _window_index(jnp.clip(j_BxT, 0, window - 1), o.ndim), axis=1)
+    return jnp.where(_window_index(inside_BxT, o.ndim), got, jnp.asarray(fill, o.dtype))
 
 
 # ----------------------------------------------------------------------------- cached decoding

@@ -46,7 +46,7 @@ from sparserl_jax.rl.corrections.compose import (
     row_weight_normalisers,
     weight_normalisation,
 )
-from sparserl_jax.rl.update import _combine, apply_gradients, micro_batch_loss, reduce_steps
+from sparserl_jax.rl.update import _combine, apply_gradients, head_window, micro_batch_loss, reduce_steps
 
 TOKEN_INPUTS = ("tokens", "response_mask", "sampler_logp")  # [B, T] host arrays the update reads
 KEPT = "kept_ids"  # [B, T, K] the sampler's kept sets, in a batch sampled with top-p / top-k
@@ -88,23 +88,34 @@ class BucketedUpdate:
         donate: bool = True,
         kept_k: int = 0,
         top_k: int = 0,
+        response_len: int | None = None,
     ):
         """`max_len`: the widest batch a run can produce (data.max_prompt_len +
         rollout.max_new_tokens); narrower batches are padded to it, so the compiled widths are
         the run's, not each batch's (a batch whose prompts pad to another width compiles nothing).
         `kept_k`: the width of the kept sets the run's batches carry (rollout/sampling.py
         kept_width(rollout.top_k) when it trains with filters; 0 without) and of the top candidates they record (rollout.agreement_k; 0:
-        none): what warm_up compiles for."""
+        none): what warm_up compiles for. `response_len`: the longest response a run samples
+        (rollout.max_new_tokens), which update.head_window="response" needs: the head's window."""
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len={max_len} must be >= 1 (data.max_prompt_len + rollout.max_new_tokens)")
+        u = cfg.update
+        if u.head_window == "response" and (response_len is None or response_len < 1):
+            raise ValueError(
+                f"rl.update.head_window=response needs the run's response length (rollout.max_new_tokens); got {response_len}"
+            )
         self.model_cfg, self.cfg, self.optimizer, self.max_len = model_cfg, cfg, optimizer, max_len
         self.kept_k, self.top_k = kept_k, top_k
+        self.window_len = response_len if u.head_window == "response" else None
         self.mesh = mesh if mesh is not None and mesh.size > 1 else None
-        u = cfg.update
         # the forwards keep the activations split on B over self.mesh (model/activation_sharding.py)
-        self._score = jax.jit(functools.partial(_score_rows, model_cfg, u.temperature, u.chunk_tokens, mesh=self.mesh))
+        self._score = jax.jit(
+            functools.partial(
+                _score_rows, model_cfg, u.temperature, u.chunk_tokens, mesh=self.mesh, window_len=self.window_len
+            )
+        )
         self._micro = jax.jit(
-            functools.partial(_micro_step, model_cfg, cfg, mesh=self.mesh),
+            functools.partial(_micro_step, model_cfg, cfg, mesh=self.mesh, window_len=self.window_len),
             static_argnames=("fused",),
             donate_argnums=(2,),
         )
@@ -217,10 +228,11 @@ class BucketedUpdate:
         for w in self.widths(T):
             z = self._place(zeros(s, w))
             kept, top = z.get(KEPT), z.get(TOP)
+            mask = z["response_mask"] if self.window_len else None
             if not all(p.fused for p in paths):  # pi_old (with its top candidates)
-                self._score.lower(params, z["tokens"], kept, top).compile()
+                self._score.lower(params, z["tokens"], kept, top, mask).compile()
             if with_ref and not all(p.ref_inside for p in paths) and top is not None:  # pi_ref
-                self._score.lower(ref_params, z["tokens"], kept, None).compile()
+                self._score.lower(ref_params, z["tokens"], kept, None, mask).compile()
             for path in {(p.fused, p.ref_inside) for p in paths}:
                 fused, ref_inside = path
                 host = zeros(m, w)
@@ -274,11 +286,17 @@ class BucketedUpdate:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray, kept_BxTxK=None, top_BxTxA=None):
+    def score(
+        self, params, tokens_BxT: np.ndarray, lengths_B: np.ndarray, kept_BxTxK=None, top_BxTxA=None, mask_BxT=None
+    ):
         """Teacher-forced log-probs [B, T] (position t scores tokens[t + 1]) in length-sorted
         chunks of update.score_batch_size rows at their bucketed widths; 0 beyond a chunk's width.
         With the sampler's kept sets, renormalised over them; with top candidates' ids, also their
-        log-probs ([B, T, A], -inf where none): then (logp, top_logp)."""
+        log-probs ([B, T, A], -inf where none): then (logp, top_logp). `mask_BxT` (the response
+        mask): where the head's window begins (update.head_window="response"; 0 outside it)."""
+        if self.window_len and mask_BxT is None:
+            raise ValueError("rl.update.head_window=response: score() needs the rows' response mask")
+        mask_BxT = mask_BxT if self.window_len else None
         B, T = tokens_BxT.shape
         u = self.cfg.update
         s = min(u.score_batch_size, B)
@@ -287,7 +305,10 @@ class BucketedUpdate:
         pending = []
         for mb in buckets.plan(lengths_B, np.arange(B), s, self.widths(T), group=u.group_by_length):
             rows = np.concatenate([mb.rows, np.repeat(mb.rows[-1:], s - len(mb.rows))])  # fixed shape
-            cut = [None if x is None else self._place(x[rows, : mb.width]) for x in (tokens_BxT, kept_BxTxK, top_BxTxA)]
+            cut = [
+                None if x is None else self._place(x[rows, : mb.width])
+                for x in (tokens_BxT, kept_BxTxK, top_BxTxA, mask_BxT)
+            ]
             pending.append((mb, self._score(params, *cut)))
         for mb, res in pending:
             res = distributed.to_host(res)
@@ -332,6 +353,8 @@ class BucketedUpdate:
             else precision.compute_copy(params, self.model_cfg)
         )
         lengths = buckets.row_lengths(batch["response_mask"])
+        if self.window_len:
+            self._check_window(batch["response_mask"], lengths)
         widths = self.widths(T)
         path = self.choose(lengths, widths)
         host = self._padded(batch, T)
@@ -354,6 +377,17 @@ class BucketedUpdate:
         )
         old_top = None if old_top is None else old_top[:, :T_batch]
         return params, opt_state, LearnerOutput(metrics, old[:, :T_batch], old_top, score_s, positions)
+
+    def _check_window(self, response_mask_BxT, lengths_B) -> None:
+        """Every row's response positions inside the head's window (update.head_window="response"),
+        else a clear error: positions outside it would lose their log-probs."""
+        mask = np.asarray(response_mask_BxT, bool)
+        spans_B = np.where(mask.any(axis=1), lengths_B - 1 - np.argmax(mask, axis=1), 0)
+        if spans_B.max(initial=0) > self.window_len:
+            raise ValueError(
+                f"rl.update.head_window=response: a row has {int(spans_B.max())} response positions, more than "
+                f"the head's window of {self.window_len} (rollout.max_new_tokens)"
+            )
 
     def _padded(self, batch: dict, T: int) -> dict:
         """The batch's host arrays padded to width T (kept sets and top ids with -1: none), after
@@ -382,13 +416,13 @@ class BucketedUpdate:
         norms_B, metrics, old_top, score_s = None, {}, None, 0.0
         if not path.fused or (with_ref and not path.ref_inside):
             t0 = time.perf_counter()
-            kept = host.get(KEPT)
+            kept, mask = host.get(KEPT), host["response_mask"]
             if not path.fused:
-                host["old_logp"] = self.score(policy, host["tokens"], lengths, kept, host.get(TOP))
+                host["old_logp"] = self.score(policy, host["tokens"], lengths, kept, host.get(TOP), mask)
                 if TOP in host:
                     host["old_logp"], old_top = host["old_logp"]
             if with_ref and not path.ref_inside:
-                host["ref_logp"] = self.score(ref_params, host["tokens"], lengths, kept)
+                host["ref_logp"] = self.score(ref_params, host["tokens"], lengths, kept, None, mask)
             score_s = time.perf_counter() - t0
         if not path.fused:
             full = self._place({k: host[k] for k in ("old_logp", "sampler_logp", "response_mask")})
@@ -454,9 +488,24 @@ class BucketedUpdate:
         return old, old_top
 
 
-def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=None, gather_ids=None, *, mesh=None):
+def _score_rows(
+    model_cfg,
+    temperature,
+    chunk_tokens,
+    params,
+    tokens,
+    kept_ids=None,
+    gather_ids=None,
+    response_mask=None,
+    *,
+    mesh=None,
+    window_len=None,
+):
     """log-probs [B, T]; with `gather_ids` also those tokens' ([B, T, A]): (logp, top). `mesh`: the
-    activations stay split on B over it."""
+    activations stay split on B over it. `window_len` (update.head_window="response"): the head
+    over that many positions from each row's first response position (`response_mask`'s)."""
+    window = head_window(tokens.shape[1], window_len)
+    starts = None if window is None else transformer.head_window_starts(response_mask, window)
     logp, _, *top = transformer.token_logprobs(
         params,
         model_cfg,
@@ -466,17 +515,33 @@ def _score_rows(model_cfg, temperature, chunk_tokens, params, tokens, kept_ids=N
         kept_ids=kept_ids,
         gather_ids=gather_ids,
         mesh=mesh,
+        window=window,
+        window_start=starts,
     )
     return (logp, top[0]) if top else logp
 
 
-def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool, mesh=None):
+def _micro_step(
+    model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_norm, *, fused: bool, mesh=None, window_len=None
+):
     """One micro-batch: (accumulated float32 gradient of the loss numerator, the numerator, the
     token metrics, the learner's log-probs, its log-probs of mb["top_ids"] or None). With
-    `ref_params`, log pi_ref is teacher-forced here. `mesh`: the activations stay split on B over it."""
+    `ref_params`, log pi_ref is teacher-forced here. `mesh`: the activations stay split on B over it.
+    `window_len`: the head's window (update.head_window="response"; head_window)."""
     u = cfg.update
     if ref_params is not None:
-        ref = _score_rows(model_cfg, u.temperature, u.chunk_tokens, ref_params, mb["tokens"], mb.get(KEPT), mesh=mesh)
+        ref = _score_rows(
+            model_cfg,
+            u.temperature,
+            u.chunk_tokens,
+            ref_params,
+            mb["tokens"],
+            mb.get(KEPT),
+            None,
+            mb["response_mask"],
+            mesh=mesh,
+            window_len=window_len,
+        )
         mb = dict(mb, ref_logp=jax.lax.stop_gradient(ref))
     (num, (metrics, logp, top)), grads = jax.value_and_grad(micro_batch_loss, has_aux=True)(
         params,
@@ -487,6 +552,7 @@ def _micro_step(model_cfg, cfg: RLConfig, params, ref_params, acc, mb, weight_no
         weight_norm=weight_norm,
         old_from_forward=fused,
         mesh=mesh,
+        window=head_window(mb["tokens"].shape[1], window_len),
     )
     acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
     return acc, num, metrics, logp, top

@@ -42,6 +42,7 @@ from sparserl_jax.validate import (
 RATIO_AGAINST = ("old", "sampler")
 AGGREGATIONS = ("seq_mean", "token_mean")
 SCHEDULES = ("constant", "warmup", "cosine")
+HEAD_WINDOWS = ("full", "response")  # update.head_window: where the LM head runs (rl/update.py head_window)
 
 # mode -> the registered corrections (rl/corrections/) it applies, in the order they apply
 RL_MODES: dict[str, tuple[str, ...]] = {
@@ -187,6 +188,15 @@ class UpdateConfig:
       (theta_old = theta before the only optimizer step), so it is taken from that forward under
       stop_gradient instead of a separate scoring pass (not with ibr.normalisation='global', whose
       normaliser needs every row's pi_old before the first gradient).
+    `head_window`: where the LM head (logits, log-softmax, entropy) runs in scoring and the update:
+      "full" over every position of a row, "response" over each row's rollout.max_new_tokens
+      positions from its first response position only, in chunks fitted to those tokens
+      (rl/update.py head_window; TRL's logits_to_keep): the prompt's positions score no response
+      token, and their log-probs are
+      masked out of every loss and metric, so the values read are the same up to the head's
+      float summation order (its products over fewer rows, its weight gradient summed over fewer
+      tokens). The blocks run over every position either way. Default "full": the committed runs
+      and fingerprints were computed so (experiments/results/default/fingerprint_smoke.json).
     pi_ref is not computed at all when loss.beta = 0 (it enters only the KL term)."""
 
     minibatch_size: int = 256
@@ -202,6 +212,7 @@ class UpdateConfig:
     group_by_length: bool = True
     reuse_old_forward: bool = True
     compile_ahead: bool = True
+    head_window: str = "full"
 
     def __post_init__(self):
         for name in ("minibatch_size", "micro_batch_size", "epochs", "chunk_tokens", "score_batch_size"):
@@ -211,6 +222,7 @@ class UpdateConfig:
         for name in ("donate", "group_by_length", "reuse_old_forward", "compile_ahead"):
             check_bool(f"update.{name}", getattr(self, name))
         remat.policy_name(self.remat)  # none, full, selective (true: full, false: none)
+        check_in("update.head_window", self.head_window, HEAD_WINDOWS)
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(
                 f"update.minibatch_size={self.minibatch_size} must be a multiple of "

@@ -54,11 +54,13 @@ class Learner:
         reward: Callable[[str, str], float] | RewardChecker,
         *,
         max_len: int | None = None,
+        response_len: int | None = None,
         kept_k: int = 0,
         top_k: int = 0,
         log: Callable = print,
     ):
-        """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run.
+        """`max_len`: data.max_prompt_len + rollout.max_new_tokens, the widest batch of the run;
+        `response_len`: rollout.max_new_tokens (the head's window, update.head_window="response").
         `kept_k`: the kept-set record's width, rollout.top_k + TIE_SLOTS
         (rollout/sampling.py kept_width), when the run samples with top-p / top-k (its rollouts
         carry each token's kept set, which every log-prob is renormalised over), else 0. `top_k`:
@@ -74,6 +76,7 @@ class Learner:
             rl,
             self.optimizer,
             max_len=max_len,
+            response_len=response_len,
             mesh=mesh,
             donate=rl.update.donate,
             kept_k=kept_k,

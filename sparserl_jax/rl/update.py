@@ -41,6 +41,14 @@ Batch = dict
 _tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
 
 
+def head_window(width: int, response_len: int | None) -> int | None:
+    """The LM head's positions per row for rows `width` wide (rl.update.head_window="response"):
+    `response_len` (rollout.max_new_tokens: a row's response positions never exceed it) where it
+    is narrower than the rows, else None, the head over every position. Rows of one width always
+    get the same window, so the head window adds no compiled program."""
+    return response_len if response_len is not None and response_len < width else None
+
+
 def micro_batch_loss(
     params: Params,
     mb: Batch,
@@ -51,6 +59,7 @@ def micro_batch_loss(
     weight_norm: Float[Array, ""] | Float[Array, " B"] | None = None,
     old_from_forward: bool = False,
     mesh: Mesh | None = None,
+    window: int | None = None,
 ) -> tuple[Float[Array, ""], tuple[dict, Float[Array, "B T"], Float[Array, "B T A"] | None]]:
     """Learner log-probs (token_logprobs at the sampler's temperature), corrections, loss:
     (loss, (token metrics, the learner's log-probs under stop-gradient, and with mb["top_ids"]
@@ -61,8 +70,10 @@ def micro_batch_loss(
     then not read. Without mb["ref_logp"] (loss.beta = 0) pi_ref is taken equal to pi_theta: the
     KL term and its metric are 0. `weight_norm` is a scalar or one value per row. `mesh` (the one
     the batch is split on): the forward's activations stay split on B over it (FSDP as data
-    parallelism, model/activation_sharding.py)."""
+    parallelism, model/activation_sharding.py). `window` (head_window): the head over that many
+    positions from each row's first response position only."""
     u = cfg.update
+    starts = None if window is None else transformer.head_window_starts(mb["response_mask"], window)
     logp, entropy, *top = transformer.token_logprobs(
         params,
         model_cfg,
@@ -73,6 +84,8 @@ def micro_batch_loss(
         kept_ids=mb.get("kept_ids"),
         gather_ids=mb.get("top_ids"),
         mesh=mesh,
+        window=window,
+        window_start=starts,
     )
     fixed_logp = jax.lax.stop_gradient(logp)
     fixed_top = jax.lax.stop_gradient(top[0]) if top else None
