@@ -10,11 +10,15 @@ activation may hold more than B / (data x fsdp) rows, no [T, T] attention scores
 B / (data x fsdp) x N / tensor (row, head) pairs, and every fsdp-sharded layer weight must be
 all-gathered (ZeRO-3: at least once per layer). The micro-batch program's gradient, numerator
 and log-probs must equal one device's. Prints one JSON line per program (rows per device,
-collectives), every failure, and FSDP_LAYOUT_OK when none. `--mesh d,f,t` runs one mesh."""
+collectives), every failure, and FSDP_LAYOUT_OK when none. `--mesh d,f,t` runs one mesh.
+`--head-window R`: rl.update.head_window=response with R-position windows (each row's response
+one contiguous span of at most R positions): the same checks, the numbers against one device's
+with the same window."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -41,14 +45,25 @@ RL = rl.RLConfig(
 )
 
 
-def host_batch(seed: int) -> dict:
-    """One micro-batch of random rows (every row's mask partly on), with kept sets and top ids."""
+def rl_config(window: int | None) -> rl.RLConfig:
+    if window is None:
+        return RL
+    return rl.RLConfig(loss=RL.loss, update=dataclasses.replace(RL.update, head_window="response"))
+
+
+def host_batch(seed: int, window: int | None = None) -> dict:
+    """One micro-batch of random rows (every row's mask partly on), with kept sets and top ids;
+    with a head `window`, each row's response one span of 1..window positions from a random start."""
     rng = np.random.default_rng(seed)
+    mask = rng.random((B, T)) < 0.7
+    if window is not None:
+        starts, spans = rng.integers(1, T - window, B), rng.integers(1, window + 1, B)
+        mask = (np.arange(T)[None] >= starts[:, None]) & (np.arange(T)[None] < (starts + spans)[:, None])
     kept = rng.integers(0, MC.vocab_size, (B, T, KEPT_K)).astype(np.int32)
     kept[:, ::3] = -1  # positions sampled without a kept set: the whole vocabulary
     return {
         "tokens": rng.integers(1, MC.vocab_size, (B, T)).astype(np.int32),
-        "response_mask": rng.random((B, T)) < 0.7,
+        "response_mask": mask,
         "sampler_logp": -rng.uniform(0.1, 3.0, (B, T)).astype(np.float32),
         "kept_ids": kept,
         "top_ids": rng.integers(0, MC.vocab_size, (B, T, TOP_K)).astype(np.int32),
@@ -116,14 +131,22 @@ def micro_program(up: BucketedUpdate, params, host: dict):
     return up._micro.lower(*args, fused=True).compile(), args
 
 
-def check_mesh(mesh_shape, params, host, want, failures: list[str]) -> list[dict]:
+def update_for(window: int | None, mesh=None) -> BucketedUpdate:
+    cfg = rl_config(window)
+    return BucketedUpdate(
+        MC, cfg, make_optimizer(cfg.optim), max_len=T, mesh=mesh, kept_k=KEPT_K, top_k=TOP_K, response_len=window
+    )
+
+
+def check_mesh(mesh_shape, params, host, want, failures: list[str], window: int | None = None) -> list[dict]:
     mesh = shd.make_mesh(shd.MeshConfig(*mesh_shape))
     sharded = shd.shard_params(params, mesh)
-    up = BucketedUpdate(MC, RL, make_optimizer(RL.optim), max_len=T, mesh=mesh, kept_k=KEPT_K, top_k=TOP_K)
+    up = update_for(window, mesh)
     micro, args = micro_program(up, sharded, host)
     records = [read("update micro-batch", micro.as_text(), mesh, failures)]
     mb = args[3]
-    score = up._score.lower(sharded, mb["tokens"], mb["kept_ids"], mb["top_ids"]).compile()
+    mask = mb["response_mask"] if window else None
+    score = up._score.lower(sharded, mb["tokens"], mb["kept_ids"], mb["top_ids"], mask).compile()
     records.append(read("scoring", score.as_text(), mesh, failures))
     cache = jax.eval_shape(shd._cache_factory(MC, B, T + 8))
     tokens, lengths = shd.shard_batch(host["tokens"], mesh), shd.shard_batch(np.full(B, T, np.int32), mesh)
@@ -156,17 +179,20 @@ def check_mesh(mesh_shape, params, host, want, failures: list[str]) -> list[dict
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mesh", help="one mesh, data,fsdp,tensor (default: every one of MESHES)")
-    meshes = [tuple(int(x) for x in a.split(",")) for a in [parser.parse_args().mesh] if a] or list(MESHES)
+    parser.add_argument("--head-window", type=int, help="rl.update.head_window=response with this window")
+    cli = parser.parse_args()
+    meshes = [tuple(int(x) for x in a.split(",")) for a in [cli.mesh] if a] or list(MESHES)
     assert jax.device_count() == 8, f"run with 8 fake devices, got {jax.device_count()}"
     params = jax.tree.map(np.asarray, random_params(MC, jax.random.key(0)))
-    host = host_batch(0)
-    one = BucketedUpdate(MC, RL, make_optimizer(RL.optim), max_len=T, kept_k=KEPT_K, top_k=TOP_K)
+    window = cli.head_window
+    host = host_batch(0, window)
+    one = update_for(window)
     device = jax.devices()[0]
     micro, args = micro_program(one, jax.device_put(params, device), host)
     want = distributed.to_host(micro(*args))
     failures: list[str] = []
     for mesh_shape in meshes:
-        for record in check_mesh(mesh_shape, params, host, want, failures):
+        for record in check_mesh(mesh_shape, params, host, want, failures, window):
             print("FSDP_LAYOUT", json.dumps(record))
     for f in failures:
         print("FAILED", f)

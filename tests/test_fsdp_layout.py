@@ -69,3 +69,15 @@ def test_fsdp_programs_split_the_batch_and_gather_the_weights_on_8_devices():
         d, f, t = r["mesh"]
         assert r["activation_rows_per_device"] == 16 // (d * f), r
         assert r["collectives"]["all-gather"] > 0, r
+
+
+@pytest.mark.slow
+def test_head_window_programs_split_the_batch_on_8_devices():
+    """rl.update.head_window=response on the mesh (1, 4, 2): the micro-batch and scoring programs
+    with the head over each row's 32-position window still give each device its own rows and
+    gather every layer weight, and the update's numbers equal one device's with the same window
+    (the worker's checks)."""
+    out = run_on_fake_devices("fsdp_layout_worker.py", "FSDP_LAYOUT_OK", "--mesh", "1,4,2", "--head-window", "32")
+    records = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("FSDP_LAYOUT ")]
+    assert len(records) == 3  # update, scoring, prefill
+    assert all(r["activation_rows_per_device"] == 16 // 4 for r in records), records  # B = 16 over fsdp 4
