@@ -23,7 +23,6 @@ from sparserl_jax.rl import update as update_lib
 from sparserl_jax.rl.bucketed import BucketedUpdate
 
 MC = ModelConfig.tiny()
-pytestmark = pytest.mark.xdist_group("rl_update")  # shares test_rl_update's compiled programs
 
 
 def _setup():

@@ -99,15 +99,11 @@ CASES = {  # name -> (config, the exact paths it allows; the test runs each)
         [P(False, False, True)],
     ),
     # update.head_window="response" (the head over each row's M positions from its first response
-    # position; at the 12-position width only, where M = 8 is narrower): pi_old and pi_ref scored
-    # in both kinds of program, and fused
+    # position; at the 12-position width only, where M = 8 is narrower): pi_old fused or scored,
+    # pi_ref in the micro-batch program or scored
     "sparse_rl, the head over the response window: fused, or scored and regrouped": (
         _cfg(head_window="response"),
         [P(True, False, True), P(False, True, True)],
-    ),
-    "qurl scored, 2 epochs, the head over the response window": (
-        _cfg("qurl", epochs=2, head_window="response"),
-        [P(False, True, False)],
     ),
 }
 

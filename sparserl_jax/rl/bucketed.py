@@ -340,6 +340,9 @@ class BucketedUpdate:
                 f"rollout batch of {B} responses must be a multiple of update.minibatch_size={u.minibatch_size}"
             )
         T = max(T_batch, self.max_len or 0)
+        lengths = buckets.row_lengths(batch["response_mask"])
+        if self.window_len:
+            self._check_window(batch["response_mask"], lengths)
         params, ref_params, opt_state = self._committed((params, ref_params, opt_state))
         if u.compile_ahead:
             self.warm_up(params, ref_params, opt_state, B, T)
@@ -352,9 +355,6 @@ class BucketedUpdate:
             if compute is not None
             else precision.compute_copy(params, self.model_cfg)
         )
-        lengths = buckets.row_lengths(batch["response_mask"])
-        if self.window_len:
-            self._check_window(batch["response_mask"], lengths)
         widths = self.widths(T)
         path = self.choose(lengths, widths)
         host = self._padded(batch, T)
