@@ -52,15 +52,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def model_config(args):
-    import dataclasses
-
+    """The profile's model with --dtype over float32 masters and the model.key=value overrides,
+    read and checked as a config's (config_io: values coerced, a bad one named)."""
     from experiments.lib.decode_bench import PROFILES
+    from sparserl_jax.config_io import from_dict, read_tree, to_dict
     from sparserl_jax.model.config import ModelConfig
 
     m = ModelConfig.tiny() if args.smoke else PROFILES["smollm2"].model
-    over = dict(kv.split("=", 1) for kv in args.overrides)
-    fields = {k.removeprefix("model."): v for k, v in over.items()}
-    return dataclasses.replace(m, dtype=args.dtype, param_dtype="float32", **fields)
+    tree = read_tree(overrides=args.overrides)
+    if set(tree) - {"model"}:
+        raise ValueError(f"--overrides: only model.* settings, got {sorted(set(tree) - {'model'})}")
+    settings = {**to_dict(m), "dtype": args.dtype, "param_dtype": "float32", **tree.get("model", {})}
+    return from_dict(ModelConfig, settings, "model")
 
 
 def micro_batch(args, vocab: int) -> dict:

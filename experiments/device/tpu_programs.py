@@ -273,7 +273,15 @@ def update_program(s: Setup, mesh: Mesh) -> tuple[Program, BucketedUpdate]:
     kept_k = kept_width(r.top_k) if r.filters else 0
     top_k = agreement_candidates(cfg)
     bu = BucketedUpdate(
-        m, cfg.rl, make_optimizer(cfg.rl.optim), max_len=T, mesh=mesh, donate=u.donate, kept_k=kept_k, top_k=top_k
+        m,
+        cfg.rl,
+        make_optimizer(cfg.rl.optim),
+        max_len=T,
+        mesh=mesh,
+        donate=u.donate,
+        kept_k=kept_k,
+        top_k=top_k,
+        response_len=r.max_new_tokens,
     )
     widths = bu.widths(T)
     W, rows = widths[-1], u.micro_batch_size
@@ -315,7 +323,8 @@ def score_program(s: Setup, mesh: Mesh, bu: BucketedUpdate) -> Program:
     kept = _rows((rows, W, bu.kept_k), jnp.int32, mesh) if bu.kept_k else None
     top = _rows((rows, W, bu.top_k), jnp.int32, mesh) if bu.top_k else None
     held = _beside(persistent_bytes(s, mesh), ["compute copy"], m.dtype != m.param_dtype)
-    args = (abstract_params(m, mesh, m.dtype), _rows((rows, W), jnp.int32, mesh), kept, top)
+    mask = _rows((rows, W), bool, mesh) if bu.window_len else None  # where the head's window begins
+    args = (abstract_params(m, mesh, m.dtype), _rows((rows, W), jnp.int32, mesh), kept, top, mask)
     return Program("score", bu._score, args, {}, held, rows, W, {"kept_k": bu.kept_k, "top_k": bu.top_k})
 
 
