@@ -10,6 +10,7 @@ layouts are in tests/attention_mesh_worker.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -19,11 +20,12 @@ import numpy as np
 import pytest
 from attention_mesh_worker import mosaic_calls, mosaic_operands
 from float_tol import EPS32, U16
+from test_dot_accumulation import _dot_types
 from test_sharding import run_on_fake_devices
 
 from sparserl_jax.model import attention as attn
 from sparserl_jax.model import transformer as tf
-from sparserl_jax.model.config import ATTENTION, ModelConfig, check_attention
+from sparserl_jax.model.config import ATTENTION, ATTENTION_BACKWARDS, ModelConfig, check_attention
 
 B, N, K, H = 2, 4, 2, 16  # GQA: G = 2 query heads per KV head
 LENGTHS = (150, 97)  # ragged rows, right-padded to T = 150; 150 = 4 blocks of 32 + 22
@@ -99,13 +101,14 @@ def _loss(fn, w):
 def test_blockwise_matches_a_float64_attention_forward_and_gradient(dtype):
     """Forward and d(sum w * o)/d(q, k, v) of blockwise (5 blocks of 32 over 150 tokens, GQA 4 over
     2) equal the float64 reference on every real row, and so does the materialised xla path at the
-    same tolerance; the padded rows' gradients are exactly 0 (their weight is 0 and no real query
+    same tolerance, with either backward (model.attention_backward); the padded rows' gradients are exactly 0 (their weight is 0 and no real query
     sees a padded key)."""
     q, k, v, w, real = _inputs(dtype)
     ref, mag = _reference(q, k, v, w, LENGTHS)
     fns = {
         "blockwise": lambda q, k, v: attn.blockwise_attention(q, k, v, BLOCK, materialised_up_to=0),
         "xla": attn.xla_attention,
+        "xla, backward compute": lambda q, k, v: attn.xla_attention(q, k, v, backward="compute"),
     }
     for name, fn in fns.items():
         o = jax.jit(fn)(q, k, v)
@@ -118,6 +121,38 @@ def test_blockwise_matches_a_float64_attention_forward_and_gradient(dtype):
             assert (err[real] <= tol[real]).all(), (name, what, float((err - tol)[real].max()))
             if what != "o":  # padded positions: no weight, and no real query sees their keys
                 assert not np.any(got[~real]), (name, what, "a padded position has a gradient")
+
+
+def test_the_compute_backward_replays_a_mask_and_keeps_every_product_in_bfloat16():
+    """model.attention_backward=compute: with a per-head mask (the sampler's replay) its forward
+    and gradients equal jax's materialised path within the float32 summation-order bound; in
+    bfloat16 every product of the gradient program XLA receives takes bfloat16 operands with a
+    float32 result (the autodiff path's backward has float32 operands: its float32 cotangents),
+    blockwise's short rows alike."""
+    T, lengths = 24, (24, 17)
+    q, k, v, w, real = _inputs("float32", T=T, lengths=lengths)
+    mask = jax.random.bernoulli(jax.random.key(3), 0.7, (2, N, T, T)) | jnp.eye(T, dtype=bool)
+    ref, mag = _reference(q, k, v, w, lengths)  # magnitudes of the unmasked attention bound the masked one's
+    fns = [(lambda q, k, v, b=b: attn.xla_attention(q, k, v, mask, backward=b)) for b in ("autodiff", "compute")]
+    want, got = ([jax.jit(fn)(q, k, v), *jax.grad(_loss(fn, w), argnums=(0, 1, 2))(q, k, v)] for fn in fns)
+    for what, a, b in zip(("o", "dq", "dk", "dv"), want, got):
+        err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+        assert (err[real] <= 2 * _tolerance("float32", T, mag[what])[real]).all(), what
+    assert float(np.abs(np.asarray(want[0]) - np.asarray(attn.xla_attention(q, k, v))).max()) > 1e-3  # the mask acts
+
+    qb, kb, vb, wb = (x.astype(jnp.bfloat16) for x in (q, k, v, w))
+    for backward in ("compute", "autodiff"):
+        for fn in (
+            lambda q, k, v, backward=backward: attn.xla_attention(q, k, v, backward=backward),
+            lambda q, k, v, backward=backward: attn.causal_attention(
+                q, k, v, implementation="blockwise", backward=backward
+            ),
+        ):
+            dots = _dot_types(jax.jit(jax.grad(_loss(fn, wb), argnums=(0, 1, 2))).lower(qb, kb, vb).as_text())
+            if backward == "compute":  # QK^T and PV forward; dV, dP, dQ, dK
+                assert dots == ["bf16 bf16 f32"] * 6, dots
+            else:
+                assert any(d.startswith("f32") for d in dots), dots
 
 
 def test_blockwise_of_a_short_row_is_the_materialised_path_bit_for_bit():
@@ -192,6 +227,11 @@ def test_settings_and_their_errors_name_the_setting():
     q = jnp.zeros((1, 8, 2, 8))
     with pytest.raises(ValueError, match=r"model.attention='flash': accepted values"):
         attn.causal_attention(q, q[:, :, :1], q[:, :, :1], implementation="flash")
+    assert ATTENTION_BACKWARDS == ("autodiff", "compute") and ModelConfig().attention_backward == "autodiff"
+    with pytest.raises(ValueError, match=r"model.attention_backward='bf16': accepted values are \('autodiff'"):
+        ModelConfig(attention_backward="bf16")
+    with pytest.raises(ValueError, match=r"model.attention_backward='bf16': accepted values"):
+        attn.causal_attention(q, q[:, :, :1], q[:, :, :1], implementation="xla", backward="bf16")
     with pytest.raises(ValueError, match=r"model.attention=cudnn needs a GPU \(jax's backend here is cpu\)"):
         attn.causal_attention(q, q[:, :, :1], q[:, :, :1], implementation="cudnn")
     with pytest.raises(ValueError, match=r"model.attention=splash needs a TPU: this program is lowered for cpu"):
@@ -261,3 +301,19 @@ def test_splash_in_interpret_mode_matches_the_float64_attention(dtype, block, mo
         # the scale applied to q in q's dtype: one more rounding of each score (U16 for bfloat16)
         tol = 2 * _tolerance(dtype, LENGTHS[0], mag[what])
         assert (np.abs(got - ref[what])[real] <= tol[real]).all(), what
+
+
+def test_the_models_gradient_reads_model_attention_backward():
+    """The learner's log-prob gradient (bfloat16 compute over float32 masters, the CPU's default
+    attention) receives model.attention_backward: under "compute" every product of the program XLA
+    receives is bfloat16 x bfloat16 -> float32 (XLA:CPU's bfloat16 kernels); under "autodiff" the
+    attention's are not (bfloat16 results, or float32 operands: XLA:CPU widens both)."""
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 256)
+    others = {}
+    for backward in ATTENTION_BACKWARDS:
+        cfg = ModelConfig.tiny(dtype="bfloat16", head_backward="compute", attention_backward=backward)
+        params = tf.init_params(dataclasses.replace(cfg, dtype="float32"), jax.random.key(0))
+        loss = lambda p, cfg=cfg: jnp.sum(tf.token_logprobs(p, cfg, tokens)[0])
+        dots = _dot_types(jax.jit(jax.grad(loss)).lower(params).as_text())
+        others[backward] = [d for d in dots if d != "bf16 bf16 f32"]
+    assert others["compute"] == [] and others["autodiff"], others

@@ -28,6 +28,16 @@ hides them from real rows (padded rows' outputs are garbage nobody reads). The i
 The one exception: a per-layer boolean `mask` [B, N, T, T] (transformer.forward's `attn_masks`,
 replaying what a sparse sampler let each query see) already holds a [T, T] array, and always takes
 the materialised xla path whatever `implementation` says.
+
+The materialised path's backward (`backward`, model.attention_backward; xla, and blockwise's short
+rows): "autodiff" (default) is jax's autodiff of jax.nn.dot_product_attention: in bfloat16 its
+backward products take float32 cotangents, so XLA widens them to float32 products, and the [T, T]
+cotangents travel in float32. "compute" is FlashAttention-2's precision, as blockwise's own
+backward: every product from compute-dtype operands with float32 accumulation, the probabilities P
+and the scores' cotangent dS rounded to the compute dtype before their products (dS = P (dP -
+rowsum(dO O)) in float32 first), a custom VJP over the saved float32 P (materialised_attention).
+The forward is the same computation either way (one rounding of a float32 accumulation; the
+summation order may differ); under float32 compute only the summation order differs.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
 
 from sparserl_jax.mesh_axes import BATCH, fit_spec
-from sparserl_jax.model.config import ATTENTION
+from sparserl_jax.model.config import ATTENTION, ATTENTION_BACKWARDS
 
 # blockwise's query and key block: on a 2-core Xeon, float32, SmolLM2-135M's heads at T = 1024 and 2048,
 # forward + backward took the least CPU time at 128 (of 128, 256, 512; 2.7-2.9x less than xla)
@@ -83,17 +93,20 @@ def causal_attention(
     platform: str | None = None,
     block: int = BLOCK,
     mesh: Mesh | None = None,
+    backward: str = "autodiff",
 ) -> Float[Array, "B T N H"]:
     """Causal self-attention by model.attention's `implementation` (the module docstring).
     `platform` ("cpu", "gpu", "tpu") fixes the platform "auto" and "splash" resolve for (None:
     auto reads jax's backend at trace time, splash the platform the program is lowered for);
     `block` is blockwise's block; `mesh` the one q, k and v are sharded on (splash runs per device
     on it: `splash_on_mesh`; XLA's partitioner splits the others). A `mask` always takes the
-    materialised path."""
+    materialised path; `backward` (model.attention_backward) is the materialised path's backward."""
     if implementation not in ATTENTION:
         raise ValueError(f"model.attention={implementation!r}: accepted values are {ATTENTION}")
+    if backward not in ATTENTION_BACKWARDS:
+        raise ValueError(f"model.attention_backward={backward!r}: accepted values are {ATTENTION_BACKWARDS}")
     if mask is not None:
-        return xla_attention(q, k, v, mask)
+        return xla_attention(q, k, v, mask, backward)
     backend = _PLATFORM_ALIASES.get(jax.default_backend(), jax.default_backend())
     if platform is not None:
         platform = _PLATFORM_ALIASES.get(platform, platform)
@@ -113,7 +126,9 @@ def causal_attention(
     if implementation == "splash":
         return splash_on_mesh(q, k, v, mesh)
     if implementation == "blockwise":
-        return blockwise_attention(q, k, v, block)
+        return blockwise_attention(q, k, v, block, backward=backward)
+    if implementation == "xla":
+        return xla_attention(q, k, v, backward=backward)
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
 
 
@@ -122,9 +137,66 @@ def xla_attention(
     k: Float[Array, "B T K H"],
     v: Float[Array, "B T K H"],
     mask: Bool[Array, "B N T T"] | None = None,
+    backward: str = "autodiff",
 ) -> Float[Array, "B T N H"]:
-    """The materialised path: float32 [B, N, T, T] scores, softmax, probabilities in v's dtype."""
+    """The materialised path: float32 [B, N, T, T] scores, softmax, probabilities in v's dtype;
+    its backward jax's autodiff or, with `backward="compute"`, materialised_attention's."""
+    if backward == "compute":
+        return materialised_attention(q, k, v, mask)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation="xla")
+
+
+def _materialised_forward(q, k, v, mask):
+    """(o [B, T, N, H] in q's dtype, P [B, K, G, T, T] float32): the query heads grouped by their
+    KV head (head n reads KV head n // G), scores and softmax in float32, P @ V from P rounded to
+    v's dtype with float32 accumulation."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    G = N // K
+    s = jnp.einsum("btkgh,bskh->bkgts", q.reshape(B, T, K, G, H), k, preferred_element_type=jnp.float32) / math.sqrt(H)
+    allowed = jnp.tril(jnp.ones((T, T), bool))
+    if mask is not None:
+        allowed = allowed & mask.reshape(B, K, G, T, T)
+    p = jax.nn.softmax(jnp.where(allowed, s, _MASKED), axis=-1)
+    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.astype(q.dtype).reshape(B, T, N, H), p
+
+
+@jax.custom_vjp
+def materialised_attention(
+    q: Float[Array, "B T N H"],
+    k: Float[Array, "B T K H"],
+    v: Float[Array, "B T K H"],
+    mask: Bool[Array, "B N T T"] | None = None,
+) -> Float[Array, "B T N H"]:
+    """xla_attention's computation with FlashAttention-2's backward over the saved float32 P
+    (model.attention_backward="compute", the module docstring): dV = P^T dO and dP = dO V^T from
+    P and dO in the compute dtype, dS = P (dP - rowsum(dO O)) / sqrt(H) in float32 rounded to the
+    compute dtype, dQ = dS K and dK = dS^T Q; every product accumulated in float32."""
+    return _materialised_forward(q, k, v, mask)[0]
+
+
+def _materialised_fwd(q, k, v, mask):
+    o, p = _materialised_forward(q, k, v, mask)
+    return o, (q, k, v, o, p, mask)
+
+
+def _materialised_bwd(res, do):
+    q, k, v, o, p, mask = res
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    G = N // K
+    q5, o5, do5 = (x.reshape(B, T, K, G, H) for x in (q, o, do))
+    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do5, preferred_element_type=jnp.float32)
+    dp = jnp.einsum("btkgh,bskh->bkgts", do5, v, preferred_element_type=jnp.float32)
+    delta = jnp.sum(do5.astype(jnp.float32) * o5.astype(jnp.float32), axis=-1)  # rowsum(dO * O), [B, T, K, G]
+    ds = (p * (dp - delta.transpose(0, 2, 3, 1)[..., None]) / math.sqrt(H)).astype(q.dtype)
+    dq = jnp.einsum("bkgts,bskh->btkgh", ds, k, preferred_element_type=jnp.float32).reshape(B, T, N, H)
+    dk = jnp.einsum("bkgts,btkgh->bskh", ds, q5, preferred_element_type=jnp.float32)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+materialised_attention.defvjp(_materialised_fwd, _materialised_bwd)
 
 
 # ----------------------------------------------------------------------------- blockwise
@@ -136,15 +208,17 @@ def blockwise_attention(
     v: Float[Array, "B T K H"],
     block: int = BLOCK,
     materialised_up_to: int = MATERIALISED_UP_TO,
+    backward: str = "autodiff",
 ) -> Float[Array, "B T N H"]:
     """Memory-linear causal attention (FlashAttention-2 in jnp): forward and backward hold one
     [B, N, block, block] block of scores at a time, the length padded at the end to a multiple
     of `block` (padded keys come after every real query). Rows of at most `materialised_up_to`
-    tokens are the materialised computation itself (xla_attention, bit for bit)."""
+    tokens are the materialised computation itself (xla_attention, bit for bit, with its
+    `backward`)."""
     if block < 1:
         raise ValueError(f"blockwise attention block={block} must be >= 1")
     if q.shape[1] <= materialised_up_to:
-        return xla_attention(q, k, v)
+        return xla_attention(q, k, v, backward=backward)
     return _blockwise(q, k, v, block)
 
 

@@ -20,6 +20,12 @@ DOT_ACCUMULATIONS = ("auto", "output", "float32")  # "auto" and quant.core.ACCUM
 # layer; quant.core.narrow_cotangent; XLA:CPU still widens the weight gradient's product, which
 # contracts the tokens, to float32). The same program under float32 compute.
 HEAD_BACKWARDS = ("float32", "compute")
+# model.attention_backward: the materialised attention's backward (model/attention.py; the xla path and
+# blockwise's rows of at most 512 tokens): "autodiff" (jax's autodiff: float32 cotangents, so XLA widens a
+# bfloat16 run's backward products to float32) or "compute" (FlashAttention-2's precision, as blockwise's
+# longer rows: P and dS rounded to model.dtype before products accumulated in float32). The same
+# computation under float32 compute but for the summation order.
+ATTENTION_BACKWARDS = ("autodiff", "compute")
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # model.dtype (compute) and model.param_dtype
 # model.dtype in a config may also be "auto": bfloat16 where the host computes it fastest (GPU, TPU,
@@ -93,6 +99,7 @@ class ModelConfig:
     # instructions), "auto" (float32 on CPU, output elsewhere; model/precision.py)
     dot_accumulation: str = "auto"
     head_backward: str = "float32"  # HEAD_BACKWARDS
+    attention_backward: str = "autodiff"  # ATTENTION_BACKWARDS
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
@@ -110,6 +117,7 @@ class ModelConfig:
         check_attention(self.attention, self.dtype)
         check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
         check_in("model.head_backward", self.head_backward, HEAD_BACKWARDS)
+        check_in("model.attention_backward", self.attention_backward, ATTENTION_BACKWARDS)
         for name in ("tie_embeddings", "qkv_bias", "qk_norm", "scan_layers"):
             check_bool(f"model.{name}", getattr(self, name))
         if self.head_dim % 2:

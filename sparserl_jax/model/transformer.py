@@ -180,7 +180,9 @@ def forward(
 
     def block(layer, x, mask):
         q, k, v = (remat_policy.tag("qkv", act.heads(a)) for a in _qkv(layer, x, positions, cfg))
-        o = remat_policy.tag("attn_out", causal_attention(q, k, v, mask, cfg.attention, mesh=mesh))
+        o = remat_policy.tag(
+            "attn_out", causal_attention(q, k, v, mask, cfg.attention, mesh=mesh, backward=cfg.attention_backward)
+        )
         return _finish_block(layer, x, act.heads(o), cfg), (q, k, v)
 
     x, qkv = _run_blocks(block, params["layers"], x, attn_masks, act, remat, cfg.scan_layers, return_qkv)
