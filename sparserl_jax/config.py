@@ -22,6 +22,7 @@ from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import (
+    ATTENTION_BACKWARDS,
     COMPUTE_DTYPES,
     DOT_ACCUMULATIONS,
     DTYPES,
@@ -49,7 +50,8 @@ class ModelSource:
     scoring) run the layers under lax.scan (model/config.py ModelConfig.scan_layers: one compiled block);
     `dot_accumulation` how the projections accumulate under a bfloat16 `dtype` (model/config.py;
     auto: a float32 result rounded after on a CPU, which then uses its bfloat16 dot instructions);
-    `head_backward` the learner's LM-head backward under a bfloat16 `dtype` (model/config.py).
+    `head_backward` the learner's LM-head backward under a bfloat16 `dtype` (model/config.py),
+    `attention_backward` the materialised attention's backward (model/config.py ATTENTION_BACKWARDS).
     `dtype` "auto" is bfloat16 where the host computes it fastest and float32 elsewhere
     (model/precision.py auto_dtype); a run writes the dtype it chose into its config.yaml."""
 
@@ -60,6 +62,7 @@ class ModelSource:
     scan_layers: bool = False
     dot_accumulation: str = "auto"
     head_backward: str = "float32"
+    attention_backward: str = "autodiff"
     arch: ModelConfig = ModelConfig()
     init_from: str | None = None  # a run directory whose reference (warm-started) params to start from
 
@@ -70,6 +73,7 @@ class ModelSource:
         check_bool("model.scan_layers", self.scan_layers)
         check_in("model.dot_accumulation", self.dot_accumulation, DOT_ACCUMULATIONS)
         check_in("model.head_backward", self.head_backward, HEAD_BACKWARDS)
+        check_in("model.attention_backward", self.attention_backward, ATTENTION_BACKWARDS)
 
     @property
     def arch_settings(self) -> dict[str, str | bool]:
@@ -82,6 +86,7 @@ class ModelSource:
             scan_layers=self.scan_layers,
             dot_accumulation=self.dot_accumulation,
             head_backward=self.head_backward,
+            attention_backward=self.attention_backward,
         )
 
 

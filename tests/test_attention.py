@@ -23,6 +23,7 @@ from float_tol import EPS32, U16
 from test_dot_accumulation import _dot_types
 from test_sharding import run_on_fake_devices
 
+from sparserl_jax.config import ModelSource
 from sparserl_jax.model import attention as attn
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ATTENTION, ATTENTION_BACKWARDS, ModelConfig, check_attention
@@ -230,6 +231,9 @@ def test_settings_and_their_errors_name_the_setting():
     assert ATTENTION_BACKWARDS == ("autodiff", "compute") and ModelConfig().attention_backward == "autodiff"
     with pytest.raises(ValueError, match=r"model.attention_backward='bf16': accepted values are \('autodiff'"):
         ModelConfig(attention_backward="bf16")
+    with pytest.raises(ValueError, match=r"model.attention_backward='bf16': accepted values"):
+        ModelSource(attention_backward="bf16")
+    assert ModelSource(attention_backward="compute").arch_settings["attention_backward"] == "compute"
     with pytest.raises(ValueError, match=r"model.attention_backward='bf16': accepted values"):
         attn.causal_attention(q, q[:, :, :1], q[:, :, :1], implementation="xla", backward="bf16")
     with pytest.raises(ValueError, match=r"model.attention=cudnn needs a GPU \(jax's backend here is cpu\)"):

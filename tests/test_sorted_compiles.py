@@ -48,7 +48,12 @@ def warm_start(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm", list(ARMS))
+@pytest.mark.parametrize(
+    "arm",
+    [  # the batch scheduler's compile-once: tests/test_train.py's (the extended tier adds it from disk here)
+        pytest.param(arm, marks=pytest.mark.extended) if arm == "batch" else arm for arm in ARMS
+    ],
+)
 def test_no_compilation_after_the_first_iteration(arm, warm_start, tmp_path):
     cfg = load_config(
         [SMOKE],
