@@ -24,9 +24,8 @@ import argparse
 import collections
 import os
 import re
-import time
 
-from experiments.lib import figprov, micro_step_bench, workers  # import no JAX
+from experiments.lib import micro_step_bench  # import no JAX
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/
 ARMS = ("autodiff", "compute")  # model.attention_backward
@@ -79,43 +78,20 @@ def run(args) -> dict:
 
 def to_markdown(data: dict) -> str:
     a, c = data["arms"]["autodiff"], data["arms"]["compute"]
-    mib = lambda b: "-" if b is None else f"{b / 2**20:.1f}"  # noqa: E731
-    kinds = sorted(set(a["products"]) | set(c["products"]))
+    title = "The learner's micro-batch program: the attention's backward by autodiff vs at FlashAttention-2's precision"
     lines = [
-        "# The learner's micro-batch program: the attention's backward by autodiff vs at FlashAttention-2's precision",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
-        f"Shape: {data['shape']}. One micro-batch gradient program (rl/bucketed.py BucketedUpdate._micro, "
-        f"fused path), compiled per arm, then {data['rounds']} rounds alternating one step of each arm after "
-        "one untimed step each. Differences between the arms: gradient "
-        f"{data['grad_rel_diff']:.2g} of its largest entry, log-probs on the response positions "
-        f"{data['logp_abs_diff']:.2g} (absolute).",
-        "",
-        "| model.attention_backward | autodiff | compute | compute / autodiff |",
-        "|---|---:|---:|---:|",
-        f"| step, median wall s | {a['step_s']} | {c['step_s']} | {c['step_s'] / a['step_s']:.2f}x |",
-        f"| step, median CPU s | {a['step_cpu_s']} | {c['step_cpu_s']} | {c['step_cpu_s'] / a['step_cpu_s']:.2f}x |",
-        f"| steps, wall s | {', '.join(map(str, a['steps_s']))} | {', '.join(map(str, c['steps_s']))} | |",
-        *(f"| products {k} (compiled) | {a['products'].get(k, 0)} | {c['products'].get(k, 0)} | |" for k in kinds),
-        f"| XLA compile, s | {a['compile_s']} | {c['compile_s']} | |",
-        f"| temporaries, MiB | {mib(a['temp_bytes'])} | {mib(c['temp_bytes'])} | |",
+        *micro_step_bench.report_lines(title, data, ARMS, "model.attention_backward"),
+        *(
+            f"| products {k} (compiled) | {a['products'].get(k, 0)} | {c['products'].get(k, 0)} | |"
+            for k in sorted(set(a["products"]) | set(c["products"]))
+        ),
+        *micro_step_bench.report_tail(data, ARMS),
     ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    t0, cores = time.perf_counter(), workers.available_cores()
-    provenance = {**figprov.provenance(cores, None), "portable_cpu": "host"}
-    data = run(args)
-    data.update(command=figprov.command_line(cores), rounds=args.rounds)
-    data["provenance"] = {**provenance, "wall_s": round(time.perf_counter() - t0, 1)}
-    figprov.write_report(args.out, data, to_markdown(data))
-    print(to_markdown(data))
-    return data
+    return micro_step_bench.main(parse_args, run, to_markdown, argv)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
-from experiments.lib import figprov, micro_step_bench, workers  # import no JAX
+from experiments.lib import micro_step_bench  # import no JAX
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiments/
 ARMS = ("full", "response")
@@ -53,43 +52,18 @@ def run(args) -> dict:
 
 def to_markdown(data: dict) -> str:
     f, r = data["arms"]["full"], data["arms"]["response"]
-    mib = lambda b: "-" if b is None else f"{b / 2**20:.1f}"  # noqa: E731
+    title = "The learner's micro-batch program: the LM head over every position vs the response window"
     lines = [
-        "# The learner's micro-batch program: the LM head over every position vs the response window",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
-        f"Shape: {data['shape']}. One micro-batch gradient program (rl/bucketed.py BucketedUpdate._micro, "
-        f"fused path), compiled per arm, then {data['rounds']} rounds alternating one step of each arm after "
-        "one untimed step each. Differences between the arms: gradient "
-        f"{data['grad_rel_diff']:.2g} of its largest entry, log-probs on the response positions "
-        f"{data['logp_abs_diff']:.2g} (absolute).",
-        "",
-        "| | full | response | response / full |",
-        "|---|---:|---:|---:|",
-        f"| step, median wall s | {f['step_s']} | {r['step_s']} | {r['step_s'] / f['step_s']:.2f}x |",
-        f"| step, median CPU s | {f['step_cpu_s']} | {r['step_cpu_s']} | {r['step_cpu_s'] / f['step_cpu_s']:.2f}x |",
-        f"| steps, wall s | {', '.join(map(str, f['steps_s']))} | {', '.join(map(str, r['steps_s']))} | |",
+        *micro_step_bench.report_lines(title, data, ARMS, ""),
         f"| the head's rows per chunk (compiled) | {', '.join(map(str, f['head_rows']))} | "
         f"{', '.join(map(str, r['head_rows']))} | |",
-        f"| XLA compile, s | {f['compile_s']} | {r['compile_s']} | |",
-        f"| temporaries, MiB | {mib(f['temp_bytes'])} | {mib(r['temp_bytes'])} | |",
+        *micro_step_bench.report_tail(data, ARMS),
     ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    t0, cores = time.perf_counter(), workers.available_cores()
-    provenance = {**figprov.provenance(cores, None), "portable_cpu": "host"}
-    data = run(args)
-    data.update(command=figprov.command_line(cores), rounds=args.rounds)
-    data["provenance"] = {**provenance, "wall_s": round(time.perf_counter() - t0, 1)}
-    figprov.write_report(args.out, data, to_markdown(data))
-    print(to_markdown(data))
-    return data
+    return micro_step_bench.main(parse_args, run, to_markdown, argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import re
 import statistics
 import time
 
+from experiments.lib import figprov, workers
+
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
     """The micro-batch's shape and the timing's rounds (each script adds its own arms)."""
@@ -181,3 +183,51 @@ def shape_line(args, overrides: list[str]) -> str:
         f"{args.width} positions, each a {args.prompt_tokens}-token prompt and a {args.response_tokens}-token "
         f"response; pi_ref inside the program (loss.beta > 0)"
     )
+
+
+def report_lines(title: str, data: dict, arms: tuple[str, str], label: str) -> list[str]:
+    """The report's header (title, command, provenance, the shape and the arms' differences) and
+    its table's timing rows for two arms, `label` naming the setting the columns hold; each script
+    adds its own rows (report_tail closes the table)."""
+    a, b = (data["arms"][arm] for arm in arms)
+    return [
+        f"# {title}",
+        "",
+        f"`{data['command']}`",
+        "",
+        figprov.provenance_line(data),
+        "",
+        f"Shape: {data['shape']}. One micro-batch gradient program (rl/bucketed.py BucketedUpdate._micro, "
+        f"fused path), compiled per arm, then {data['rounds']} rounds alternating one step of each arm after "
+        "one untimed step each. Differences between the arms: gradient "
+        f"{data['grad_rel_diff']:.2g} of its largest entry, log-probs on the response positions "
+        f"{data['logp_abs_diff']:.2g} (absolute).",
+        "",
+        f"|{' ' + label if label else ''} | {arms[0]} | {arms[1]} | {arms[1]} / {arms[0]} |",
+        "|---|---:|---:|---:|",
+        f"| step, median wall s | {a['step_s']} | {b['step_s']} | {b['step_s'] / a['step_s']:.2f}x |",
+        f"| step, median CPU s | {a['step_cpu_s']} | {b['step_cpu_s']} | {b['step_cpu_s'] / a['step_cpu_s']:.2f}x |",
+        f"| steps, wall s | {', '.join(map(str, a['steps_s']))} | {', '.join(map(str, b['steps_s']))} | |",
+    ]
+
+
+def report_tail(data: dict, arms: tuple[str, str]) -> list[str]:
+    a, b = (data["arms"][arm] for arm in arms)
+    mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
+    return [
+        f"| XLA compile, s | {a['compile_s']} | {b['compile_s']} | |",
+        f"| temporaries, MiB | {mib(a['temp_bytes'])} | {mib(b['temp_bytes'])} | |",
+    ]
+
+
+def main(parse_args, run, to_markdown, argv=None) -> dict:
+    """A micro-step benchmark's command: parse, run the arms, write the JSON and its report."""
+    args = parse_args(argv)
+    t0, cores = time.perf_counter(), workers.available_cores()
+    provenance = {**figprov.provenance(cores, None), "portable_cpu": "host"}
+    data = run(args)
+    data.update(command=figprov.command_line(cores), rounds=args.rounds)
+    data["provenance"] = {**provenance, "wall_s": round(time.perf_counter() - t0, 1)}
+    figprov.write_report(args.out, data, to_markdown(data))
+    print(to_markdown(data))
+    return data
