@@ -48,8 +48,9 @@ def _inputs(dtype, T: int = LENGTHS[0], lengths=LENGTHS, seed: int = 0):
     return draw(0, N), draw(1, K), draw(2, K), w, real
 
 
-def _reference(q, k, v, w, lengths):
-    """Float64 causal GQA attention of each row over its own real tokens only, the gradient of
+def _reference(q, k, v, w, lengths, mask=None):
+    """Float64 causal GQA attention of each row over its own real tokens only (and the keys a
+    boolean `mask` [B, N, T, T] lets each query head see, when given), the gradient of
     sum(w * o) by hand (dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = dS K / sqrt(H),
     dK = dS^T Q / sqrt(H)), and each result's magnitude: the same sums over absolute values."""
     q, k, v, w = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (q, k, v, w))
@@ -61,6 +62,8 @@ def _reference(q, k, v, w, lengths):
         kb, vb, dob = k[b, :L], v[b, :L], w[b, :L].reshape(L, K, N // K, H)
         s = np.einsum("qkgh,ckh->kgqc", qb, kb) * scale
         causal = np.tril(np.ones((L, L), bool))
+        if mask is not None:
+            causal = causal & np.asarray(mask)[b, :, :L, :L].reshape(K, N // K, L, L)
         s = np.where(causal, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
@@ -126,20 +129,24 @@ def test_blockwise_matches_a_float64_attention_forward_and_gradient(dtype):
 
 def test_the_compute_backward_replays_a_mask_and_keeps_every_product_in_bfloat16():
     """model.attention_backward=compute: with a per-head mask (the sampler's replay) its forward
-    and gradients equal jax's materialised path within the float32 summation-order bound; in
+    and gradients equal the masked float64 reference on every real row within the float32 bound,
+    as jax's materialised path's do; in
     bfloat16 every product of the gradient program XLA receives takes bfloat16 operands with a
     float32 result (the autodiff path's backward has float32 operands: its float32 cotangents),
     blockwise's short rows alike."""
     T, lengths = 24, (24, 17)
     q, k, v, w, real = _inputs("float32", T=T, lengths=lengths)
     mask = jax.random.bernoulli(jax.random.key(3), 0.7, (2, N, T, T)) | jnp.eye(T, dtype=bool)
-    ref, mag = _reference(q, k, v, w, lengths)  # magnitudes of the unmasked attention bound the masked one's
-    fns = [(lambda q, k, v, b=b: attn.xla_attention(q, k, v, mask, backward=b)) for b in ("autodiff", "compute")]
-    want, got = ([jax.jit(fn)(q, k, v), *jax.grad(_loss(fn, w), argnums=(0, 1, 2))(q, k, v)] for fn in fns)
-    for what, a, b in zip(("o", "dq", "dk", "dv"), want, got):
-        err = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-        assert (err[real] <= 2 * _tolerance("float32", T, mag[what])[real]).all(), what
-    assert float(np.abs(np.asarray(want[0]) - np.asarray(attn.xla_attention(q, k, v))).max()) > 1e-3  # the mask acts
+    ref, mag = _reference(q, k, v, w, lengths, mask)
+    for backward in ATTENTION_BACKWARDS:
+        fn = lambda q, k, v, b=backward: attn.xla_attention(q, k, v, mask, backward=b)  # noqa: E731
+        got = [jax.jit(fn)(q, k, v), *jax.grad(_loss(fn, w), argnums=(0, 1, 2))(q, k, v)]
+        for what, g in zip(("o", "dq", "dk", "dv"), got):
+            err = np.abs(np.asarray(g, np.float64) - ref[what])
+            tol = _tolerance("float32", T, mag[what])
+            assert (err[real] <= tol[real]).all(), (backward, what, float((err - tol)[real].max()))
+    unmasked, _ = _reference(q, k, v, w, lengths)
+    assert np.abs(unmasked["o"] - ref["o"])[real].max() > 1e-3  # the mask acts
 
     qb, kb, vb, wb = (x.astype(jnp.bfloat16) for x in (q, k, v, w))
     for backward in ("compute", "autodiff"):
