@@ -20,6 +20,7 @@ from sparserl_jax.cli import DEFAULT_COMPILE_CACHE
 from sparserl_jax.config_io import from_dict, read_tree, to_dict
 from sparserl_jax.data.datasets import DatasetColumns
 from sparserl_jax.data.reward_pool import RewardPoolConfig
+from sparserl_jax.host_memory import HOST_MEMORY
 from sparserl_jax.kvcache.config import KVConfig
 from sparserl_jax.model.config import (
     ATTENTION_BACKWARDS,
@@ -183,6 +184,10 @@ class RunConfig:
     # them instead of compiling); "" or null: off. $SPARSERL_COMPILE_CACHE or JAX's own
     # JAX_COMPILATION_CACHE_DIR, when set, win (sparserl_jax/cli.py use_compile_cache)
     compile_cache: str | None = DEFAULT_COMPILE_CACHE
+    # how malloc serves XLA:CPU's buffers (sparserl_jax/host_memory.py HOST_MEMORY): "reuse" keeps
+    # freed ones mapped for the next program call (no page faults per call), "system" glibc's
+    # defaults, "auto" reuse where the CPU is JAX's platform; no number changes either way
+    host_memory: str = "auto"
 
     def __post_init__(self):
         for name, low in (
@@ -196,6 +201,7 @@ class RunConfig:
         ):
             check_at_least(f"train.{name}", getattr(self, name), low)
         check_in("train.eval_kv", self.eval_kv, EVAL_KV)
+        check_in("train.host_memory", self.host_memory, HOST_MEMORY)
         if self.eval_temperature is not None:
             check_at_least("train.eval_temperature", self.eval_temperature, 0, integer=False)
         check_number("train.seed", self.seed, integer=True)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
-from sparserl_jax import cli, components, distributed, quant
+from sparserl_jax import cli, components, distributed, host_memory, quant
 from sparserl_jax.config import TrainConfig, load_config
 from sparserl_jax.evaluate import evaluate_examples
 from sparserl_jax.model import sharding
@@ -39,8 +39,10 @@ class Trainer:
     """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
 
     def __init__(self, cfg: TrainConfig, *, log=print):
+        memory = host_memory.configure(cfg.train.host_memory)  # before JAX's backend starts
         self.coordinator = distributed.is_coordinator()
         self.log = log if self.coordinator else (lambda *args, **kwargs: None)
+        self.log(f"train.host_memory={cfg.train.host_memory}: {memory}")
         self.cfg = cfg = components.resolve_dtype(cfg, self.log)
         r = cfg.rollout
         self.batch_rows, self.call_rows = r.rows, r.call_rows
@@ -217,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     distributed.join(args.distributed)  # before any other JAX call; a no-op on a single process
     cfg = load_config(args.config, args.overrides)
+    host_memory.configure(cfg.train.host_memory)  # before the backend starts (the Trainer logs it)
     cli.use_compile_cache(cfg.train.compile_cache)  # before the first compile: train.compile_cache
     return Trainer(cfg).run()
 

@@ -53,7 +53,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "registry",
         "eval_metrics",
     ),  # leaves: nothing of the package
-    ("kernels", "quant", "kvcache", "data"),  # attention kernels, quantization, KV cache, tasks
+    ("kernels", "quant", "kvcache", "data", "host_memory"),  # attention kernels, quantization, KV cache, tasks, malloc
     ("model",),  # the transformer, HF import/export, sharding
     ("distributed", "fetch"),  # multi-process helpers; checkpoint download
     ("rollout", "rl"),  # sampling; the update

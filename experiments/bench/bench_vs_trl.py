@@ -158,11 +158,12 @@ def run_ours(job) -> dict:
     args, regime = job
     import jax
 
-    from sparserl_jax import compile_clock
+    from sparserl_jax import compile_clock, host_memory
     from sparserl_jax.train import Trainer
 
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = our_config(args, regime, out_dir)
+        memory = host_memory.configure(cfg.train.host_memory)  # what the Trainer applies, said
         trainer = Trainer(cfg, log=lambda *a, **k: None)
         trainer.start()
         padded = None if args.no_padded_reference else _padded_learner(trainer)
@@ -225,6 +226,7 @@ def run_ours(job) -> dict:
         "regime": regime,
         "iterations": rows,
         "generate_reference": generate,
+        "host_memory": memory,
         "jax": jax.__version__,
         "config": _config_dict(cfg),
     }
@@ -437,6 +439,7 @@ def markdown(report: dict) -> str:
         + ", ".join(dtypes)
         + " (bfloat16: bfloat16 compute over float32 master weights on both sides).",
         "",
+        *_host_memory_lines(report),
     ]
     for dtype, regimes in report["by_dtype"].items():
         lines += _dtype_lines(dtype, regimes)
@@ -451,6 +454,15 @@ def markdown(report: dict) -> str:
         lines.append("")
     lines += ["Per-iteration seconds of every arm and the resolved config are in the JSON next to this file."]
     return "\n".join(lines)
+
+
+def _host_memory_lines(report: dict) -> list[str]:
+    """Our arm's train.host_memory as it acted (reports from before the setting have none); TRL's
+    process keeps glibc's malloc, as its users run it."""
+    ours = next(iter(next(iter(report["by_dtype"].values())).values()))["ours"]
+    if "host_memory" not in ours:
+        return []
+    return [f"Host memory: ours (train.host_memory) {ours['host_memory']}; TRL: glibc's malloc, as its users run it.", ""]
 
 
 def _dtype_lines(dtype: str, regimes: dict) -> list[str]:

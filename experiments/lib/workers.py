@@ -31,10 +31,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
+
+from sparserl_jax import host_memory  # imports no JAX
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -73,16 +74,6 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def _backend_started() -> bool:
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
-    except ImportError:  # pragma: no cover - layout of a future jax
-        return True
-    return bool(getattr(xla_bridge, "_backends", {1: None}))
-
-
 # Compiled programs persist here across processes (JAX's compilation cache): the parallel runs of
 # a study compile each program once, later runs load it. Keyed by the program, jax version and
 # XLA flags, so it changes no number; JAX_COMPILATION_CACHE_DIR set by the user wins.
@@ -103,7 +94,7 @@ def pin_to_one_core(core: int | None = None) -> bool:
     (use_compile_cache) before JAX starts its CPU backend. Returns False, changing nothing, when
     the backend already runs (e.g. inside a test session): pinning then would slow the process
     without making it deterministic."""
-    if _backend_started():
+    if host_memory.backend_started():
         return False
     set_portable_cpu_env()
     use_compile_cache()
@@ -124,7 +115,7 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], cores: list[int] | No
     the other: that process cannot be made core-count independent anyway, and it saves each
     worker's start-up and compilation."""
     items = list(items)
-    if _backend_started():
+    if host_memory.backend_started():
         return [fn(item) for item in items]
     if not items:
         return []
