@@ -69,6 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", default=None, help="an HF checkpoint in place of the config's")
     p.add_argument("--no-padded-reference", action="store_true")
     p.add_argument(
+        "--trl-host-memory",
+        choices=("system", "reuse"),
+        default="system",
+        help="TRL's process's malloc (sparserl_jax/host_memory.py): system, as its users run it, or reuse, as ours",
+    )
+    p.add_argument(
         "--compute-dtype",
         dest="compute_dtypes",
         nargs="+",
@@ -258,6 +264,9 @@ def _trl_dataset(cfg, n_steps: int):
 
 def run_trl(job) -> dict:
     args, regime = job
+    from sparserl_jax import host_memory
+
+    memory = host_memory.configure(args.trl_host_memory)  # before torch starts its threads
     import torch
 
     torch.set_num_threads(1)
@@ -372,6 +381,7 @@ def run_trl(job) -> dict:
         "arm": "trl",
         "regime": regime,
         "iterations": rows,
+        "host_memory": memory,
         "trl": trl.__version__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -457,12 +467,12 @@ def markdown(report: dict) -> str:
 
 
 def _host_memory_lines(report: dict) -> list[str]:
-    """Our arm's train.host_memory as it acted (reports from before the setting have none); TRL's
-    process keeps glibc's malloc, as its users run it."""
-    ours = next(iter(next(iter(report["by_dtype"].values())).values()))["ours"]
-    if "host_memory" not in ours:
+    """Each arm's malloc as its process set it (reports from before the setting have none)."""
+    arms = next(iter(next(iter(report["by_dtype"].values())).values()))
+    if "host_memory" not in arms["ours"]:
         return []
-    return [f"Host memory: ours (train.host_memory) {ours['host_memory']}; TRL: glibc's malloc, as its users run it.", ""]
+    trl = arms["trl"].get("host_memory", "system: glibc's defaults")
+    return [f"Host memory: ours (train.host_memory) {arms['ours']['host_memory']}; TRL (--trl-host-memory) {trl}.", ""]
 
 
 def _dtype_lines(dtype: str, regimes: dict) -> list[str]:
