@@ -38,20 +38,25 @@ def backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", {1: None}))
 
 
-def cpu_platform() -> bool:
+def cpu_platform(platforms: str | None = None) -> bool:
     """Whether JAX will run on the CPU, read without starting its backend: the first entry of
-    jax_platforms (JAX_PLATFORMS) where one is set, else whether no accelerator plugin is
-    installed (a jax_plugins entry point or module, or libtpu)."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if "jax" in sys.modules:
-        platforms = sys.modules["jax"].config.jax_platforms or platforms
+    `platforms` (None: jax_platforms, else $JAX_PLATFORMS) where one is named, else whether no
+    accelerator plugin is installed (a jax_plugins entry point or module, or libtpu)."""
+    if platforms is None:
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        if "jax" in sys.modules:
+            platforms = sys.modules["jax"].config.jax_platforms or platforms
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
-    if importlib.metadata.entry_points(group="jax_plugins"):
-        return False
-    if importlib.util.find_spec("jax_plugins") is not None:
-        return False
-    return all(importlib.util.find_spec(m) is None for m in ACCELERATOR_MODULES)
+    return not accelerator_plugins()
+
+
+def accelerator_plugins() -> list[str]:
+    """The accelerator plugins JAX would find here: jax_plugins entry points, the jax_plugins
+    namespace package, libtpu."""
+    found = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    found += [m for m in ("jax_plugins", *ACCELERATOR_MODULES) if importlib.util.find_spec(m) is not None]
+    return found
 
 
 def _glibc():
@@ -70,8 +75,8 @@ def configure(setting: str) -> str:
     return what it did in a sentence (for the run's log). "reuse" where it cannot act (the backend
     already started, no glibc) is an error; "auto" then leaves malloc alone and says why."""
     check_in("train.host_memory", setting, HOST_MEMORY)
-    if _applied and setting != "system":
-        return _applied[0]
+    if _applied:  # for the process's life
+        return _applied[0] if setting != "system" else f"{_applied[0]}; system came too late to undo it"
     if setting == "system":
         return "system: glibc's defaults"
     if setting == "auto" and not cpu_platform():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import resource
 import statistics
 import time
 
@@ -107,7 +108,7 @@ def run_arms(args, arms: dict, inspect=None) -> tuple[dict, dict, object]:
     """`arms`: name -> (ModelConfig, RLConfig), the master weights drawn once (the first arm's
     model, float32) and every arm's compute copy cast from them. Returns (name -> record: median
     and every step's wall and CPU seconds, compile seconds, the head's rows, XLA's temporaries,
-    and what `inspect(compiled HLO text)` returns, a dict; name -> the untimed step's outputs
+    the median step's minor page faults, and what `inspect(compiled HLO text)` returns, a dict; name -> the untimed step's outputs
     (gradient accumulator, ..., log-probs); the response mask)."""
     import jax
     import numpy as np
@@ -131,15 +132,20 @@ def run_arms(args, arms: dict, inspect=None) -> tuple[dict, dict, object]:
         lowered = up._micro.lower(params, params, up._zeros(master), mb, norm, fused=True)
         compiled, compile_s, _ = _timed(lowered.compile)
         state[name] = dict(up=up, params=params, compiled=compiled, mb=mb, norm=norm, compile_s=compile_s)
-        state[name].update(walls=[], cpus=[], vocab=m.vocab_size)
+        state[name].update(walls=[], cpus=[], faults=[], vocab=m.vocab_size)
 
     def step(a):
         acc = a["up"]._zeros(master)
         jax.block_until_ready(acc)
         p = a["params"]
-        return _timed(lambda: jax.block_until_ready(a["compiled"](p, p, acc, a["mb"], a["norm"])))
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = _timed(lambda: jax.block_until_ready(a["compiled"](p, p, acc, a["mb"], a["norm"])))
+        a["faults"].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+        return out
 
     outs = {name: step(a)[0] for name, a in state.items()}  # untimed
+    for a in state.values():
+        a["faults"].clear()
     for _ in range(args.rounds):
         for a in state.values():
             _, wall, cpu = step(a)
@@ -152,6 +158,7 @@ def run_arms(args, arms: dict, inspect=None) -> tuple[dict, dict, object]:
             "step_s": round(statistics.median(a["walls"]), 3),
             "step_cpu_s": round(statistics.median(a["cpus"]), 3),
             "steps_s": [round(w, 3) for w in a["walls"]],
+            "step_faults": int(statistics.median(a["faults"])),  # minor page faults (the kernel's count)
             "compile_s": round(a["compile_s"], 2),
             "head_rows": head_rows(hlo, a["vocab"]),
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
