@@ -291,6 +291,7 @@ def test_mean_std_formatting():
     assert figlib.mean_std([1.0, 3.0]) == (2.0, 2.0**0.5)
 
 
+@pytest.mark.extended  # its cells are Study runs as fig a's arms; its rendering in the replot tests
 def test_fig_b_budget(runs_dir, tmp_path):
     data = fig_b_budget.main(["--smoke", "--budgets", "16", "48", "--out", str(tmp_path), "--runs-dir", runs_dir])
     _outputs(tmp_path, "budget")
