@@ -5,8 +5,11 @@ block over its mmap threshold with a fresh mapping and unmaps it when freed: eve
 one page fault per 4 KiB of them, and the kernel zeroes each page (a [512, 49,152] float32 result:
 24,577 faults a call; the learner's micro-batch step of SmolLM2-135M: about 570,000). "reuse" keeps
 freed memory in the process for the next call (one arena for every thread, no mmap, no trim), so
-after the first iteration the blocks are already mapped; it changes no number. It has to be set
-before JAX's backend starts (the backend's threads take their arenas then).
+after the first iteration the blocks are already mapped; it changes no number. The price is
+memory: freed blocks stay in the process, and a block one alignment pad short of the next request
+leaves a hole (the real model's learner step: 0.87x the time, 1.20x the largest resident set;
+experiments/results/bench_host_memory.md). It has to be set before JAX's backend starts (the
+backend's threads take their arenas then).
 """
 
 from __future__ import annotations

@@ -56,10 +56,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def traced_arm(args, dtype: str, trace_dir: str) -> dict:
     """--warmup untimed trainer iterations at model.dtype=`dtype`, then one traced."""
+    from sparserl_jax import host_memory
     from sparserl_jax.train import Trainer
 
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = Trainer(workload.train_config(args, dtype, out_dir), log=lambda *a, **k: None)
+        cfg = workload.train_config(args, dtype, out_dir)
+        memory = host_memory.configure(cfg.train.host_memory)  # what the Trainer applies, recorded
+        trainer = Trainer(cfg, log=lambda *a, **k: None)
         trainer.start()
         for _ in range(args.warmup):
             trainer.step()
@@ -69,7 +72,13 @@ def traced_arm(args, dtype: str, trace_dir: str) -> dict:
             m = trainer.step()
         wall = time.perf_counter() - t0
     phases = {p: m[f"time/{p}_s"] for p in ("rollout", "score", "update")}
-    return {"dtype": dtype, "wall_s": wall, "phases_s": phases, "response_tokens": m["update/tokens"]}
+    return {
+        "dtype": dtype,
+        "wall_s": wall,
+        "phases_s": phases,
+        "response_tokens": m["update/tokens"],
+        "host_memory": memory,
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
