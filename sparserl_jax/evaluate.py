@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from sparserl_jax import cli, components, distributed, eval_suite
+from sparserl_jax import cli, components, distributed, eval_suite, host_memory
 from sparserl_jax.checkpoint import restore_params
 from sparserl_jax.config import DataConfig, ModelSource, TrainConfig, load_config
 from sparserl_jax.data.datasets import PromptExample
@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     p.add_argument("--output-json", default=None)
     distributed.add_distributed_arg(p)
+    host_memory.add_host_memory_arg(p)
     p.add_argument(
         "--suite",
         default=None,
@@ -223,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.suite and (args.dataset or args.task):
         raise ValueError("--suite names its own benchmarks: drop --dataset / --task")
     suite = eval_suite.load_suite(args.suite) if args.suite else None  # a bad file fails before the model loads
+    host_memory.configure(args.host_memory)  # before JAX's backend starts
     distributed.join(args.distributed)  # before any other JAX call; a no-op on a single process
     cfg, parts = _load_policy(args)
     mesh = sharding.make_mesh(cfg.mesh)  # every process's devices; prompts split over them

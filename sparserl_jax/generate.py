@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparserl_jax import cli, quant
+from sparserl_jax import cli, host_memory, quant
 from sparserl_jax import kvcache as kv
 from sparserl_jax.kvcache.policies import POLICIES
 from sparserl_jax.model import hf
@@ -192,12 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-json", default=None)
     add_kv_args(p)
     add_quant_args(p)
+    host_memory.add_host_memory_arg(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = build_parser().parse_args(argv)
     check_flags(args, max_new_tokens=1, top_k=0, temperature=0.0)
+    host_memory.configure(args.host_memory)  # before the checkpoint's load starts JAX's backend
     model_cfg, params = hf.load_params(args.checkpoint, dtype=args.dtype)
     tokenizer = HFTokenizer.from_dir(args.checkpoint)
     ids = encode_prompts(tokenizer, args.prompt, args.chat)

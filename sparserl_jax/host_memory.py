@@ -14,6 +14,7 @@ backend's threads take their arenas then).
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import importlib.metadata
 import importlib.util
@@ -101,3 +102,14 @@ def configure(setting: str) -> str:
         f"reuse ({setting}): freed buffers stay mapped for the next program call (one arena, no mmap, no trim)"
     )
     return _applied[0]
+
+
+def add_host_memory_arg(p: argparse.ArgumentParser) -> None:
+    """--host-memory for the commands without a run config (generate, evaluate): train.host_memory's
+    values, applied by the command before JAX's backend starts."""
+    p.add_argument(
+        "--host-memory",
+        choices=HOST_MEMORY,
+        default="auto",
+        help="how malloc serves XLA:CPU's buffers, as train.host_memory (auto: reuse on the CPU)",
+    )

@@ -110,3 +110,37 @@ print(seen)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the command's own cache folder: it starts the backend
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "reuse (auto)" in out.stdout.strip().splitlines()[-1], out.stdout
+
+
+class _Stop(Exception):
+    """Raised by a stand-in at a command's first use of JAX."""
+
+
+@pytest.mark.parametrize(
+    "command, first_jax, argv",
+    [
+        ("generate", ("hf", "load_params"), ["--checkpoint", "ckpt", "--prompt", "hi"]),
+        ("evaluate", ("distributed", "join"), ["--checkpoint", "ckpt", "--task", "arithmetic"]),
+    ],
+)
+def test_the_commands_without_a_run_config_set_it_first(command, first_jax, argv, monkeypatch):
+    """generate and evaluate apply --host-memory before anything starts JAX's backend (stand-ins
+    stop each command at its first use of JAX: the wiring, not a run); a bad value is argparse's."""
+    import importlib
+
+    module = importlib.import_module(f"sparserl_jax.{command}")
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append("jax")
+        raise _Stop
+
+    monkeypatch.setattr(host_memory, "configure", lambda setting: seen.append(setting) or "")
+    monkeypatch.setattr(getattr(module, first_jax[0]), first_jax[1], stop)
+    with pytest.raises(_Stop):
+        module.main([*argv, "--host-memory", "system"])
+    with pytest.raises(_Stop):
+        module.main(argv)
+    assert seen == ["system", "jax", "auto", "jax"]
+    with pytest.raises(SystemExit):
+        module.main([*argv, "--host-memory", "hugepages"])
