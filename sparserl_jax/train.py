@@ -39,10 +39,11 @@ class Trainer:
     """Holds a run's state; `run()` trains from the last checkpoint (or the start) to the end."""
 
     def __init__(self, cfg: TrainConfig, *, log=print):
-        memory = host_memory.configure(cfg.train.host_memory)  # before JAX's backend starts
+        # before JAX's backend starts; what it did is logged and kept (benchmarks record it)
+        self.host_memory = host_memory.configure(cfg.train.host_memory)
         self.coordinator = distributed.is_coordinator()
         self.log = log if self.coordinator else (lambda *args, **kwargs: None)
-        self.log(f"train.host_memory={cfg.train.host_memory}: {memory}")
+        self.log(f"train.host_memory={cfg.train.host_memory}: {self.host_memory}")
         self.cfg = cfg = components.resolve_dtype(cfg, self.log)
         r = cfg.rollout
         self.batch_rows, self.call_rows = r.rows, r.call_rows

@@ -108,12 +108,10 @@ def run(args) -> dict:
 def to_markdown(data: dict) -> str:
     s, r = data["arms"]["system"], data["arms"]["reuse"]
     lines = [
-        "# The learner's micro-batch program: malloc's defaults vs freed buffers kept mapped (train.host_memory)",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head(
+            "The learner's micro-batch program: malloc's defaults vs freed buffers kept mapped (train.host_memory)",
+            data,
+        ),
         f"Shape: {data['shape']}. Processes of each arm: {data['processes']}, alternating system, reuse, ... "
         f"on the same core; each compiles the program, takes one untimed step, then {data['rounds']} timed "
         f"ones. Response log-probs bit for bit the same in every process: {data['same_logp_bits']}.",

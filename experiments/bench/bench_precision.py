@@ -128,12 +128,7 @@ def to_markdown(data: dict) -> str:
     flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in data["cpu_flags"].items())
     f32, b16 = s["float32"], s["bfloat16"]
     lines = [
-        "# Float32 vs bfloat16 compute: a SmolLM2-135M GRPO iteration",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head("Float32 vs bfloat16 compute: a SmolLM2-135M GRPO iteration", data),
         f"CPU flags: {flags}. Workload: "
         f"{data['workload']}; median of {data['iterations']} timed iterations after "
         f"{data['warmup']} untimed (compiles in timed iterations: float32 {f32['compiles_in_timed']}, "

@@ -206,12 +206,7 @@ def summarise(arms: dict, responses: int) -> dict:
 def to_markdown(data: dict) -> str:
     load = data["load_average"]
     lines = [
-        "# Reward throughput: serial checks vs the reward pool",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head("Reward throughput: serial checks vs the reward pool", data),
         f"Workload: {data['responses']} responses a batch, {data['repeats']} batches (fresh responses each, "
         f"the same for every arm), per-check limit {data['timeout_s']:g} s; answers by kind over all "
         f"batches: {', '.join(f'{k} {v}' for k, v in data['kinds'].items())}; mean reward "

@@ -180,12 +180,9 @@ def to_markdown(data: dict) -> str:
         ("HLO text lines", "hlo_lines"),
     ]
     lines = [
-        "# The learner's gradient program: layers unrolled vs under lax.scan (model.scan_layers)",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head(
+            "The learner's gradient program: layers unrolled vs under lax.scan (model.scan_layers)", data
+        ),
         f"Shape: {data['shape']}. One micro-batch gradient program (rl/bucketed.py BucketedUpdate._micro, "
         f"fused path), median of {data['steps']} timed steps after one untimed. Gradient difference "
         f"between the arms: {data['grad_rel_diff']:.2g} of its largest entry.",

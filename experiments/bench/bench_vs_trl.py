@@ -164,12 +164,11 @@ def run_ours(job) -> dict:
     args, regime = job
     import jax
 
-    from sparserl_jax import compile_clock, host_memory
+    from sparserl_jax import compile_clock
     from sparserl_jax.train import Trainer
 
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = our_config(args, regime, out_dir)
-        memory = host_memory.configure(cfg.train.host_memory)  # what the Trainer applies, said
         trainer = Trainer(cfg, log=lambda *a, **k: None)
         trainer.start()
         padded = None if args.no_padded_reference else _padded_learner(trainer)
@@ -232,7 +231,7 @@ def run_ours(job) -> dict:
         "regime": regime,
         "iterations": rows,
         "generate_reference": generate,
-        "host_memory": memory,
+        "host_memory": trainer.host_memory,
         "jax": jax.__version__,
         "config": _config_dict(cfg),
     }
@@ -471,8 +470,8 @@ def _host_memory_lines(report: dict) -> list[str]:
     arms = next(iter(next(iter(report["by_dtype"].values())).values()))
     if "host_memory" not in arms["ours"]:
         return []
-    trl = arms["trl"].get("host_memory", "system: glibc's defaults")
-    return [f"Host memory: ours (train.host_memory) {arms['ours']['host_memory']}; TRL (--trl-host-memory) {trl}.", ""]
+    ours, trl = arms["ours"]["host_memory"], arms["trl"]["host_memory"]
+    return [f"Host memory: ours (train.host_memory) {ours}; TRL (--trl-host-memory) {trl}.", ""]
 
 
 def _dtype_lines(dtype: str, regimes: dict) -> list[str]:

@@ -56,13 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def traced_arm(args, dtype: str, trace_dir: str) -> dict:
     """--warmup untimed trainer iterations at model.dtype=`dtype`, then one traced."""
-    from sparserl_jax import host_memory
     from sparserl_jax.train import Trainer
 
     with tempfile.TemporaryDirectory() as out_dir:
-        cfg = workload.train_config(args, dtype, out_dir)
-        memory = host_memory.configure(cfg.train.host_memory)  # what the Trainer applies, recorded
-        trainer = Trainer(cfg, log=lambda *a, **k: None)
+        trainer = Trainer(workload.train_config(args, dtype, out_dir), log=lambda *a, **k: None)
         trainer.start()
         for _ in range(args.warmup):
             trainer.step()
@@ -77,7 +74,7 @@ def traced_arm(args, dtype: str, trace_dir: str) -> dict:
         "wall_s": wall,
         "phases_s": phases,
         "response_tokens": m["update/tokens"],
-        "host_memory": memory,
+        "host_memory": trainer.host_memory,
     }
 
 
@@ -100,12 +97,7 @@ def to_markdown(data: dict) -> str:
     arms = data["arms"]
     flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in data["cpu_flags"].items())
     lines = [
-        "# Where a SmolLM2-135M GRPO iteration's time goes on this CPU, op by op",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head("Where a SmolLM2-135M GRPO iteration's time goes on this CPU, op by op", data),
         f"CPU flags: {flags}. Numerics: {data['numerics']}. Workload: {data['workload']}; one traced "
         f"iteration per arm after {data['warmup']} untimed. Seconds: the XLA thunks' own, summed over "
         "the iteration (loops and conditionals left out: they hold the others); the iteration's wall "

@@ -174,6 +174,11 @@ def _fields(commit: str, tree: str, cpu: str | None, jax: str | None, cores: int
     )
 
 
+def report_head(title: str, data: dict) -> list[str]:
+    """A benchmark report's first lines: its title, the command that wrote it, its provenance."""
+    return [f"# {title}", "", f"`{data['command']}`", "", provenance_line(data), ""]
+
+
 def provenance_line(data: dict, results_json: str | None = None) -> str:
     """results.md's provenance sentence, from data['provenance'] (or, for results that did not
     record it, what git says of their results.json): the commit at the start of the run, whether

@@ -198,12 +198,7 @@ def report_lines(title: str, data: dict, arms: tuple[str, str], label: str) -> l
     adds its own rows (report_tail closes the table)."""
     a, b = (data["arms"][arm] for arm in arms)
     return [
-        f"# {title}",
-        "",
-        f"`{data['command']}`",
-        "",
-        figprov.provenance_line(data),
-        "",
+        *figprov.report_head(title, data),
         f"Shape: {data['shape']}. One micro-batch gradient program (rl/bucketed.py BucketedUpdate._micro, "
         f"fused path), compiled per arm, then {data['rounds']} rounds alternating one step of each arm after "
         "one untimed step each. Differences between the arms: gradient "
