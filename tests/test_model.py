@@ -11,6 +11,7 @@ from float_tol import logprob_tol
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
+from sparserl_jax.model.layers import rope_inv_freq, rope_tables, sequence_rope_tables
 
 FAMILIES = ["qwen2", "llama", "qwen3"]
 
@@ -80,6 +81,25 @@ def test_jit_and_eager_agree():
     np.testing.assert_allclose(eager, jitted, atol=logprob_tol(cfg, params, keys=8))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_rope_tables_are_constants_of_the_learner_program(family):
+    """The learner's gradient program computes no cos or sin (the positions' tables are constants
+    of the program: sequence_rope_tables), and the tables are the angles' cos and sin (float64
+    reference, float32 rounding), Llama-3's scaled frequencies included."""
+    import re
+
+    cfg, params = _model(family, seed=3)
+    tokens = jax.random.randint(jax.random.key(4), (2, 12), 0, cfg.vocab_size)
+    grad = jax.jit(jax.grad(lambda p, t: tf.forward(p, cfg, t).astype(jnp.float32).sum()))
+    hlo = grad.lower(params, tokens).compile().as_text()
+    assert not re.findall(r" (cosine|sine)\(", hlo)
+    cos, sin = (np.asarray(t) for t in sequence_rope_tables(12, cfg))
+    angles = np.arange(12)[None, :, None] * np.asarray(rope_inv_freq(cfg), np.float64)
+    assert cos.shape == sin.shape == (1, 12, cfg.head_dim // 2)
+    np.testing.assert_allclose(cos, np.cos(angles), atol=4 * np.finfo(np.float32).eps * max(1.0, angles.max()))
+    np.testing.assert_allclose(sin, np.sin(angles), atol=4 * np.finfo(np.float32).eps * max(1.0, angles.max()))
+
+
 def test_causal_gradients():
     """The log-prob at position t must not depend on inputs after t."""
     cfg, params = _model("llama", seed=9)
@@ -89,9 +109,9 @@ def test_causal_gradients():
     def logprob_at(x_emb, t):
         p = dict(params)
         h = x_emb
-        positions = jnp.arange(10)[None]
+        rope = rope_tables(jnp.arange(10)[None], rope_inv_freq(cfg))
         for layer in p["layers"]:
-            q, k, v = tf._qkv(layer, h, positions, cfg)
+            q, k, v = tf._qkv(layer, h, rope, cfg)
             h = tf._finish_block(layer, h, tf.causal_attention(q, k, v), cfg)
         return tf.logits_from_hidden(p, h)[0, t].sum()
 

@@ -38,13 +38,29 @@ def rope_inv_freq(cfg: ModelConfig) -> Float[Array, " H2"]:
     return jnp.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(
-    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], inv_freq: Float[Array, " H2"]
-) -> Float[Array, "B T N H"]:
-    """Rotate-half RoPE (HF convention: the two halves of the head dim form the pairs)."""
+RopeTables = tuple[Float[Array, "B T H2"], Float[Array, "B T H2"]]
+
+
+def rope_tables(positions: Int[Array, "B T"], inv_freq: Float[Array, " H2"]) -> RopeTables:
+    """cos and sin of every position's angles, float32: computed once for all layers (and both of
+    a layer's q and k) rather than inside each layer's RoPE."""
     angles_BxTxH2 = positions[..., None].astype(jnp.float32) * inv_freq
-    cos = jnp.cos(angles_BxTxH2)[:, :, None, :]
-    sin = jnp.sin(angles_BxTxH2)[:, :, None, :]
+    return jnp.cos(angles_BxTxH2), jnp.sin(angles_BxTxH2)
+
+
+def sequence_rope_tables(T: int, cfg: ModelConfig) -> RopeTables:
+    """rope_tables of positions 0 .. T - 1 ([1, T, H / 2], broadcast over rows) as constants of
+    the program, computed while it is traced: left in the program, XLA:CPU fused the angles' cos
+    and sin into each layer's RoPE, one of each per element of [B, T, N, H] rather than of
+    [T, H / 2], in the forward and again in the backward."""
+    with jax.ensure_compile_time_eval():
+        return rope_tables(jnp.arange(T, dtype=jnp.int32)[None], rope_inv_freq(cfg))
+
+
+def apply_rope(x: Float[Array, "B T N H"], rope: RopeTables) -> Float[Array, "B T N H"]:
+    """Rotate-half RoPE (HF convention: the two halves of the head dim form the pairs), from the
+    positions' rope_tables."""
+    cos, sin = (t[:, :, None, :] for t in rope)
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

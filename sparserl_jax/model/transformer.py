@@ -36,7 +36,15 @@ from sparserl_jax.model import attention
 from sparserl_jax.model import remat as remat_policy
 from sparserl_jax.model.activation_sharding import ActivationSharding
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.model.layers import apply_rope, rms_norm, rope_inv_freq, swiglu_mlp
+from sparserl_jax.model.layers import (
+    RopeTables,
+    apply_rope,
+    rms_norm,
+    rope_inv_freq,
+    rope_tables,
+    sequence_rope_tables,
+    swiglu_mlp,
+)
 from sparserl_jax.model.precision import accumulation, compute_params
 from sparserl_jax.quant.core import QWeight, dot, merge_leading_axes, narrow_cotangent
 
@@ -121,7 +129,7 @@ def head(params: Params) -> tuple[Float[Array, "D V"] | Float[Array, "V D"], str
 # ----------------------------------------------------------------------------- blocks
 
 
-def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cfg: ModelConfig):
+def _qkv(layer: dict, x: Float[Array, "B T D"], rope: RopeTables, cfg: ModelConfig):
     h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
     acc = accumulation(cfg)
     q = dot("btd,dnh->btnh", h, layer["q"], accumulate=acc)
@@ -132,8 +140,7 @@ def _qkv(layer: dict, x: Float[Array, "B T D"], positions: Int[Array, "B T"], cf
     if cfg.qk_norm:
         q = rms_norm(q, layer["q_norm"], cfg.norm_eps)
         k = rms_norm(k, layer["k_norm"], cfg.norm_eps)
-    inv_freq = rope_inv_freq(cfg)
-    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+    return apply_rope(q, rope), apply_rope(k, rope), v
 
 
 def _finish_block(layer: dict, x: Float[Array, "B T D"], o: Float[Array, "B T N H"], cfg: ModelConfig):
@@ -174,12 +181,11 @@ def forward(
     cfg.scan_layers the blocks run as one lax.scan (_run_blocks), the same values either way."""
     params = compute_params(params, cfg)
     act = ActivationSharding(mesh)
-    B, T = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    rope = sequence_rope_tables(tokens.shape[1], cfg)
     x = act.rows(act.lookup_table(params["embed"])[tokens])
 
     def block(layer, x, mask):
-        q, k, v = (remat_policy.tag("qkv", act.heads(a)) for a in _qkv(layer, x, positions, cfg))
+        q, k, v = (remat_policy.tag("qkv", act.heads(a)) for a in _qkv(layer, x, rope, cfg))
         o = remat_policy.tag(
             "attn_out", causal_attention(q, k, v, mask, cfg.attention, mesh=mesh, backward=cfg.attention_backward)
         )
@@ -492,10 +498,10 @@ def decode_step(
     sharded on it) each device attends with its own cache shard under shard_map.
     """
     params = compute_params(params, cfg)
-    positions = cache.length[:, None]
+    rope = rope_tables(cache.length[:, None], rope_inv_freq(cfg))
     x = params["embed"][tokens][:, None, :]
     for i, layer in enumerate(params["layers"]):
-        q, k, v = _qkv(layer, x, positions, cfg)
+        q, k, v = _qkv(layer, x, rope, cfg)
         cache = kvc.write_token(cache, i, k[:, 0], v[:, 0])
         o, lse = kernels.decode_attention(
             q[:, 0],
