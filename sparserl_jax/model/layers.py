@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from sparserl_jax.model.config import ModelConfig
@@ -50,11 +51,14 @@ def rope_tables(positions: Int[Array, "B T"], inv_freq: Float[Array, " H2"]) -> 
 
 def sequence_rope_tables(T: int, cfg: ModelConfig) -> RopeTables:
     """rope_tables of positions 0 .. T - 1 ([1, T, H / 2], broadcast over rows) as constants of
-    the program, computed while it is traced: left in the program, XLA:CPU fused the angles' cos
-    and sin into each layer's RoPE, one of each per element of [B, T, N, H] rather than of
-    [T, H / 2], in the forward and again in the backward."""
-    with jax.ensure_compile_time_eval():
-        return rope_tables(jnp.arange(T, dtype=jnp.int32)[None], rope_inv_freq(cfg))
+    the program, computed in float32 NumPy while it is traced (no program of their own to compile
+    per width): left in the program, XLA:CPU fused the angles' cos and sin into each layer's RoPE,
+    one of each per element of [B, T, N, H] rather than of [T, H / 2], in the forward and again in
+    the backward."""
+    with jax.ensure_compile_time_eval():  # the frequencies: one small program per model, not per T
+        inv_freq = np.asarray(rope_inv_freq(cfg), np.float32)
+    angles_1xTxH2 = np.arange(T, dtype=np.float32)[None, :, None] * inv_freq
+    return jnp.asarray(np.cos(angles_1xTxH2)), jnp.asarray(np.sin(angles_1xTxH2))
 
 
 def apply_rope(x: Float[Array, "B T N H"], rope: RopeTables) -> Float[Array, "B T N H"]:
