@@ -11,7 +11,7 @@ from float_tol import logprob_tol
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.model.layers import rope_inv_freq, rope_tables, sequence_rope_tables
+from sparserl_jax.model.layers import rope_frequencies, rope_inv_freq, rope_tables, sequence_rope_tables
 
 FAMILIES = ["qwen2", "llama", "qwen3"]
 
@@ -98,6 +98,18 @@ def test_rope_tables_are_constants_of_the_learner_program(family):
     assert cos.shape == sin.shape == (1, 12, cfg.head_dim // 2)
     np.testing.assert_allclose(cos, np.cos(angles), atol=4 * np.finfo(np.float32).eps * max(1.0, angles.max()))
     np.testing.assert_allclose(sin, np.sin(angles), atol=4 * np.finfo(np.float32).eps * max(1.0, angles.max()))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_rope_frequencies_are_hf_bit_for_bit(family):
+    """rope_frequencies (the learner's tables and the decode step's) compute HF's 1 / theta **
+    (2i / H) operation for operation: torch's float32 bits, where a jitted program's rewrite of it
+    is one rounding off on some frequencies."""
+    torch = pytest.importorskip("torch")
+    cfg = ModelConfig.tiny(family)
+    H = cfg.head_dim
+    hf = 1.0 / (cfg.rope_theta ** (torch.arange(0, H, 2, dtype=torch.int64).float() / H))
+    np.testing.assert_array_equal(rope_frequencies(cfg), hf.numpy())
 
 
 def test_causal_gradients():

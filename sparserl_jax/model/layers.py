@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -39,6 +40,18 @@ def rope_inv_freq(cfg: ModelConfig) -> Float[Array, " H2"]:
     return jnp.where(is_medium, smoothed, scaled)
 
 
+@functools.lru_cache(maxsize=64)
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """rope_inv_freq as float32 constants, computed once per model by jax's eager operations: HF's
+    formula operation for operation (inside a jitted program XLA rewrites 1 / theta ** x as
+    theta ** -x, one float32 rounding off on some frequencies), the same for the learner's tables
+    and the decode step's."""
+    with jax.ensure_compile_time_eval():
+        inv_freq = np.asarray(rope_inv_freq(cfg), np.float32)
+    inv_freq.setflags(write=False)
+    return inv_freq
+
+
 RopeTables = tuple[Float[Array, "B T H2"], Float[Array, "B T H2"]]
 
 
@@ -55,9 +68,7 @@ def sequence_rope_tables(T: int, cfg: ModelConfig) -> RopeTables:
     per width): left in the program, XLA:CPU fused the angles' cos and sin into each layer's RoPE,
     one of each per element of [B, T, N, H] rather than of [T, H / 2], in the forward and again in
     the backward."""
-    with jax.ensure_compile_time_eval():  # the frequencies: one small program per model, not per T
-        inv_freq = np.asarray(rope_inv_freq(cfg), np.float32)
-    angles_1xTxH2 = np.arange(T, dtype=np.float32)[None, :, None] * inv_freq
+    angles_1xTxH2 = np.arange(T, dtype=np.float32)[None, :, None] * rope_frequencies(cfg)
     return jnp.asarray(np.cos(angles_1xTxH2)), jnp.asarray(np.sin(angles_1xTxH2))
 
 

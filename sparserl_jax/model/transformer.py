@@ -40,7 +40,7 @@ from sparserl_jax.model.layers import (
     RopeTables,
     apply_rope,
     rms_norm,
-    rope_inv_freq,
+    rope_frequencies,
     rope_tables,
     sequence_rope_tables,
     swiglu_mlp,
@@ -498,7 +498,7 @@ def decode_step(
     sharded on it) each device attends with its own cache shard under shard_map.
     """
     params = compute_params(params, cfg)
-    rope = rope_tables(cache.length[:, None], rope_inv_freq(cfg))
+    rope = rope_tables(cache.length[:, None], rope_frequencies(cfg))
     x = params["embed"][tokens][:, None, :]
     for i, layer in enumerate(params["layers"]):
         q, k, v = _qkv(layer, x, rope, cfg)
