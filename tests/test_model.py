@@ -11,7 +11,7 @@ from float_tol import logprob_tol
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.model.layers import rope_frequencies, rope_inv_freq, rope_tables, sequence_rope_tables
+from sparserl_jax.model.layers import rope_frequencies, rope_inv_freq, rope_tables, sequence_rope_tables, silu
 
 FAMILIES = ["qwen2", "llama", "qwen3"]
 
@@ -110,6 +110,31 @@ def test_rope_frequencies_are_hf_bit_for_bit(family):
     H = cfg.head_dim
     hf = 1.0 / (cfg.rope_theta ** (torch.arange(0, H, 2, dtype=torch.int64).float() / H))
     np.testing.assert_array_equal(rope_frequencies(cfg), hf.numpy())
+
+
+def test_bfloat16_silu_times_up_is_torch_s():
+    """SwiGLU's silu(gate) * up on bfloat16 as HF's MLP computes it: the forward torch's bits (F.silu
+    in float opmath rounded once, then the bfloat16 product), the gradients within one bfloat16 ulp
+    of torch's (XLA may keep dy * up unrounded: xla_allow_excess_precision), on random inputs;
+    jax.nn.silu on bfloat16 misses a third of the forward's bits and hundreds of ulps of the
+    gradient (the checks that this test can fail)."""
+    torch = pytest.importorskip("torch")
+    gate, up, dy = (jax.random.normal(jax.random.key(i), (64, 96), jnp.float32).astype(jnp.bfloat16) * 3 for i in range(3))
+    tg, tu, tdy = (torch.tensor(np.asarray(a.astype(jnp.float32))).bfloat16() for a in (gate, up, dy))
+    tg.requires_grad_(), tu.requires_grad_()
+    want = torch.nn.functional.silu(tg) * tu
+    want.backward(tdy)
+    bf16_ulp = lambda t: np.spacing(np.abs(t)) * 2.0**16  # float32's spacing x 2^16 = bfloat16's
+
+    def run(act):
+        return jax.jit(lambda g, u, d: jax.vjp(lambda g, u: act(g) * u, g, u))(gate, up, dy)
+
+    for act, fits in ((silu, True), (jax.nn.silu, False)):
+        out, vjp = run(act)
+        dg, du = (np.asarray(x.astype(jnp.float32)) for x in vjp(dy))
+        same_bits = np.array_equal(np.asarray(out.astype(jnp.float32)), want.detach().float().numpy())
+        ulps = max(np.max(np.abs(d - t.grad.float().numpy()) / bf16_ulp(t.grad.float().numpy())) for d, t in ((dg, tg), (du, tu)))
+        assert (same_bits and ulps <= 1.0) == fits, (act, same_bits, ulps)
 
 
 def test_causal_gradients():
