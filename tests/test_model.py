@@ -119,7 +119,9 @@ def test_bfloat16_silu_times_up_is_torch_s():
     jax.nn.silu on bfloat16 misses a third of the forward's bits and hundreds of ulps of the
     gradient (the checks that this test can fail)."""
     torch = pytest.importorskip("torch")
-    gate, up, dy = (jax.random.normal(jax.random.key(i), (64, 96), jnp.float32).astype(jnp.bfloat16) * 3 for i in range(3))
+    gate, up, dy = (
+        jax.random.normal(jax.random.key(i), (64, 96), jnp.float32).astype(jnp.bfloat16) * 3 for i in range(3)
+    )
     tg, tu, tdy = (torch.tensor(np.asarray(a.astype(jnp.float32))).bfloat16() for a in (gate, up, dy))
     tg.requires_grad_(), tu.requires_grad_()
     want = torch.nn.functional.silu(tg) * tu
@@ -133,7 +135,10 @@ def test_bfloat16_silu_times_up_is_torch_s():
         out, vjp = run(act)
         dg, du = (np.asarray(x.astype(jnp.float32)) for x in vjp(dy))
         same_bits = np.array_equal(np.asarray(out.astype(jnp.float32)), want.detach().float().numpy())
-        ulps = max(np.max(np.abs(d - t.grad.float().numpy()) / bf16_ulp(t.grad.float().numpy())) for d, t in ((dg, tg), (du, tu)))
+        ulps = max(
+            np.max(np.abs(d - t.grad.float().numpy()) / bf16_ulp(t.grad.float().numpy()))
+            for d, t in ((dg, tg), (du, tu))
+        )
         assert (same_bits and ulps <= 1.0) == fits, (act, same_bits, ulps)
 
 
