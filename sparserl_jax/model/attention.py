@@ -146,20 +146,36 @@ def xla_attention(
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation="xla")
 
 
+def _grouped_heads(x: Float[Array, "B T N H"], K: int) -> Float[Array, "B K G T H"]:
+    """Query-side heads (q, o, dO) head-major, grouped by their KV head (head n reads KV head n // G)."""
+    B, T, N, H = x.shape
+    return x.reshape(B, T, K, N // K, H).transpose(0, 2, 3, 1, 4)
+
+
+def _token_major(x: Float[Array, "B K G T H"]) -> Float[Array, "B T N H"]:
+    B, K, G, T, H = x.shape
+    return x.transpose(0, 3, 1, 2, 4).reshape(B, T, K * G, H)
+
+
 def _materialised_forward(q, k, v, mask):
     """(o [B, T, N, H] in q's dtype, P [B, K, G, T, T] float32): the query heads grouped by their
-    KV head (head n reads KV head n // G), scores and softmax in float32, P @ V from P rounded to
-    v's dtype with float32 accumulation."""
+    KV head, scores and softmax in float32, P @ V from P rounded to v's dtype with float32
+    accumulation. Every product runs head-major ([B, K, G, T, H] x [B, K, S, H], the operands
+    transposed once here): left to pick from [B, T, N, H] operands, XLA:CPU computed the scores
+    transposed and moved the [T, T] arrays twice (the bfloat16 micro-batch's attention forward 2.0x
+    and forward + backward 1.7x slower, bench_attention_backward's shape)."""
     B, T, N, H = q.shape
     K = k.shape[2]
     G = N // K
-    s = jnp.einsum("btkgh,bskh->bkgts", q.reshape(B, T, K, G, H), k, preferred_element_type=jnp.float32) / math.sqrt(H)
+    qh = _grouped_heads(q, K)
+    kh, vh = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, S, H]
+    s = jnp.einsum("bkgth,bksh->bkgts", qh, kh, preferred_element_type=jnp.float32) / math.sqrt(H)
     allowed = jnp.tril(jnp.ones((T, T), bool))
     if mask is not None:
         allowed = allowed & mask.reshape(B, K, G, T, T)
     p = jax.nn.softmax(jnp.where(allowed, s, _MASKED), axis=-1)
-    o = jnp.einsum("bkgts,bskh->btkgh", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o.astype(q.dtype).reshape(B, T, N, H), p
+    oh = jnp.einsum("bkgts,bksh->bkgth", p.astype(v.dtype), vh, preferred_element_type=jnp.float32)
+    return _token_major(oh.astype(q.dtype)), p
 
 
 @jax.custom_vjp
@@ -183,17 +199,18 @@ def _materialised_fwd(q, k, v, mask):
 
 def _materialised_bwd(res, do):
     q, k, v, o, p = res
-    B, T, N, H = q.shape
+    H = q.shape[-1]
     K = k.shape[2]
-    G = N // K
-    q5, o5, do5 = (x.reshape(B, T, K, G, H) for x in (q, o, do))
-    dv = jnp.einsum("bkgts,btkgh->bskh", p.astype(do.dtype), do5, preferred_element_type=jnp.float32)
-    dp = jnp.einsum("btkgh,bskh->bkgts", do5, v, preferred_element_type=jnp.float32)
-    delta = jnp.sum(do5.astype(jnp.float32) * o5.astype(jnp.float32), axis=-1)  # rowsum(dO * O), [B, T, K, G]
-    ds = (p * (dp - delta.transpose(0, 2, 3, 1)[..., None]) / math.sqrt(H)).astype(q.dtype)
-    dq = jnp.einsum("bkgts,bskh->btkgh", ds, k, preferred_element_type=jnp.float32).reshape(B, T, N, H)
-    dk = jnp.einsum("bkgts,btkgh->bskh", ds, q5, preferred_element_type=jnp.float32)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # no cotangent for the mask
+    qh, oh, doh = (_grouped_heads(x, K) for x in (q, o, do))  # [B, K, G, T, H], head-major as the forward's
+    kh, vh = (x.transpose(0, 2, 1, 3) for x in (k, v))
+    dvh = jnp.einsum("bkgts,bkgth->bksh", p.astype(do.dtype), doh, preferred_element_type=jnp.float32)
+    dp = jnp.einsum("bkgth,bksh->bkgts", doh, vh, preferred_element_type=jnp.float32)
+    delta = jnp.sum(doh.astype(jnp.float32) * oh.astype(jnp.float32), axis=-1)  # rowsum(dO * O), [B, K, G, T]
+    ds = (p * (dp - delta[..., None]) / math.sqrt(H)).astype(q.dtype)
+    dqh = jnp.einsum("bkgts,bksh->bkgth", ds, kh, preferred_element_type=jnp.float32)
+    dkh = jnp.einsum("bkgts,bkgth->bksh", ds, qh, preferred_element_type=jnp.float32)
+    dk, dv = (x.transpose(0, 2, 1, 3) for x in (dkh, dvh))
+    return _token_major(dqh).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # no cotangent for the mask
 
 
 materialised_attention.defvjp(_materialised_fwd, _materialised_bwd)
