@@ -82,6 +82,24 @@ def test_bfloat16_head_backward_products_and_float32_unchanged():
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.parametrize("layout", ["dv", "vd"])
+def test_the_compiled_head_backward_runs_every_product_in_bfloat16(layout):
+    """What XLA:CPU compiles (not only what it receives): under "compute" no product of the head's
+    gradient program is widened to float32, the weight gradient's included (one contracting axis
+    leading both of its operands made XLA:CPU widen it: quant.core._weight_gradient splits it)."""
+    from experiments.lib import xla_profile
+
+    h, w, t = _inputs(jnp.bfloat16)
+    if layout == "vd":
+        w = w.T
+    loss = lambda h, w: transformer.chunked_logprobs(
+        h, w, t, w_layout=layout, chunk_tokens=16, head_backward="compute"
+    )[0].sum()
+    module = xla_profile.Module(jax.jit(jax.grad(loss, argnums=(0, 1))).lower(h, w).compile().as_text())
+    dots = [d for i in module.instrs.values() for d in i.dots]
+    assert len(dots) >= 3 and not [d for d in dots if d.upcast or not d.lhs.startswith("bf16")], dots
+
+
 def test_a_bad_setting_names_itself():
     with pytest.raises(ValueError, match="model.head_backward"):
         ModelSource(head_backward="bfloat16")
