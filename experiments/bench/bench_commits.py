@@ -8,12 +8,14 @@ On this project's CPU hosts a program's speed drifts 10-30% over minutes, and a 
 process moves by as much: two commits benchmarked one after the other (or in alternating
 processes) cannot resolve a 5% change. Here each side's sparserl_jax (--base and --head: a git
 revision, extracted with `git archive`, or `worktree`, the files as they are) is imported in turn
-under its own modules; each traces and compiles the gradient of <forward(params, tokens), dY>
-with respect to the bfloat16 compute copy of float32 master weights (its own transformer.forward:
---layers SmolLM2-135M-Instruct blocks with random weights, no LM head), at the learner's
-micro-batch shape; then the two compiled programs run alternately, --rounds pairs, so both sides
-of a pair see the same host. The report gives each side's median step, the pairs' ratio (median
-and quartiles) and how far the two sides' gradients are apart.
+under its own modules; each traces and compiles a gradient with respect to the bfloat16 compute
+copy of float32 master weights, at the learner's micro-batch shape: by default (--program
+logprobs) of the tokens' log-probs through its own transformer.token_logprobs (--layers
+SmolLM2-135M-Instruct blocks with random weights, then the LM head's chunks), with --program
+blocks of <forward(params, tokens), dY> (the blocks alone). Then the two compiled programs run
+alternately, --rounds pairs, so both sides of a pair see the same host. The report gives each
+side's median step, the pairs' ratio (median and quartiles) and how far the two sides' gradients
+are apart (relative to each parameter's largest).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # experiment
 REPO = os.path.dirname(HERE)
 PKG = "sparserl_jax"
 WORKTREE = "worktree"
+PROGRAMS = ("logprobs", "blocks")
 DEFAULT_OVERRIDES = ["model.head_backward=compute", "model.attention_backward=compute"]
 
 
@@ -47,6 +50,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--base", required=True, help="a git revision (or 'worktree')")
     p.add_argument("--head", default=WORKTREE, help="a git revision, or 'worktree' (default): the files as they are")
     p.add_argument("--layers", type=int, default=2, help="transformer blocks in each side's program")
+    p.add_argument(
+        "--program",
+        choices=PROGRAMS,
+        default="logprobs",
+        help="logprobs: the gradient of the tokens' log-probs (the LM head's chunks included); "
+        "blocks: of <forward(params, tokens), dY> (the blocks alone)",
+    )
     p.add_argument("--overrides", nargs="*", default=DEFAULT_OVERRIDES, help="model.key=value, both sides")
     p.add_argument("--out", default=os.path.join(HERE, "results", "bench_commits.json"))
     args = micro_step_bench.check_shape_args(p, p.parse_args(argv))
@@ -107,7 +117,7 @@ def _tree(rev: str, scratch: str) -> tuple[str, str]:
     return out, sha
 
 
-def _side_program(settings: dict, inputs: dict):
+def _side_program(settings: dict, inputs: dict, program: str):
     """The current side's compiled gradient program, its compile seconds and XLA's temporaries."""
     import jax
     import jax.numpy as jnp
@@ -121,12 +131,13 @@ def _side_program(settings: dict, inputs: dict):
     master = transformer.init_params(cfg, jax.random.key(0))
     params = precision.compute_copy(master, cfg)
 
-    def loss(p, tokens, dy):
-        h = transformer.forward(p, cfg, tokens)
-        return jnp.sum(h.astype(jnp.float32) * dy)
+    def loss(p, tokens, dy, weights):
+        if program == "blocks":
+            return jnp.sum(transformer.forward(p, cfg, tokens).astype(jnp.float32) * dy)
+        return jnp.sum(transformer.token_logprobs(p, cfg, tokens)[0] * weights)
 
     t0 = time.perf_counter()
-    compiled = jax.jit(jax.grad(loss)).lower(params, inputs["tokens"], inputs["dy"]).compile()
+    compiled = jax.jit(jax.grad(loss)).lower(params, *inputs.values()).compile()
     compile_s = time.perf_counter() - t0
     return compiled, params, compile_s, getattr(compiled.memory_analysis(), "temp_size_in_bytes", None)
 
@@ -142,18 +153,19 @@ def run(args) -> dict:
     inputs = {
         "tokens": rng.integers(0, settings["vocab_size"], (args.rows, args.width), dtype=np.int32),
         "dy": rng.standard_normal((args.rows, args.width, settings["d_model"]), dtype=np.float32),
+        "weights": rng.standard_normal((args.rows, args.width), dtype=np.float32),  # each log-prob's
     }
     sides = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, rev in (("base", args.base), ("head", args.head)):
             tree, commit = _tree(rev, scratch)
             with side_modules(tree):
-                compiled, params, compile_s, temp = _side_program(settings, inputs)
+                compiled, params, compile_s, temp = _side_program(settings, inputs, args.program)
             sides[name] = dict(rev=rev, commit=commit, compiled=compiled, params=params, compile_s=compile_s, temp=temp)
 
     def step(s):
         t0 = time.perf_counter()
-        out = jax.block_until_ready(s["compiled"](s["params"], inputs["tokens"], inputs["dy"]))
+        out = jax.block_until_ready(s["compiled"](s["params"], *inputs.values()))
         return out, time.perf_counter() - t0
 
     grads = {name: step(s)[0] for name, s in sides.items()}  # untimed
@@ -162,15 +174,13 @@ def run(args) -> dict:
         for name, s in sides.items():
             walls[name].append(step(s)[1])
     ratios = [h / b for b, h in zip(walls["base"], walls["head"])]
-    diffs = (
-        jax.tree.map(
-            lambda a, b: float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))),
-            grads["base"],
-            grads["head"],
-        )
-        if jax.tree.structure(grads["base"]) == jax.tree.structure(grads["head"])
-        else None
-    )
+
+    def apart(a, b):  # the largest difference, relative to the leaf's largest magnitude
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(a))), 1e-30))
+
+    same_tree = jax.tree.structure(grads["base"]) == jax.tree.structure(grads["head"])
+    diffs = jax.tree.leaves(jax.tree.map(apart, grads["base"], grads["head"])) if same_tree else None
     return {
         "sides": {
             name: {
@@ -188,15 +198,19 @@ def run(args) -> dict:
             "q75": round(float(np.quantile(ratios, 0.75)), 3),
             "n": len(ratios),
         },
-        "max_abs_grad_diff": max(jax.tree.leaves(diffs)) if diffs is not None else None,
+        "grad_apart": max(diffs) if diffs is not None else None,
         "shape": micro_step_bench.shape_line(args, args.overrides).split("; pi_ref")[0]
-        + f"; {args.layers} blocks' forward + backward (no LM head)",
+        + (
+            f"; {args.layers} blocks' forward + backward (no LM head)"
+            if args.program == "blocks"
+            else f"; the log-probs' gradient through {args.layers} blocks and the LM head"
+        ),
     }
 
 
 def to_markdown(data: dict) -> str:
     b, h, p = data["sides"]["base"], data["sides"]["head"], data["pairs"]
-    diff = data["max_abs_grad_diff"]
+    diff = data["grad_apart"]
     lines = [
         *figprov.report_head("Two commits' model programs, alternating in one process", data),
         f"Shape: {data['shape']}. Each side compiled once, one untimed step, then {p['n']} pairs "
@@ -211,7 +225,11 @@ def to_markdown(data: dict) -> str:
         f"| XLA's temporaries, bytes | {b['temp_bytes']:,} | {h['temp_bytes']:,} | |",
         "",
         "The two sides' parameter gradients: "
-        + (f"at most {diff:.3g} apart." if diff is not None else "different pytrees (not compared)."),
+        + (
+            f"at most {diff:.3g} of a parameter's largest gradient apart."
+            if diff is not None
+            else "different pytrees (not compared)."
+        ),
     ]
     return "\n".join(lines) + "\n"
 
