@@ -82,18 +82,25 @@ def apply_rope(x: Float[Array, "B T N H"], rope: RopeTables) -> Float[Array, "B 
     return rotated.astype(x.dtype)
 
 
-@jax.custom_vjp
 def silu(x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
-    """SiLU computed in float32 and rounded once to x's dtype, as torch's F.silu on bfloat16 (its
-    float opmath). jax.nn.silu on bfloat16 rounds the sigmoid, then the product: 39% of a random
-    bfloat16 input off torch's bits, its gradient up to hundreds of ulps off; XLA:CPU also runs
-    that form 1.7x slower (forward) than this one. The backward is torch's silu_backward (float32,
+    """SiLU as torch computes it: a narrow dtype's (bfloat16) in float32, rounded once (its float
+    opmath; _narrow_silu), float32's as jax.nn.silu. jax.nn.silu on bfloat16 rounds the sigmoid,
+    then the product: 39% of a random bfloat16 input off torch's bits, its gradient up to hundreds
+    of ulps off; XLA:CPU also runs that form 1.7x slower (forward) than the float32 one."""
+    if jnp.finfo(x.dtype).bits >= 32:
+        return jax.nn.silu(x)
+    return _narrow_silu(x)
+
+
+@jax.custom_vjp
+def _narrow_silu(x):
+    """silu of x in float32 rounded to x's dtype; its backward torch's silu_backward (float32,
     rounded once), recomputed from x."""
     return jax.nn.silu(x.astype(jnp.float32)).astype(x.dtype)
 
 
 def _silu_fwd(x):
-    return silu(x), x
+    return _narrow_silu(x), x
 
 
 def _silu_bwd(x, g):
@@ -104,7 +111,7 @@ def _silu_bwd(x, g):
     return ((g.astype(jnp.float32) * (sigmoid * (1 + x32 * (1 - sigmoid)))).astype(x.dtype),)
 
 
-silu.defvjp(_silu_fwd, _silu_bwd)
+_narrow_silu.defvjp(_silu_fwd, _silu_bwd)
 
 
 def swiglu_mlp(x: Float[Array, "B T D"], layer: dict, accumulate: str = "output") -> Float[Array, "B T D"]:
