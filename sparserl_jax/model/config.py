@@ -17,8 +17,8 @@ DOT_ACCUMULATIONS = ("auto", "output", "float32")  # "auto" and quant.core.ACCUM
 # model.head_backward: the LM head's backward in the learner from the loss's float32 cotangent
 # ("float32": XLA widens a bfloat16 head weight to float32 for it) or from that cotangent rounded
 # to model.dtype ("compute": bfloat16 products accumulated in float32, Megatron's bfloat16 output
-# layer; quant.core.narrow_cotangent; XLA:CPU still widens the weight gradient's product, which
-# contracts the tokens, to float32). The same program under float32 compute.
+# layer; quant.core.narrow_cotangent, its weight gradient's lone token axis split in two so that
+# XLA:CPU runs that product in bfloat16 too). The same program under float32 compute.
 HEAD_BACKWARDS = ("float32", "compute")
 # model.attention_backward: the materialised attention's backward (model/attention.py; the xla path and
 # blockwise's rows of at most 512 tokens): "autodiff" (jax's autodiff: float32 cotangents, so XLA widens a
