@@ -4,6 +4,7 @@ the same gradients bit for bit, and this process's own modules are back afterwar
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -27,8 +28,6 @@ def test_the_same_commit_on_both_sides_gives_the_same_gradients(tmp_path):
     assert base["commit"] == other["commit"] == head  # both extracted from git, not this tree's files
     assert data["grad_apart"] == 0.0
     assert data["pairs"]["n"] == 3 and base["step_s"] > 0 and base["temp_bytes"] == other["temp_bytes"]
-    import sys
-
     assert sys.modules["sparserl_jax"].__file__ == own  # this process's modules restored
     assert json.loads(out.read_text())["sides"] == data["sides"]
     md = (tmp_path / "bc.md").read_text()

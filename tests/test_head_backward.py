@@ -4,7 +4,10 @@ against the float32 cotangent's (the default) and a float64 reference."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +101,28 @@ def test_the_compiled_head_backward_runs_every_product_in_bfloat16(layout):
     module = xla_profile.Module(jax.jit(jax.grad(loss, argnums=(0, 1))).lower(h, w).compile().as_text())
     dots = [d for i in module.instrs.values() for d in i.dots]
     assert len(dots) >= 3 and not [d for d in dots if d.upcast or not d.lhs.startswith("bf16")], dots
+
+
+def test_the_weight_gradients_split_adds_no_collective_to_a_row_sharded_program():
+    """Over 8 (fake) devices holding the rows, the head's split weight gradient compiles to the plain
+    product's collectives (one all-reduce): the split keeps each device's rows its own."""
+    code = """
+import re, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from sparserl_jax.quant import core
+rows = NamedSharding(Mesh(jax.devices(), ("data",)), P("data"))
+x = jax.ShapeDtypeStruct((64, 16), jnp.bfloat16, sharding=rows)
+g = jax.ShapeDtypeStruct((64, 40), jnp.bfloat16, sharding=rows)
+plain = lambda x, g: jnp.einsum("cd,cv->vd", x, g, preferred_element_type=jnp.float32)
+split = lambda x, g: core._weight_gradient("cd", "vd", "cv", x, g)
+for f in (plain, split):
+    t = jax.jit(f).lower(x, g).compile().as_text()
+    print(len(re.findall(r"= \\S+ (all-reduce|all-gather|all-to-all|collective-permute)\\(", t)))
+"""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "1"], out.stdout
 
 
 def test_a_bad_setting_names_itself():

@@ -122,13 +122,15 @@ def _weight_gradient(xs: str, ws: str, out: str, x: Array, g: Array) -> Array:
     it leads both operands (an LM head's chunk: [tokens, D] and [tokens, V]). XLA:CPU widens such a
     bfloat16 product to float32 (one contracting axis, first in both: no canonical operand), where
     over two contracting axes it transposes one operand to its canonical layout and runs the
-    bfloat16 kernel ([512, 576] x [512, 49,152]: 2x faster). The same sum; a free reshape elsewhere."""
+    bfloat16 kernel ([512, 576] x [512, 49,152]: 2x faster). The same sum; a free reshape elsewhere.
+    Split as [n / 2, 2] (pairs of adjacent rows): a device's contiguous share of rows stays its own,
+    where [2, n / 2] cost a row-sharded program a second all-reduce."""
     summed = [a for a in xs if a in out and a not in ws]
     n = x.shape[0]
     if len(summed) == 1 and xs[0] == out[0] == summed[0] and n > 1 and n % 2 == 0:
-        half = next(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in xs + ws + out)
-        x, g = (a.reshape(2, n // 2, *a.shape[1:]) for a in (x, g))
-        xs, out = half + xs, half + out
+        pair = next(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in xs + ws + out)
+        x, g = (a.reshape(n // 2, 2, *a.shape[1:]) for a in (x, g))
+        xs, out = xs[0] + pair + xs[1:], out[0] + pair + out[1:]
     return jnp.einsum(f"{xs},{out}->{ws}", x, g, preferred_element_type=jnp.float32)
 
 
