@@ -86,6 +86,61 @@ def test_float32_accumulated_matches_the_plain_product_and_its_gradients(spec, s
         )
 
 
+@pytest.mark.parametrize(
+    "spec, shapes",
+    [
+        ("btnh,dnh->btd", ((2, 5, 3, 8), (24, 3, 8))),  # a q projection's input gradient: (n, h) summed
+        ("btd,btnh->dnh", ((2, 5, 24), (2, 5, 3, 8))),  # its weight gradient: (b, t) summed
+        ("tpd,tpv->vd", ((4, 2, 24), (4, 2, 40))),  # the head's split weight gradient: operands swapped
+    ],
+)
+def test_projection_product_is_the_float32_einsum(spec, shapes):
+    """projection_product sums the same exact products as einsum, in float32: within a float32
+    summation order (K EPS32 of sum |a b|, K the summed terms) of the float64 product."""
+    ka, kb = jax.random.split(jax.random.key(3))
+    a = jax.random.normal(ka, shapes[0], jnp.float32).astype(jnp.bfloat16)
+    b = jax.random.normal(kb, shapes[1], jnp.float32).astype(jnp.bfloat16)
+    got = jax.jit(core.projection_product, static_argnums=0)(spec, a, b)
+    a64, b64 = (np.asarray(x, np.float64) for x in (a, b))
+    exact = np.einsum(spec, a64, b64)
+    assert got.dtype == jnp.float32 and got.shape == exact.shape
+    tol = _terms(spec, a, b) * float_tol.EPS32 * np.einsum(spec, np.abs(a64), np.abs(b64))
+    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - exact), tol + 1e-30)
+
+
+def test_projection_product_names_a_product_it_does_not_take():
+    a, b = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
+    with pytest.raises(ValueError, match="no batch axis"):
+        core.projection_product("bij,bjk->bik", a, b)
+    with pytest.raises(ValueError, match="one operand's free axes"):
+        core.projection_product("btd,dv->bvt", a, b[0])
+
+
+def _transposes(f, *args) -> int:
+    """Transposes in the compiled program (XLA:CPU here): the layout copies XLA inserted."""
+    return jax.jit(f).lower(*args).compile().as_text().count(" transpose(")
+
+
+def test_a_head_split_projections_backward_copies_no_more_than_a_plain_ones():
+    """A q / k / v projection ("btd,dnh->btnh": heads split from the output) differentiated under
+    float32 accumulation compiles to the layout copies of the 2-D projection of the same sizes
+    (the input's transpose for the weight gradient): with the input gradient summed over (h, n),
+    as jnp.einsum ordered it, XLA:CPU also copied the kernel and the cotangent on every call (3
+    against 1)."""
+
+    def grads(spec, w):
+        x = jnp.zeros((4, 16, 48), jnp.bfloat16)
+
+        def loss(x, w):
+            return jnp.sum(core.float32_accumulated(spec, x, w).astype(jnp.float32) ** 2)
+
+        return _transposes(jax.grad(loss, (0, 1)), x, w)
+
+    split = grads("btd,dnh->btnh", jnp.zeros((48, 6, 8), jnp.bfloat16))
+    plain = grads("btd,df->btf", jnp.zeros((48, 48), jnp.bfloat16))
+    assert split == plain, (split, plain)
+
+
 def _lowered(f, *args) -> str:
     return jax.jit(f).lower(*args).as_text()
 

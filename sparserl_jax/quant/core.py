@@ -96,13 +96,46 @@ def _split_spec(spec: str) -> tuple[str, str, str]:
     return xs, ws, out
 
 
+def projection_product(spec: str, a: Array, b: Array) -> Array:
+    """einsum(spec, a, b) of a projection or one of its gradients (no batch axis, no axis summed
+    alone) as one float32-accumulated dot_general whose summed axes keep a's order in both
+    operands. jnp.einsum orders several summed axes its own way: a q / k / v projection's input
+    gradient ("btnh,dnh->btd") summed (h, n), so XLA:CPU copied the cotangent and the kernel into
+    that order on every call. The output must read as one operand's free axes, then the other's
+    (the operands go in that order: the head's weight gradient "td,tv->vd" takes g first)."""
+    xs, ws, out = _split_spec(spec)
+    summed = [c for c in xs if c in ws]
+    if any(c in out for c in summed) or set(xs + ws) - set(out) - set(summed):
+        raise ValueError(f"projection_product({spec!r}): a projection's product (no batch axis, no axis summed alone)")
+    orders = [o for o in ((a, b, xs, ws), (b, a, ws, xs)) if [c for c in o[2] + o[3] if c not in summed] == list(out)]
+    if not orders:
+        raise ValueError(f"projection_product({spec!r}): the output must be one operand's free axes, then the other's")
+    lhs, rhs, ls, rs = orders[0]
+    run = "".join(summed)
+    if len(summed) > 1 and ls.endswith(run) and rs.endswith(run):
+        # one summed axis (a free reshape): over several, XLA:CPU copied the kernel to
+        # [summed..., free] on every call. Not where they lead both operands (a weight gradient):
+        # over one such axis XLA:CPU widens a bfloat16 product (_weight_gradient)
+        lhs, ls = _merged(lhs, ls, summed), ls.replace(run, summed[0])
+        rhs, rs = _merged(rhs, rs, summed), rs.replace(run, summed[0])
+        summed = summed[:1]
+    dims = (([ls.index(c) for c in summed], [rs.index(c) for c in summed]), ((), ()))
+    return jax.lax.dot_general(lhs, rhs, dims, preferred_element_type=jnp.float32)
+
+
+def _merged(a: Array, letters: str, run: list[str]) -> Array:
+    """a with the axes `run` (consecutive in `letters`) merged into one."""
+    i = letters.index("".join(run))
+    return a.reshape(*a.shape[:i], -1, *a.shape[i + len(run) :])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def float32_accumulated(spec: str, x: Array, w: Array) -> Array:
     """einsum(spec, x, w) in x's dtype from a float32 result (ACCUMULATIONS' float32), both
     gradients the same way from the output's cotangent in x's dtype (what the plain product's
     gradients get). `spec` must be a projection's: every axis of x and of w in the output or in
     the other operand, no ellipsis."""
-    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return projection_product(spec, x, w).astype(x.dtype)
 
 
 def _float32_accumulated_fwd(spec, x, w):
@@ -113,7 +146,7 @@ def _float32_accumulated_bwd(spec, residuals, g):
     x, w = residuals
     xs, ws, out = _split_spec(spec)
     g = g.astype(x.dtype)
-    dx = jnp.einsum(f"{out},{ws}->{xs}", g, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    dx = projection_product(f"{out},{ws}->{xs}", g, w).astype(x.dtype)
     return dx, _weight_gradient(xs, ws, out, x, g).astype(w.dtype)
 
 
@@ -131,7 +164,7 @@ def _weight_gradient(xs: str, ws: str, out: str, x: Array, g: Array) -> Array:
         pair = next(c for c in "abcdefghijklmnopqrstuvwxyz" if c not in xs + ws + out)
         x, g = (a.reshape(n // 2, 2, *a.shape[1:]) for a in (x, g))
         xs, out = xs[0] + pair + xs[1:], out[0] + pair + out[1:]
-    return jnp.einsum(f"{xs},{out}->{ws}", x, g, preferred_element_type=jnp.float32)
+    return projection_product(f"{xs},{out}->{ws}", x, g)
 
 
 float32_accumulated.defvjp(_float32_accumulated_fwd, _float32_accumulated_bwd)
@@ -143,7 +176,7 @@ def narrow_cotangent(spec: str, x: Array, w: Array) -> Array:
     cotangent rounded to x's dtype first and then float32-accumulated products of x's dtype, as
     float32_accumulated's (Megatron's bfloat16 output layer: the loss in float32, the layer's
     backward in bfloat16). model.head_backward="compute"; `spec` a projection's."""
-    return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32)
+    return projection_product(spec, x, w)
 
 
 def _narrow_cotangent_fwd(spec, x, w):
