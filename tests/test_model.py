@@ -6,12 +6,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from float_tol import logprob_tol
+from float_tol import EPS32, logprob_tol
 
 from sparserl_jax.kvcache import cache as kvc
 from sparserl_jax.model import transformer as tf
 from sparserl_jax.model.config import ModelConfig
-from sparserl_jax.model.layers import rope_frequencies, rope_inv_freq, rope_tables, sequence_rope_tables, silu
+from sparserl_jax.model.layers import (
+    rms_norm,
+    rope_frequencies,
+    rope_inv_freq,
+    rope_tables,
+    sequence_rope_tables,
+    silu,
+)
 
 FAMILIES = ["qwen2", "llama", "qwen3"]
 
@@ -149,6 +156,43 @@ def test_float32_silu_is_jax_nn_silu():
     (out, vjp), (want, want_vjp) = jax.vjp(silu, x), jax.vjp(jax.nn.silu, x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(vjp(dy)[0]), np.asarray(want_vjp(dy)[0]))
+
+
+def _plain_rms_norm(x, weight, eps):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def test_bfloat16_rms_norm_sums_its_weight_gradient_in_float32():
+    """rms_norm on bfloat16: the forward and the input gradient autodiff's bits (HF's weight *
+    normed.to(bf16) and its backward), the weight's gradient the float32 sum over the tokens of the
+    bfloat16 products, rounded once: within a float32 order of summation (n EPS32 of sum |g x|) and
+    one bfloat16 rounding of float64's; autodiff's bfloat16 sum misses that (the check that this
+    test can fail). Float32 is autodiff's, bit for bit."""
+    x, g = (jax.random.normal(jax.random.key(i), (4, 96, 64)).astype(jnp.bfloat16) for i in range(2))
+    w = (1 + 0.2 * jax.random.normal(jax.random.key(2), (64,))).astype(jnp.bfloat16)
+
+    def run(norm, *args):
+        out, vjp = jax.vjp(functools.partial(norm, eps=1e-5), *args[:2])
+        return (out, *vjp(args[2]))
+
+    got, want = (
+        jax.jit(functools.partial(run, rms_norm))(x, w, g),
+        jax.jit(functools.partial(run, _plain_rms_norm))(x, w, g),
+    )
+    for a, b in zip(got[:2], want[:2], strict=True):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+    normed = np.asarray(_plain_rms_norm(x, jnp.ones_like(w), 1e-5).astype(jnp.float32), np.float64)
+    terms = np.asarray(g.astype(jnp.float32), np.float64) * normed
+    exact, size = terms.sum((0, 1)), np.abs(terms).sum((0, 1))
+    tol = 384 * EPS32 * size + np.spacing(np.abs(exact).astype(np.float32)) * 2.0**16  # + one bf16 ulp
+    for dw, fits in ((got[2], True), (want[2], False)):
+        err = np.abs(np.asarray(dw.astype(jnp.float32), np.float64) - exact)
+        assert bool(np.all(err <= tol)) == fits, (fits, float(np.max(err / tol)))
+    x32, g32, w32 = (a.astype(jnp.float32) for a in (x, g, w))
+    for a, b in zip(run(rms_norm, x32, w32, g32), run(_plain_rms_norm, x32, w32, g32), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_causal_gradients():

@@ -18,7 +18,34 @@ def rms_norm(x: Float[Array, "... D"], weight: Float[Array, " D"], eps: float) -
     """RMSNorm computed in float32, cast back to the input dtype before the weight (as HF does)."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight * x32.astype(x.dtype)
+    normed = x32.astype(x.dtype)
+    if jnp.finfo(normed.dtype).bits >= 32 or weight.dtype != normed.dtype:
+        return weight * normed
+    return _narrow_weighted(weight, normed)
+
+
+@jax.custom_vjp
+def _narrow_weighted(weight: Float[Array, " D"], normed: Float[Array, "... D"]) -> Float[Array, "... D"]:
+    """weight * normed in a narrow dtype (bfloat16), its input gradient autodiff's (g * weight,
+    torch's bits) and the weight's gradient the exact products summed in float32 over the tokens,
+    rounded once (torch rounds each product to bfloat16, then accumulates in float): autodiff
+    summed bfloat16 products, which XLA:CPU runs as a tree of bfloat16 reduce-windows (2.3x this
+    backward's time at [768, 576], one core; 4.5x its float64 error)."""
+    return weight * normed
+
+
+def _narrow_weighted_fwd(weight, normed):
+    return weight * normed, (weight, normed)
+
+
+def _narrow_weighted_bwd(res, g):
+    weight, normed = res
+    tokens = tuple(range(g.ndim - 1))
+    d_weight = jnp.sum(g.astype(jnp.float32) * normed.astype(jnp.float32), axis=tokens)
+    return d_weight.astype(weight.dtype), g * weight
+
+
+_narrow_weighted.defvjp(_narrow_weighted_fwd, _narrow_weighted_bwd)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Float[Array, " H2"]:
